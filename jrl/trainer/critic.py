@@ -1,0 +1,100 @@
+"""The critic role: a value model (HF token-classification layout) and its clipped value loss."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jrl import algos
+from jrl.batch import Batch
+from jrl.config import n_gpus
+from jrl.models import from_pretrained
+from jrl.trainer.batching import chunked_forward
+from jrl.trainer.optim import lr_multiplier, make_optimizer
+from jrl.trainer.policy import compute_dtype, micro_rows_per_device
+from jrl.trainer.train_state import TrainState
+
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+
+
+def response_values(model: Any, tensors: dict[str, jax.Array]) -> jax.Array:
+    """Values [B, R] of the response tokens (positions ``-R-1 .. -2``), zero where masked."""
+    width = tensors["response_mask"].shape[1]
+    values = model(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
+    return values[:, -width - 1 : -1] * tensors["response_mask"]
+
+
+def critic_loss(model, micro, norm, *, cfg):
+    """Clipped value loss of one micro-batch, already divided by the mini-batch normaliser."""
+    mask = micro["response_mask"]
+    vpreds = response_values(model, micro)
+    terms = algos.value_loss_terms(
+        vpreds, micro["returns"], micro["values"], cliprange_value=cfg.cliprange_value
+    )
+    numerator = algos.agg_loss_terms(terms.loss_mat, mask, cfg.loss_agg_mode)[0]
+    vf_loss = numerator / norm[cfg.loss_agg_mode]
+    metrics = {"critic/vf_loss": vf_loss}
+    for name, mat in terms.metrics.items():
+        metrics[name] = jnp.sum(mat * mask) / norm["tokens"]
+    metrics["critic/vpred_mean"] = jnp.sum(vpreds * mask) / norm["tokens"]
+    return vf_loss, metrics
+
+
+class Critic:
+    """Value model on the mesh: computes values and runs verl's critic update."""
+
+    def __init__(self, config: Any, mesh: Mesh, total_training_steps: int):
+        critic = config.critic
+        self.config = config
+        self.mesh = mesh
+        self.total_training_steps = total_training_steps
+        fsdp = critic.model.get("fsdp_config") or {}
+        model = from_pretrained(
+            critic.model.path,
+            kind="value",
+            dtype=compute_dtype(fsdp.get("dtype", config.actor_rollout_ref.actor.fsdp_config.dtype)),
+            param_dtype=compute_dtype(fsdp.get("model_dtype", "fp32")),
+        )
+        self.state = TrainState.create(model, make_optimizer(critic.optim), mesh)
+        world = n_gpus(config)
+        self.world = world
+        self.forward_rows = world * micro_rows_per_device(
+            critic, "forward_micro_batch_size_per_gpu", "forward_micro_batch_size", world
+        )
+        self._forward = jax.jit(self._forward_fn)
+
+    def _forward_fn(self, params, tensors):
+        return response_values(nnx.merge(self.state.graphdef, params), tensors)
+
+    def compute_values(self, batch: Batch) -> np.ndarray:
+        """Values [B, R] for the batch's responses."""
+        tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
+        return chunked_forward(
+            functools.partial(self._forward, self.state.params), tensors, self.forward_rows, self.mesh
+        )
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """ppo_epochs x mini-batches of the clipped value loss, with gradient accumulation."""
+        critic = self.config.critic
+        n = self.config.actor_rollout_ref.rollout.n
+        mini_rows = critic.ppo_mini_batch_size * n
+        micro_rows = self.world * micro_rows_per_device(
+            critic, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", self.world
+        )
+        tensors = {k: np.asarray(batch.tensors[k]) for k in (*FORWARD_KEYS, "values", "returns")}
+        lr = critic.optim.lr * lr_multiplier(critic.optim, step - 1, self.total_training_steps)
+        history = self.state.train(
+            functools.partial(critic_loss, cfg=critic), tensors, variant="critic",
+            grad_clip=critic.grad_clip, mini_rows=mini_rows, micro_rows=micro_rows,
+            epochs=critic.ppo_epochs, lr=lr,
+        )
+        out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("critic/")}
+        out["critic/grad_norm"] = float(np.mean(history["grad_norm"]))
+        out["critic/lr"] = float(lr)
+        return out

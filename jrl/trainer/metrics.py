@@ -1,0 +1,91 @@
+"""Step metrics under verl's names, computed on host from a finished batch."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import numpy as np
+
+from jrl.batch import Batch
+
+
+def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
+    if values.size == 0:
+        return {f"{prefix}/mean": 0.0, f"{prefix}/max": 0.0, f"{prefix}/min": 0.0}
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
+
+
+def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
+    """critic/score|rewards|advantages|returns|values/*, response_length/*, prompt_length/*."""
+    t = {k: np.asarray(v) for k, v in batch.tensors.items()}
+    mask = t["response_mask"].astype(bool)
+    response_width = t["responses"].shape[1]
+    prompt_mask = t["attention_mask"][:, :-response_width]
+    response_length = mask.sum(-1).astype(np.float32)
+    prompt_length = prompt_mask.sum(-1).astype(np.float32)
+    out = {
+        **_stats("critic/score", t["token_level_scores"].sum(-1)),
+        **_stats("critic/rewards", t["token_level_rewards"].sum(-1)),
+        **_stats("critic/advantages", t["advantages"][mask]),
+        **_stats("critic/returns", t["returns"][mask]),
+    }
+    if use_critic:
+        values, returns = t["values"][mask], t["returns"][mask]
+        out.update(_stats("critic/values", values))
+        residual_var = np.var(returns - values) if values.size else 0.0
+        out["critic/vf_explained_var"] = float(1.0 - residual_var / (np.var(returns) + 1e-5))
+    out.update(_stats("response_length", response_length))
+    out["response_length/clip_ratio"] = float(np.mean(response_length == response_width))
+    out.update(_stats("prompt_length", prompt_length))
+    out["prompt_length/clip_ratio"] = float(np.mean(prompt_length == prompt_mask.shape[1]))
+    return out
+
+
+def throughput_metrics(batch: Batch, timing: dict[str, float], n_gpus: int) -> dict[str, float]:
+    """perf/total_num_tokens, perf/time_per_step, perf/throughput and timing_per_token_ms/*."""
+    total_tokens = int(np.asarray(batch.tensors["attention_mask"]).sum())
+    response_tokens = int(np.asarray(batch.tensors["response_mask"]).sum())
+    step_time = timing["step"]
+    out = {
+        "perf/total_num_tokens": total_tokens,
+        "perf/time_per_step": step_time,
+        "perf/throughput": total_tokens / (step_time * n_gpus),
+    }
+    if "gen" in timing and response_tokens:
+        out["timing_per_token_ms/gen"] = 1000.0 * timing["gen"] / response_tokens
+    for name in ("ref", "values", "adv", "update_critic", "update_actor"):
+        if name in timing and total_tokens:
+            out[f"timing_per_token_ms/{name}"] = 1000.0 * timing[name] / total_tokens
+    return out
+
+
+@contextmanager
+def timer(name: str, timing: dict[str, float]) -> Iterator[None]:
+    """Adds the wall time of the block to ``timing[name]`` in seconds."""
+    start = time.perf_counter()
+    try:
+        yield
+    finally:
+        timing[name] = timing.get(name, 0.0) + time.perf_counter() - start
+
+
+def reduce_metrics(metrics: dict[str, list[Any]]) -> dict[str, float]:
+    """verl's reduction of per-mini-batch lists: names with 'max' take the max, 'min' the min,
+    the rest the mean."""
+    out = {}
+    for key, values in metrics.items():
+        arr = np.asarray(values, dtype=np.float64)
+        if "max" in key:
+            out[key] = float(arr.max())
+        elif "min" in key:
+            out[key] = float(arr.min())
+        else:
+            out[key] = float(arr.mean())
+    return out

@@ -1,0 +1,207 @@
+"""The policy roles: the trained actor and the frozen reference, plus the rollout that reads the
+actor's parameters.
+
+Log-probs and entropy of response token t come from the logits at position ``-R-1+t`` divided by
+the rollout temperature, here and in the sampler alike.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jrl import algos
+from jrl.batch import Batch
+from jrl.config import n_gpus
+from jrl.models import CausalLM, from_pretrained
+from jrl.parallel import shard_params
+from jrl.rollout import make_rollout
+from jrl.trainer.batching import chunked_forward
+from jrl.trainer.optim import lr_multiplier, make_optimizer
+from jrl.trainer.train_state import TrainState
+from jrl_kernels import logprob_entropy
+
+DTYPES = {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16}
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+def compute_dtype(name: str) -> Any:
+    """A jnp dtype from a config string such as 'bfloat16' or 'fp32'."""
+    try:
+        return DTYPES[str(name)]
+    except KeyError:
+        raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
+
+
+def response_log_probs(
+    model: CausalLM, tensors: dict[str, jax.Array], temperature: float
+) -> tuple[jax.Array, jax.Array]:
+    """Per-token log-prob and entropy [B, R] of `responses` under `model` at `temperature`."""
+    width = tensors["responses"].shape[1]
+    hidden = model.hidden(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
+    hidden = hidden[:, -width - 1 : -1]
+    return logprob_entropy(hidden, model.lm_head_kernel(), tensors["responses"], temperature)
+
+
+def micro_rows_per_device(section: Any, per_gpu_key: str, global_key: str, world: int) -> int:
+    """verl's micro-batch size per device: `*_per_gpu`, else the deprecated global key // world."""
+    per_gpu = section.get(per_gpu_key)
+    if per_gpu:
+        return int(per_gpu)
+    return max(1, int(section[global_key]) // world)
+
+
+def actor_loss(model, micro, norm, *, cfg, temperature: float, on_policy: bool):
+    """Actor objective of one micro-batch, already divided by the mini-batch normaliser."""
+    log_prob, entropy = response_log_probs(model, micro, temperature)
+    mask = micro["response_mask"]
+    mode = cfg.loss_agg_mode
+    old = jax.lax.stop_gradient(log_prob) if on_policy else micro["old_log_probs"]
+    terms_fn = algos.get_policy_loss_terms_fn(cfg.policy_loss.get("loss_mode", "vanilla"))
+    terms = terms_fn(old, log_prob, micro["advantages"], mask, cfg)
+    mode = terms.loss_agg_mode or mode
+    pg_loss = algos.agg_loss_terms(terms.loss_mat, mask, mode, cfg.loss_scale_factor)[0] / norm[mode]
+    loss = pg_loss
+    metrics = {"actor/pg_loss": pg_loss}
+    for name, mat in terms.metrics.items():
+        metrics[name] = jnp.sum(mat * mask) / norm["tokens"]
+    if cfg.entropy_coeff != 0:
+        ent = algos.agg_loss_terms(entropy, mask, cfg.loss_agg_mode, cfg.loss_scale_factor)[0]
+        loss = loss - cfg.entropy_coeff * ent / norm[cfg.loss_agg_mode]
+    if cfg.use_kl_loss:
+        kld = algos.kl_penalty(log_prob, micro["ref_log_prob"], cfg.kl_loss_type)
+        kl_loss = algos.agg_loss_terms(kld, mask, cfg.loss_agg_mode, cfg.loss_scale_factor)[0]
+        kl_loss = kl_loss / norm[cfg.loss_agg_mode]
+        loss = loss + cfg.kl_loss_coef * kl_loss
+        metrics["actor/kl_loss"] = kl_loss
+    return loss, metrics
+
+
+class Policy:
+    """A causal LM on the mesh that computes response log-probs; the actor also trains."""
+
+    def __init__(self, model: CausalLM, mesh: Mesh, temperature: float, forward_rows: int):
+        self.mesh = mesh
+        self.temperature = float(temperature)
+        self.forward_rows = forward_rows
+        self.graphdef, params = nnx.split(model)
+        self.params, self.param_shardings = shard_params(params, mesh)
+        self.state: TrainState | None = None
+        self._forward = jax.jit(self._forward_fn)
+
+    @classmethod
+    def actor(cls, config: Any, mesh: Mesh, total_training_steps: int) -> Policy:
+        """The trained policy with AdamW and verl's mini/micro-batch update."""
+        arr = config.actor_rollout_ref
+        model = _load(arr.model, arr.actor.fsdp_config)
+        world = n_gpus(config)
+        forward = micro_rows_per_device(
+            arr.rollout, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
+        )
+        policy = cls(model, mesh, arr.rollout.temperature, forward * world)
+        policy.state = TrainState.create(model, make_optimizer(arr.actor.optim), mesh)
+        policy.params = policy.state.params
+        policy.config = config
+        policy.total_training_steps = total_training_steps
+        return policy
+
+    @classmethod
+    def reference(cls, config: Any, mesh: Mesh) -> Policy:
+        """The frozen reference policy (the initial actor weights)."""
+        arr = config.actor_rollout_ref
+        model = _load(arr.model, arr.ref.get("fsdp_config") or arr.actor.fsdp_config)
+        world = n_gpus(config)
+        forward = micro_rows_per_device(
+            arr.ref, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
+        )
+        return cls(model, mesh, arr.rollout.temperature, forward * world)
+
+    def _forward_fn(self, params, tensors):
+        return response_log_probs(nnx.merge(self.graphdef, params), tensors, self.temperature)
+
+    def compute_log_prob(
+        self, batch: Batch, calculate_entropy: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Log-probs [B, R] of the batch's responses (and entropy when asked)."""
+        params = self.state.params if self.state is not None else self.params
+        tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
+        log_prob, entropy = chunked_forward(
+            functools.partial(self._forward, params), tensors, self.forward_rows, self.mesh
+        )
+        return log_prob, (entropy if calculate_entropy else None)
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """verl's update_policy: ppo_epochs x mini-batches, gradient accumulation over micro-batches."""
+        config = self.config
+        actor = config.actor_rollout_ref.actor
+        n = config.actor_rollout_ref.rollout.n
+        world = n_gpus(config)
+        mini_rows = actor.ppo_mini_batch_size * n
+        micro_rows = micro_rows_per_device(
+            actor, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", world
+        ) * world
+        keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
+        if actor.use_kl_loss:
+            keys.append("ref_log_prob")
+        tensors = {k: np.asarray(batch.tensors[k]) for k in keys}
+        on_policy = len(batch) == mini_rows and actor.ppo_epochs == 1
+        lr = actor.optim.lr * lr_multiplier(actor.optim, step - 1, self.total_training_steps)
+        loss_fn = functools.partial(
+            actor_loss, cfg=actor, temperature=self.temperature, on_policy=on_policy
+        )
+        history = self.state.train(
+            loss_fn, tensors, variant=on_policy, grad_clip=actor.grad_clip, mini_rows=mini_rows,
+            micro_rows=micro_rows, epochs=actor.ppo_epochs, lr=lr,
+            loss_scale_factor=actor.loss_scale_factor,
+        )
+        self.params = self.state.params
+        out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("actor/")}
+        out["actor/pg_loss"] = float(np.sum(history["actor/pg_loss"]))
+        if "actor/kl_loss" in history:
+            out["actor/kl_loss"] = float(np.sum(history["actor/kl_loss"]))
+            out["actor/kl_coef"] = float(actor.kl_loss_coef)
+        out["actor/grad_norm"] = float(np.mean(history["grad_norm"]))
+        out["actor/lr"] = float(lr)
+        out["actor/skipped_steps"] = float(np.sum(history["skipped"]))
+        return out
+
+
+def _load(model_cfg: Any, fsdp_cfg: Any) -> CausalLM:
+    return from_pretrained(
+        model_cfg.path,
+        dtype=compute_dtype(fsdp_cfg.get("dtype", "bfloat16")),
+        param_dtype=compute_dtype(fsdp_cfg.get("model_dtype", "fp32")),
+    )
+
+
+def build_rollout(config: Any, actor: Policy, tokenizer: Any):
+    """The rollout engine named by ``rollout.name``, reading the actor's parameters."""
+    rollout_cfg = config.actor_rollout_ref.rollout
+    actor_model = nnx.merge(actor.graphdef, actor.params)
+    dtype = compute_dtype(rollout_cfg.dtype)
+    rollout_model = nnx.eval_shape(
+        lambda: CausalLM(actor_model.config, dtype=dtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+    )
+    graphdef, _ = nnx.split(rollout_model)
+    model = nnx.merge(graphdef, actor.params)
+    eos = {tokenizer.eos_token_id} | set(_as_list(actor_model.config.eos_token_id))
+    return make_rollout(
+        rollout_cfg.name,
+        model,
+        response_length=config.data.max_response_length,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=sorted(i for i in eos if i is not None),
+    )
+
+
+def _as_list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    return list(value) if isinstance(value, list | tuple) else [value]
+

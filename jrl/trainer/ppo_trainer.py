@@ -1,0 +1,267 @@
+"""The PPO-family training loop in verl's step order.
+
+generate -> reward -> old log-prob -> ref log-prob -> values -> advantages -> critic update ->
+actor update (after ``critic_warmup``) -> validation (``test_freq``) -> metrics. Steps are 1-based;
+validation before training is logged at step 0.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm.auto import tqdm
+
+from jrl import algos
+from jrl.batch import Batch
+from jrl.config import n_gpus, to_yaml, uses_critic, uses_reference
+from jrl.data.loader import DataLoader
+from jrl.data.rl_dataset import RLDataset
+from jrl.data.tokenizer import load_tokenizer
+from jrl.parallel import make_mesh
+from jrl.reward.manager import load_reward_manager
+from jrl.rollout import SamplingParams
+from jrl.trainer.critic import Critic
+from jrl.trainer.metrics import data_metrics, throughput_metrics, timer
+from jrl.trainer.policy import Policy, build_rollout, compute_dtype
+from jrl.trainer.tracking import Tracking
+from jrl.trainer.validation import validation_metrics
+
+BACKENDS = {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}
+
+
+def check_device(config: Any) -> None:
+    """`trainer.device` must name the backend JAX runs on."""
+    wanted = str(config.trainer.device)
+    backend = jax.default_backend()
+    if BACKENDS.get(wanted) != backend:
+        raise ValueError(
+            f"trainer.device={wanted!r} but JAX runs on {backend!r}; set trainer.device="
+            f"{'cuda' if backend == 'gpu' else backend} (or install the matching extra, e.g. jrl[cuda])"
+        )
+
+
+def unsupported_keys(config: Any) -> list[str]:
+    """Keys whose non-default values this version does not implement yet."""
+    checks = {
+        "trainer.save_freq": config.trainer.save_freq > 0,
+        "trainer.resume_mode=resume_path": config.trainer.resume_mode == "resume_path",
+        "actor_rollout_ref.actor.use_dynamic_bsz": config.actor_rollout_ref.actor.use_dynamic_bsz,
+        "reward_model.enable": bool(config.reward_model.enable),
+        "actor_rollout_ref.model.lora_rank": config.actor_rollout_ref.model.lora_rank > 0,
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
+            config.actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1
+        ),
+    }
+    return [key for key, used in checks.items() if used]
+
+
+class PPOTrainer:
+    """Builds every role from the config and runs verl's fit loop."""
+
+    def __init__(self, config: Any):
+        check_device(config)
+        missing = unsupported_keys(config)
+        if missing:
+            raise NotImplementedError(
+                "these settings are not supported yet: " + ", ".join(missing) + "; reset them to "
+                "their defaults"
+            )
+        self.config = config
+        arr = config.actor_rollout_ref
+        self.n_gpus = n_gpus(config)
+        self.mesh = make_mesh(self.n_gpus, fsdp_size=arr.actor.fsdp_config.fsdp_size)
+        self.use_critic = uses_critic(config)
+        self.use_reference = uses_reference(config)
+        model_path = arr.model.path
+        self.tokenizer = load_tokenizer(
+            arr.model.get("tokenizer_path") or model_path,
+            trust_remote_code=arr.model.trust_remote_code,
+            custom_chat_template=arr.model.get("custom_chat_template"),
+        )
+        data = config.data
+        self.train_dataset = RLDataset(
+            data.train_files, self.tokenizer, data, max_samples=data.train_max_samples
+        )
+        self.val_dataset = RLDataset(data.val_files, self.tokenizer, data, max_samples=data.val_max_samples)
+        self.seed = int(data.seed if data.seed is not None else 0)
+        self.train_loader = DataLoader(
+            self.train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=self.seed
+        )
+        if len(self.train_loader) == 0:
+            raise ValueError(
+                f"data.train_files has {len(self.train_dataset)} rows, fewer than "
+                f"data.train_batch_size={data.train_batch_size}"
+            )
+        self.total_training_steps = int(
+            config.trainer.total_training_steps or len(self.train_loader) * config.trainer.total_epochs
+        )
+        self.actor = Policy.actor(config, self.mesh, self.total_training_steps)
+        self.ref = Policy.reference(config, self.mesh) if self.use_reference else None
+        self.critic = Critic(config, self.mesh, self.total_training_steps) if self.use_critic else None
+        self.rollout = build_rollout(config, self.actor, self.tokenizer)
+        eos = self.rollout.eos_token_ids
+        response_length = config.data.max_response_length
+        self.sampling = SamplingParams.from_rollout_config(
+            arr.rollout, response_length=response_length, eos_token_ids=eos,
+            pad_token_id=self.tokenizer.pad_token_id,
+        )
+        self.val_sampling = SamplingParams.from_rollout_config(
+            arr.rollout, response_length=response_length, eos_token_ids=eos,
+            pad_token_id=self.tokenizer.pad_token_id, validate=True,
+        )
+        self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
+        self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
+        self.kl_ctrl = (
+            algos.get_kl_controller(config.algorithm.kl_ctrl)
+            if config.algorithm.use_kl_in_reward
+            else None
+        )
+        self.rng = jax.random.key(self.seed)
+        self._compute_dtype = compute_dtype(arr.actor.fsdp_config.dtype)
+
+    # -- one training step ------------------------------------------------------------------
+    def generate(self, prompts: Batch, step: int) -> Batch:
+        """Rollout `n` responses per prompt (interleaved), with a key derived from the step."""
+        key = jax.random.fold_in(jax.random.fold_in(self.rng, 0), step)
+        return self.rollout.generate(prompts, self.sampling, key)
+
+    def compute_advantage(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """In-reward KL (or a copy of the scores), then the configured advantage estimator."""
+        algo = self.config.algorithm
+        t = batch.tensors
+        metrics: dict[str, float] = {}
+        if self.kl_ctrl is not None:
+            rewards, metrics = algos.apply_kl_penalty(
+                t["token_level_scores"], t["old_log_probs"], t["ref_log_prob"], t["response_mask"],
+                self.kl_ctrl, kl_penalty=algo.kl_penalty,
+            )
+        else:
+            rewards = t["token_level_scores"]
+        estimator = algo.adv_estimator
+        if estimator == "gae":
+            advantages, returns = algos.compute_gae_advantage_return(
+                rewards, t["values"], t["response_mask"], gamma=algo.gamma, lam=algo.lam
+            )
+        elif estimator == "grpo":
+            advantages, returns = algos.compute_grpo_outcome_advantage(
+                rewards, t["response_mask"], batch.meta["uid"],
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            )
+        else:
+            raise NotImplementedError(f"algorithm.adv_estimator={estimator!r} is not supported yet")
+        new = {
+            "token_level_rewards": np.asarray(rewards),
+            "advantages": np.asarray(advantages),
+            "returns": np.asarray(returns),
+        }
+        return batch.union(Batch(new)), {k: float(v) for k, v in metrics.items()}
+
+    def make_experience(
+        self, prompts: Batch, step: int, metrics: dict[str, float], timing: dict[str, float]
+    ) -> Batch:
+        """Generate, score, and add old/ref log-probs, values and advantages (steps 1-8 of verl)."""
+        config = self.config
+        uids = np.array([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
+        prompts = prompts.union(Batch(meta={"uid": uids}))
+        with timer("gen", timing):
+            batch = self.generate(prompts, step).to_numpy()
+        with timer("reward", timing):
+            reward = self.reward_fn(batch, return_dict=True)
+            batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
+        with timer("old_log_prob", timing):
+            old_log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
+            batch = batch.union(Batch({"old_log_probs": old_log_probs}))
+            metrics["actor/entropy"] = float(
+                algos.agg_loss(
+                    entropy, batch.tensors["response_mask"],
+                    config.actor_rollout_ref.actor.loss_agg_mode,
+                )
+            )
+        if self.ref is not None:
+            with timer("ref", timing):
+                ref_log_prob, _ = self.ref.compute_log_prob(batch)
+                batch = batch.union(Batch({"ref_log_prob": ref_log_prob}))
+        if self.critic is not None:
+            with timer("values", timing):
+                batch = batch.union(Batch({"values": self.critic.compute_values(batch)}))
+        with timer("adv", timing):
+            batch, kl_metrics = self.compute_advantage(batch)
+            metrics.update(kl_metrics)
+        return batch
+
+    def train_step(self, prompts: Batch, step: int, epoch: int) -> dict[str, float]:
+        """One PPO step on a batch of prompts; returns its metrics."""
+        config = self.config
+        metrics: dict[str, float] = {}
+        timing: dict[str, float] = {}
+        with timer("step", timing):
+            batch = self.make_experience(prompts, step, metrics, timing)
+            if self.critic is not None:
+                with timer("update_critic", timing):
+                    metrics.update(self.critic.update(batch, step))
+            if config.trainer.critic_warmup <= step:
+                with timer("update_actor", timing):
+                    metrics.update(self.actor.update(batch, step))
+                with timer("update_weights", timing):
+                    self.rollout.update_weights(self.actor.state.params)
+            freq = config.trainer.test_freq
+            if freq > 0 and (step >= self.total_training_steps or step % freq == 0):
+                with timer("testing", timing):
+                    metrics.update(self.validate())
+        metrics.update(data_metrics(batch, self.use_critic))
+        metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
+        metrics.update(throughput_metrics(batch, timing, self.n_gpus))
+        metrics.update({"training/global_step": step, "training/epoch": epoch})
+        return metrics
+
+    def validate(self) -> dict[str, float]:
+        """Greedy (val_kwargs) generation on the validation set, scored per data source."""
+        loader = DataLoader(
+            self.val_dataset, len(self.val_dataset), shuffle=self.config.data.validation_shuffle,
+            seed=self.seed, drop_last=False,
+        )
+        prompts = next(iter(loader.epoch(0)))
+        key = jax.random.fold_in(self.rng, 1)
+        batch = self.rollout.generate(prompts, self.val_sampling, key).to_numpy()
+        scores = self.val_reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1)
+        source_key = self.config.data.reward_fn_key
+        return validation_metrics(batch.meta[source_key], scores, self.val_sampling.n)
+
+    # -- the loop -------------------------------------------------------------------------------
+    def fit(self) -> dict[str, float]:
+        """Train for `total_training_steps`; returns the last step's metrics."""
+        trainer = self.config.trainer
+        run_dir = Path(trainer.default_local_dir)
+        tracking = Tracking(
+            trainer.logger, project=trainer.project_name, experiment=trainer.experiment_name,
+            run_dir=run_dir, config=self.config.to_dict(),
+        )
+        last: dict[str, float] = {}
+        try:
+            if trainer.val_before_train:
+                last = self.validate()
+                tracking.log(last, step=0)
+                if trainer.val_only:
+                    return last
+            step = 1
+            progress = tqdm(total=self.total_training_steps, desc="Training Progress", unit="step")
+            for epoch in range(int(trainer.total_epochs) or 1):
+                for prompts in self.train_loader.epoch(epoch):
+                    last = self.train_step(prompts, step, epoch)
+                    tracking.log(last, step=step)
+                    progress.update(1)
+                    if step >= self.total_training_steps:
+                        progress.close()
+                        return last
+                    step += 1
+            progress.close()
+            return last
+        finally:
+            tracking.close()
+
+    def describe(self) -> str:
+        """The resolved configuration, as printed at start-up."""
+        return to_yaml(self.config)

@@ -1,0 +1,148 @@
+"""A trainable model on the mesh: parameters, optimizer state and the jitted update.
+
+The update takes one mini-batch laid out as ``[n_micro, micro_rows, ...]`` and scans over the micro
+batches, accumulating gradients. Each micro-batch loss is already divided by the mini-batch's global
+normaliser, so the sum over micro-batches (and devices) is exactly the mini-batch loss: splitting into
+micro-batches or devices never changes the gradient. Gradients are clipped by global norm as torch's
+``clip_grad_norm_`` does, and a non-finite norm skips the update.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh
+
+from jrl.algos import LOSS_AGG_MODES, global_denominator
+from jrl.parallel import batch_sharding, param_shardings, replicated, shard_params
+from jrl.trainer.batching import minibatches
+
+# loss_fn(model, micro_batch, normaliser) -> (loss, {metric_name: contribution})
+LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+
+
+@dataclasses.dataclass
+class TrainState:
+    """Graph definition, sharded parameters and optimizer state of one trainable role."""
+
+    graphdef: Any
+    params: Any
+    opt_state: Any
+    tx: optax.GradientTransformation
+    mesh: Mesh
+    param_shardings: Any
+    opt_shardings: Any
+    compiled: dict[Any, Any] = dataclasses.field(default_factory=dict)
+
+    @classmethod
+    def create(cls, model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
+        """Split `model`, place its parameters FSDP-sharded and initialise the optimizer there."""
+        graphdef, params = nnx.split(model)
+        params, param_shardings = shard_params(params, mesh)
+        opt_shardings = param_shardings(jax.eval_shape(tx.init, params), mesh)
+        opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
+        return cls(graphdef, params, opt_state, tx, mesh, param_shardings, opt_shardings)
+
+    def model(self) -> nnx.Module:
+        """The model with the current parameters (for host-side use)."""
+        return nnx.merge(self.graphdef, self.params)
+
+    def train(
+        self,
+        loss_fn: LossFn,
+        tensors: dict[str, np.ndarray],
+        *,
+        variant: Any,
+        grad_clip: float,
+        mini_rows: int,
+        micro_rows: int,
+        epochs: int,
+        lr: float,
+        loss_scale_factor: float | None = None,
+    ) -> dict[str, list[float]]:
+        """`epochs` passes over consecutive mini-batches, one optimizer step each.
+
+        `variant` names the loss configuration for the compile cache. Returns every update's
+        metrics as lists (one entry per mini-batch update).
+        """
+        history: dict[str, list[float]] = {}
+        for _ in range(epochs):
+            for mb in minibatches(tensors, mini_rows, micro_rows):
+                key = (variant, tuple((k, v.shape) for k, v in mb.items()))
+                if key not in self.compiled:
+                    self.compiled[key] = build_update(self, loss_fn, grad_clip, mb)
+                norm = normalisers(mb["response_mask"], loss_scale_factor)
+                self.params, self.opt_state, metrics = self.compiled[key](
+                    self.params, self.opt_state, mb, norm, lr
+                )
+                for k, v in jax.device_get(metrics).items():
+                    history.setdefault(k, []).append(float(v))
+        return history
+
+
+def normalisers(mask: np.ndarray, loss_scale_factor: float | None) -> dict[str, jax.Array]:
+    """Global divisors of one mini-batch (all its micro-batches): one per aggregation mode (a loss
+    may fix its own mode) plus the valid-token count for token-level metrics."""
+    flat = mask.reshape(-1, mask.shape[-1])
+    out = {m: global_denominator(flat, m, loss_scale_factor) for m in LOSS_AGG_MODES}
+    out["tokens"] = jnp.sum(flat).astype(jnp.float32)
+    return {k: jnp.maximum(v, 1e-8) for k, v in out.items()}
+
+
+def micro_batch_shardings(mesh: Mesh, minibatch: dict[str, Any]) -> dict[str, Any]:
+    """Shardings for ``[n_micro, rows, ...]`` arrays: rows split over the batch axes."""
+    return {k: batch_sharding(mesh, jnp.ndim(v), row_axis=1) for k, v in minibatch.items()}
+
+
+def build_update(state: TrainState, loss_fn: LossFn, grad_clip: float, example: dict[str, Any]):
+    """Jitted ``update(params, opt_state, minibatch, normaliser, lr) -> (params, opt_state, metrics)``."""
+    graphdef = state.graphdef
+
+    def micro_loss(params, micro, normaliser):
+        return loss_fn(nnx.merge(graphdef, params), micro, normaliser)
+
+    def update(params, opt_state, minibatch, normaliser, lr):
+        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
+
+        def body(grads, micro):
+            (loss, aux), g = grad_fn(params, micro, normaliser)
+            return jax.tree.map(jnp.add, grads, g), (loss, aux)
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, (losses, aux) = jax.lax.scan(body, zeros, minibatch)
+        grad_norm = optax.global_norm(grads)
+        finite = jnp.isfinite(grad_norm)
+        scale = jnp.minimum(1.0, grad_clip / (grad_norm + 1e-6))
+        grads = jax.tree.map(lambda g: g * scale, grads)
+        opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
+        updates, new_opt_state = state.tx.update(grads, opt_state, params)
+        new_params = optax.apply_updates(params, updates)
+        keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
+        metrics = {k: v.sum() for k, v in aux.items()}
+        metrics.update(loss=losses.sum(), grad_norm=grad_norm, skipped=1.0 - finite)
+        return (
+            jax.tree.map(keep, new_params, params),
+            jax.tree.map(keep, new_opt_state, opt_state),
+            metrics,
+        )
+
+    rep = replicated(state.mesh)
+    return jax.jit(
+        update,
+        in_shardings=(
+            state.param_shardings,
+            state.opt_shardings,
+            micro_batch_shardings(state.mesh, example),
+            rep,
+            rep,
+        ),
+        out_shardings=(state.param_shardings, state.opt_shardings, rep),
+        donate_argnums=(0, 1),
+    )
