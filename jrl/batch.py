@@ -1,7 +1,7 @@
 """`Batch`: the unit of data that flows through one PPO step.
 
-`tensors` holds arrays with verl's names (``input_ids``, ``attention_mask``, ``responses``, ...), all
-sharing the leading row dimension. `meta` holds per-row host values as numpy object arrays
+`tensors` holds arrays with verl's names (``input_ids``, ``attention_mask``, ``responses``, ...),
+all sharing the leading row dimension. `meta` holds per-row host values as numpy object arrays
 (``uid``, ``data_source``, ``reward_model``, ``extra_info``, ...), also one entry per row.
 A Batch is a pytree over its tensors (meta travels as static data), so it can cross `jit`.
 """
@@ -48,7 +48,9 @@ class Batch:
 
     def select(self, tensor_keys: Sequence[str] = (), meta_keys: Sequence[str] = ()) -> Batch:
         """A batch holding only the named fields."""
-        return Batch({k: self.tensors[k] for k in tensor_keys}, {k: self.meta[k] for k in meta_keys})
+        return Batch(
+            {k: self.tensors[k] for k in tensor_keys}, {k: self.meta[k] for k in meta_keys}
+        )
 
     def union(self, other: Batch) -> Batch:
         """Fields of both batches; `other` wins on name clashes."""

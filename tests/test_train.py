@@ -14,6 +14,7 @@ import pytest
 
 from jrl import train
 from jrl.assets import prepare_for
+from jrl.batch import Batch
 from jrl.config import load_config
 from jrl.trainer.ppo_trainer import PPOTrainer
 
@@ -34,8 +35,15 @@ def _run_dir(tmp_path: Path) -> str:
 def test_tiny_run_three_steps(card, expected, tmp_path, capsys):
     metrics = train.main([f"--config=configs/{card}.py:tiny", _run_dir(tmp_path)])
     assert metrics["training/global_step"] == 3
-    for key in [*expected, "critic/score/mean", "response_length/mean", "timing_s/step",
-                "actor/entropy", "actor/grad_norm", "val-core/openai/gsm8k/reward/mean@1"]:
+    for key in [
+        *expected,
+        "critic/score/mean",
+        "response_length/mean",
+        "timing_s/step",
+        "actor/entropy",
+        "actor/grad_norm",
+        "val-core/openai/gsm8k/reward/mean@1",
+    ]:
         assert key in metrics, key
         assert math.isfinite(metrics[key]), (key, metrics[key])
     out = capsys.readouterr().out
@@ -49,7 +57,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "XLA_FLAGS": ""}
     return subprocess.run(
         [sys.executable, "-m", "jrl.train", "--config=configs/gsm8k_grpo.py:tiny", *args],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
 
 
@@ -69,14 +81,16 @@ def test_missing_data_file_exits_naming_it(tmp_path):
 
 
 def _grpo_trainer(n_devices: int, tmp_path: Path) -> PPOTrainer:
-    config, _ = load_config([
-        "--config=configs/gsm8k_grpo.py:tiny",
-        f"trainer.n_gpus_per_node={n_devices}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
-        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
-        _run_dir(tmp_path),
-    ])
+    config, _ = load_config(
+        [
+            "--config=configs/gsm8k_grpo.py:tiny",
+            f"trainer.n_gpus_per_node={n_devices}",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+            _run_dir(tmp_path),
+        ]
+    )
     prepare_for(config)
     return PPOTrainer(config)
 
@@ -87,6 +101,13 @@ def test_grpo_step_same_on_one_and_eight_devices(tmp_path):
     assert eight.mesh.shape["fsdp"] == 8
     prompts = next(iter(one.train_loader.epoch(0)))
     batch = one.make_experience(prompts, 1, {}, {})
+    # a random model scores 0 everywhere; random outcome scores give non-zero GRPO advantages
+    mask = batch.tensors["response_mask"]
+    scores = np.zeros(mask.shape, np.float32)
+    last = np.maximum(mask.sum(-1) - 1, 0)
+    scores[np.arange(len(batch)), last] = np.random.default_rng(0).normal(size=len(batch))
+    batch, _ = one.compute_advantage(batch.union(Batch({"token_level_scores": scores})))
+    assert np.abs(batch.tensors["advantages"]).max() > 0
     ref_one, _ = one.actor.compute_log_prob(batch)
     ref_eight, _ = eight.actor.compute_log_prob(batch)
     np.testing.assert_allclose(ref_one, ref_eight, rtol=1e-5, atol=1e-5)

@@ -18,7 +18,9 @@ def pad_rows(tensors: dict[str, np.ndarray], multiple: int) -> tuple[dict[str, n
     extra = -rows % multiple
     if not extra:
         return tensors, rows
-    padded = {k: np.concatenate([v, np.zeros((extra, *v.shape[1:]), v.dtype)]) for k, v in tensors.items()}
+    padded = {
+        k: np.concatenate([v, np.zeros((extra, *v.shape[1:]), v.dtype)]) for k, v in tensors.items()
+    }
     return padded, rows
 
 
@@ -51,6 +53,8 @@ def minibatches(
         )
     for start in range(0, total, mini_rows):
         yield {
-            k: v[start : start + mini_rows].reshape(mini_rows // micro_rows, micro_rows, *v.shape[1:])
+            k: v[start : start + mini_rows].reshape(
+                mini_rows // micro_rows, micro_rows, *v.shape[1:]
+            )
             for k, v in tensors.items()
         }

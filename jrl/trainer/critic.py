@@ -58,7 +58,9 @@ class Critic:
         model = from_pretrained(
             critic.model.path,
             kind="value",
-            dtype=compute_dtype(fsdp.get("dtype", config.actor_rollout_ref.actor.fsdp_config.dtype)),
+            dtype=compute_dtype(
+                fsdp.get("dtype", config.actor_rollout_ref.actor.fsdp_config.dtype)
+            ),
             param_dtype=compute_dtype(fsdp.get("model_dtype", "fp32")),
         )
         self.state = TrainState.create(model, make_optimizer(critic.optim), mesh)
@@ -76,7 +78,10 @@ class Critic:
         """Values [B, R] for the batch's responses."""
         tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
         return chunked_forward(
-            functools.partial(self._forward, self.state.params), tensors, self.forward_rows, self.mesh
+            functools.partial(self._forward, self.state.params),
+            tensors,
+            self.forward_rows,
+            self.mesh,
         )
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
@@ -90,9 +95,14 @@ class Critic:
         tensors = {k: np.asarray(batch.tensors[k]) for k in (*FORWARD_KEYS, "values", "returns")}
         lr = critic.optim.lr * lr_multiplier(critic.optim, step - 1, self.total_training_steps)
         history = self.state.train(
-            functools.partial(critic_loss, cfg=critic), tensors, variant="critic",
-            grad_clip=critic.grad_clip, mini_rows=mini_rows, micro_rows=micro_rows,
-            epochs=critic.ppo_epochs, lr=lr,
+            functools.partial(critic_loss, cfg=critic),
+            tensors,
+            variant="critic",
+            grad_clip=critic.grad_clip,
+            mini_rows=mini_rows,
+            micro_rows=micro_rows,
+            epochs=critic.ppo_epochs,
+            lr=lr,
         )
         out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("critic/")}
         out["critic/grad_norm"] = float(np.mean(history["grad_norm"]))

@@ -24,7 +24,9 @@ def scheduler_type(optim_cfg: Any) -> str:
     """`lr_scheduler_type` (or its older alias `warmup_style`)."""
     name = optim_cfg.get("warmup_style") or optim_cfg.get("lr_scheduler_type", "constant")
     if name not in ("constant", "cosine"):
-        raise ValueError(f"optim.lr_scheduler_type={name!r} is not supported; use constant or cosine")
+        raise ValueError(
+            f"optim.lr_scheduler_type={name!r} is not supported; use constant or cosine"
+        )
     return name
 
 
@@ -43,7 +45,7 @@ def lr_multiplier(optim_cfg: Any, step: int, total_training_steps: int) -> float
 
 
 def make_optimizer(optim_cfg: Any) -> optax.GradientTransformation:
-    """AdamW with an injectable learning rate (clipping and non-finite skipping live in the step)."""
+    """AdamW with an injectable learning rate (clipping and non-finite skips live in the step)."""
     name = str(optim_cfg.get("optimizer", "AdamW")).lower()
     if name not in ("adamw", "adam"):
         raise ValueError(f"optim.optimizer={name!r} is not supported; use AdamW")

@@ -27,7 +27,12 @@ from jrl.trainer.optim import lr_multiplier, make_optimizer
 from jrl.trainer.train_state import TrainState
 from jrl_kernels import logprob_entropy
 
-DTYPES = {"float32": jnp.float32, "fp32": jnp.float32, "bfloat16": jnp.bfloat16, "bf16": jnp.bfloat16}
+DTYPES = {
+    "float32": jnp.float32,
+    "fp32": jnp.float32,
+    "bfloat16": jnp.bfloat16,
+    "bf16": jnp.bfloat16,
+}
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
@@ -66,7 +71,9 @@ def actor_loss(model, micro, norm, *, cfg, temperature: float, on_policy: bool):
     terms_fn = algos.get_policy_loss_terms_fn(cfg.policy_loss.get("loss_mode", "vanilla"))
     terms = terms_fn(old, log_prob, micro["advantages"], mask, cfg)
     mode = terms.loss_agg_mode or mode
-    pg_loss = algos.agg_loss_terms(terms.loss_mat, mask, mode, cfg.loss_scale_factor)[0] / norm[mode]
+    pg_loss = (
+        algos.agg_loss_terms(terms.loss_mat, mask, mode, cfg.loss_scale_factor)[0] / norm[mode]
+    )
     loss = pg_loss
     metrics = {"actor/pg_loss": pg_loss}
     for name, mat in terms.metrics.items():
@@ -137,15 +144,18 @@ class Policy:
         return log_prob, (entropy if calculate_entropy else None)
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
-        """verl's update_policy: ppo_epochs x mini-batches, gradient accumulation over micro-batches."""
+        """verl's update_policy: ppo_epochs x mini-batches, accumulating over micro-batches."""
         config = self.config
         actor = config.actor_rollout_ref.actor
         n = config.actor_rollout_ref.rollout.n
         world = n_gpus(config)
         mini_rows = actor.ppo_mini_batch_size * n
-        micro_rows = micro_rows_per_device(
-            actor, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", world
-        ) * world
+        micro_rows = (
+            micro_rows_per_device(
+                actor, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", world
+            )
+            * world
+        )
         keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
         if actor.use_kl_loss:
             keys.append("ref_log_prob")
@@ -156,8 +166,14 @@ class Policy:
             actor_loss, cfg=actor, temperature=self.temperature, on_policy=on_policy
         )
         history = self.state.train(
-            loss_fn, tensors, variant=on_policy, grad_clip=actor.grad_clip, mini_rows=mini_rows,
-            micro_rows=micro_rows, epochs=actor.ppo_epochs, lr=lr,
+            loss_fn,
+            tensors,
+            variant=on_policy,
+            grad_clip=actor.grad_clip,
+            mini_rows=mini_rows,
+            micro_rows=micro_rows,
+            epochs=actor.ppo_epochs,
+            lr=lr,
             loss_scale_factor=actor.loss_scale_factor,
         )
         self.params = self.state.params
@@ -204,4 +220,3 @@ def _as_list(value: Any) -> list[Any]:
     if value is None:
         return []
     return list(value) if isinstance(value, list | tuple) else [value]
-

@@ -39,7 +39,8 @@ def check_device(config: Any) -> None:
     if BACKENDS.get(wanted) != backend:
         raise ValueError(
             f"trainer.device={wanted!r} but JAX runs on {backend!r}; set trainer.device="
-            f"{'cuda' if backend == 'gpu' else backend} (or install the matching extra, e.g. jrl[cuda])"
+            f"{'cuda' if backend == 'gpu' else backend} "
+            "(or install the matching extra, e.g. jrl[cuda])"
         )
 
 
@@ -85,32 +86,41 @@ class PPOTrainer:
         self.train_dataset = RLDataset(
             data.train_files, self.tokenizer, data, max_samples=data.train_max_samples
         )
-        self.val_dataset = RLDataset(data.val_files, self.tokenizer, data, max_samples=data.val_max_samples)
+        self.val_dataset = RLDataset(
+            data.val_files,
+            self.tokenizer,
+            data,
+            max_samples=data.val_max_samples,
+            config_key="data.val_files",
+        )
         self.seed = int(data.seed if data.seed is not None else 0)
         self.train_loader = DataLoader(
             self.train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=self.seed
         )
-        if len(self.train_loader) == 0:
-            raise ValueError(
-                f"data.train_files has {len(self.train_dataset)} rows, fewer than "
-                f"data.train_batch_size={data.train_batch_size}"
-            )
         self.total_training_steps = int(
-            config.trainer.total_training_steps or len(self.train_loader) * config.trainer.total_epochs
+            config.trainer.total_training_steps
+            or len(self.train_loader) * config.trainer.total_epochs
         )
         self.actor = Policy.actor(config, self.mesh, self.total_training_steps)
         self.ref = Policy.reference(config, self.mesh) if self.use_reference else None
-        self.critic = Critic(config, self.mesh, self.total_training_steps) if self.use_critic else None
+        self.critic = (
+            Critic(config, self.mesh, self.total_training_steps) if self.use_critic else None
+        )
         self.rollout = build_rollout(config, self.actor, self.tokenizer)
         eos = self.rollout.eos_token_ids
         response_length = config.data.max_response_length
         self.sampling = SamplingParams.from_rollout_config(
-            arr.rollout, response_length=response_length, eos_token_ids=eos,
+            arr.rollout,
+            response_length=response_length,
+            eos_token_ids=eos,
             pad_token_id=self.tokenizer.pad_token_id,
         )
         self.val_sampling = SamplingParams.from_rollout_config(
-            arr.rollout, response_length=response_length, eos_token_ids=eos,
-            pad_token_id=self.tokenizer.pad_token_id, validate=True,
+            arr.rollout,
+            response_length=response_length,
+            eos_token_ids=eos,
+            pad_token_id=self.tokenizer.pad_token_id,
+            validate=True,
         )
         self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
@@ -135,8 +145,12 @@ class PPOTrainer:
         metrics: dict[str, float] = {}
         if self.kl_ctrl is not None:
             rewards, metrics = algos.apply_kl_penalty(
-                t["token_level_scores"], t["old_log_probs"], t["ref_log_prob"], t["response_mask"],
-                self.kl_ctrl, kl_penalty=algo.kl_penalty,
+                t["token_level_scores"],
+                t["old_log_probs"],
+                t["ref_log_prob"],
+                t["response_mask"],
+                self.kl_ctrl,
+                kl_penalty=algo.kl_penalty,
             )
         else:
             rewards = t["token_level_scores"]
@@ -147,7 +161,9 @@ class PPOTrainer:
             )
         elif estimator == "grpo":
             advantages, returns = algos.compute_grpo_outcome_advantage(
-                rewards, t["response_mask"], batch.meta["uid"],
+                rewards,
+                t["response_mask"],
+                batch.meta["uid"],
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             )
         else:
@@ -176,7 +192,8 @@ class PPOTrainer:
             batch = batch.union(Batch({"old_log_probs": old_log_probs}))
             metrics["actor/entropy"] = float(
                 algos.agg_loss(
-                    entropy, batch.tensors["response_mask"],
+                    entropy,
+                    batch.tensors["response_mask"],
                     config.actor_rollout_ref.actor.loss_agg_mode,
                 )
             )
@@ -220,8 +237,11 @@ class PPOTrainer:
     def validate(self) -> dict[str, float]:
         """Greedy (val_kwargs) generation on the validation set, scored per data source."""
         loader = DataLoader(
-            self.val_dataset, len(self.val_dataset), shuffle=self.config.data.validation_shuffle,
-            seed=self.seed, drop_last=False,
+            self.val_dataset,
+            len(self.val_dataset),
+            shuffle=self.config.data.validation_shuffle,
+            seed=self.seed,
+            drop_last=False,
         )
         prompts = next(iter(loader.epoch(0)))
         key = jax.random.fold_in(self.rng, 1)
@@ -236,8 +256,11 @@ class PPOTrainer:
         trainer = self.config.trainer
         run_dir = Path(trainer.default_local_dir)
         tracking = Tracking(
-            trainer.logger, project=trainer.project_name, experiment=trainer.experiment_name,
-            run_dir=run_dir, config=self.config.to_dict(),
+            trainer.logger,
+            project=trainer.project_name,
+            experiment=trainer.experiment_name,
+            run_dir=run_dir,
+            config=self.config.to_dict(),
         )
         last: dict[str, float] = {}
         try:

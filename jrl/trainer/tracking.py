@@ -1,4 +1,4 @@
-"""Metric loggers selected by ``trainer.logger`` (console in verl's line format, JSON lines, ...)."""
+"""Metric loggers named by ``trainer.logger`` (console in verl's line format, JSON lines, ...)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ OPTIONAL_LOGGERS = {"wandb": "wandb", "tensorboard": "tensorboardX", "mlflow": "
 
 
 def format_console_line(data: dict[str, Any], step: int) -> str:
-    """verl's console line: ``step:N - name:value - ...`` (floats with 3 decimals)."""
+    """verl's console line: ``step:N - name:value - ...`` with each number written in full."""
     parts = [f"step:{step}"]
     for key, value in data.items():
         if isinstance(value, bool) or not isinstance(value, numbers.Number):
@@ -21,7 +21,7 @@ def format_console_line(data: dict[str, Any], step: int) -> str:
         if isinstance(value, numbers.Integral):
             parts.append(f"{key}:{value}")
         else:
-            parts.append(f"{key}:{float(value):.3f}")
+            parts.append(f"{key}:{float(value)!r}")
     return " - ".join(parts)
 
 
@@ -118,7 +118,8 @@ class Tracking:
             module = OPTIONAL_LOGGERS.get(name)
             if module and importlib.util.find_spec(module) is None:
                 raise ValueError(
-                    f"trainer.logger includes {name!r} but the {module!r} package is not installed: "
+                    f"trainer.logger includes {name!r} but the {module!r} package is not "
+                    "installed: "
                     f"`pip install {module}`, or drop it, e.g. trainer.logger=['console']"
                 )
 

@@ -2,9 +2,9 @@
 
 The update takes one mini-batch laid out as ``[n_micro, micro_rows, ...]`` and scans over the micro
 batches, accumulating gradients. Each micro-batch loss is already divided by the mini-batch's global
-normaliser, so the sum over micro-batches (and devices) is exactly the mini-batch loss: splitting into
-micro-batches or devices never changes the gradient. Gradients are clipped by global norm as torch's
-``clip_grad_norm_`` does, and a non-finite norm skips the update.
+normaliser, so the sum over micro-batches (and devices) is exactly the mini-batch loss: splitting
+into micro-batches or devices never changes the gradient. Gradients are clipped by global norm as
+torch's ``clip_grad_norm_`` does, and a non-finite norm skips the update.
 """
 
 from __future__ import annotations
@@ -45,10 +45,10 @@ class TrainState:
     def create(cls, model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
         """Split `model`, place its parameters FSDP-sharded and initialise the optimizer there."""
         graphdef, params = nnx.split(model)
-        params, param_shardings = shard_params(params, mesh)
+        params, placed = shard_params(params, mesh)
         opt_shardings = param_shardings(jax.eval_shape(tx.init, params), mesh)
         opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
-        return cls(graphdef, params, opt_state, tx, mesh, param_shardings, opt_shardings)
+        return cls(graphdef, params, opt_state, tx, mesh, placed, opt_shardings)
 
     def model(self) -> nnx.Module:
         """The model with the current parameters (for host-side use)."""
@@ -102,7 +102,8 @@ def micro_batch_shardings(mesh: Mesh, minibatch: dict[str, Any]) -> dict[str, An
 
 
 def build_update(state: TrainState, loss_fn: LossFn, grad_clip: float, example: dict[str, Any]):
-    """Jitted ``update(params, opt_state, minibatch, normaliser, lr) -> (params, opt_state, metrics)``."""
+    """Jitted ``update(params, opt_state, minibatch, normaliser, lr)``, returning the new params,
+    optimizer state and metrics."""
     graphdef = state.graphdef
 
     def micro_loss(params, micro, normaliser):
@@ -117,7 +118,7 @@ def build_update(state: TrainState, loss_fn: LossFn, grad_clip: float, example: 
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         grads, (losses, aux) = jax.lax.scan(body, zeros, minibatch)
-        grad_norm = optax.global_norm(grads)
+        grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
         scale = jnp.minimum(1.0, grad_clip / (grad_norm + 1e-6))
         grads = jax.tree.map(lambda g: g * scale, grads)

@@ -1,0 +1,65 @@
+"""From a command line to a checked config: file -> overrides -> resolve -> validate."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from types import ModuleType
+
+import yaml
+from ml_collections import ConfigDict
+
+from jrl.config.defaults import default_config
+from jrl.config.errors import ConfigError
+from jrl.config.interpolation import resolve
+from jrl.config.overrides import apply_overrides, parse_command_line
+from jrl.config.validate import validate
+
+
+def load_config_file(spec: str) -> tuple[ConfigDict, ModuleType]:
+    """Import `FILE.py[:preset]` and return its `get_config(preset)` and the module itself."""
+    file, colon, preset = spec.rpartition(":")
+    if not colon:
+        file, preset = spec, ""
+    path = Path(file).expanduser()
+    if path.suffix != ".py" or not path.is_file():
+        raise ConfigError(
+            f"config file '{file}' not found (relative to {Path.cwd()}); "
+            "pass --config=path/to/experiment.py[:preset]"
+        )
+    module_spec = importlib.util.spec_from_file_location(f"jrl_config_{path.stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[module_spec.name] = module
+    module_spec.loader.exec_module(module)
+    get_config = getattr(module, "get_config", None)
+    if not callable(get_config):
+        raise ConfigError(f"config file '{file}' defines no get_config(preset=None) function")
+    config = get_config(preset) if preset else get_config()
+    if not isinstance(config, ConfigDict):
+        raise ConfigError(
+            f"get_config() of '{file}' returned {type(config).__name__}; it must return a "
+            "ConfigDict (start from jrl.config.default_config())"
+        )
+    return config, module
+
+
+def load_config(
+    argv: Sequence[str], num_devices: int | None = None
+) -> tuple[ConfigDict, ModuleType | None]:
+    """The checked, resolved config of a command line (without the program name).
+
+    Without `--config` the defaults are used (and the module is None). `num_devices`, when given,
+    is the number of visible devices the run must fit in.
+    """
+    spec, overrides = parse_command_line(argv)
+    config, module = load_config_file(spec) if spec else (default_config(), None)
+    config = resolve(apply_overrides(config, overrides))
+    validate(config, num_devices)
+    return config, module
+
+
+def to_yaml(config: ConfigDict) -> str:
+    """The resolved config as YAML, keys in config order (printed at start-up)."""
+    return yaml.safe_dump(resolve(config).to_dict(), sort_keys=False, default_flow_style=False)

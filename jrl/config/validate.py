@@ -1,0 +1,178 @@
+"""Cross-key checks (verl's rules), run before anything is built or compiled."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ml_collections import ConfigDict
+
+from jrl.config.errors import ConfigError
+
+ADV_ESTIMATORS = (
+    "gae",
+    "grpo",
+    "reinforce_plus_plus",
+    "reinforce_plus_plus_baseline",
+    "remax",
+    "rloo",
+    "opo",
+    "grpo_passk",
+    "gpg",
+    "rloo_vectorized",
+    "grpo_vectorized",
+    "optimal_token_baseline",
+    "tir_optimal_token_baseline",
+)
+LOSS_AGG_MODES = (
+    "token-mean",
+    "seq-mean-token-sum",
+    "seq-mean-token-mean",
+    "seq-mean-token-sum-norm",
+)
+ROLLOUT_NAMES = ("jax", "vllm")
+TRUNCATIONS = ("error", "left", "right", "middle")
+RESUME_MODES = ("auto", "disable", "resume_path")
+_GPUS = "trainer.nnodes * trainer.n_gpus_per_node"
+_N = "actor_rollout_ref.rollout.n"
+
+
+def n_gpus(config: ConfigDict) -> int:
+    """Devices the run asks for: trainer.nnodes * trainer.n_gpus_per_node."""
+    return config.trainer.nnodes * config.trainer.n_gpus_per_node
+
+
+def uses_reference(config: ConfigDict) -> bool:
+    """Whether a reference policy is needed (KL loss in the actor, or KL in the reward)."""
+    return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
+
+
+def uses_critic(config: ConfigDict) -> bool:
+    """Whether a critic is trained: critic.enable, or (when null) adv_estimator == 'gae'."""
+    if config.critic.enable is None:
+        return config.algorithm.adv_estimator == "gae"
+    return bool(config.critic.enable)
+
+
+def _positive(value: int | None) -> bool:
+    return value is not None and value > 0
+
+
+def _choices(config: ConfigDict) -> Iterator[str]:
+    rules = [
+        ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES, ""),
+        ("algorithm.adv_estimator", ADV_ESTIMATORS, ""),
+        ("actor_rollout_ref.rollout.name", ROLLOUT_NAMES, " (jrl supports jax and vllm)"),
+        ("data.truncation", TRUNCATIONS, ""),
+        ("trainer.resume_mode", RESUME_MODES, ""),
+    ]
+    if uses_critic(config):
+        rules.append(("critic.loss_agg_mode", LOSS_AGG_MODES, ""))
+    for key, allowed, note in rules:
+        if config[key] not in allowed:
+            yield f"{key}={config[key]!r} is not supported{note}; use one of {', '.join(allowed)}"
+    rollout = config.actor_rollout_ref.rollout
+    if rollout.val_kwargs.do_sample and not rollout.temperature > 0:
+        yield (
+            "actor_rollout_ref.rollout.val_kwargs.do_sample=True needs "
+            f"actor_rollout_ref.rollout.temperature > 0 (it is {rollout.temperature}); raise the "
+            "temperature or set actor_rollout_ref.rollout.val_kwargs.do_sample=false"
+        )
+
+
+def _one_of(config: ConfigDict, prefix: str, name: str) -> Iterator[str]:
+    """verl's rule: exactly one of `{name}` (deprecated, global) and `{name}_per_gpu`."""
+    both = config[f"{prefix}.{name}"] is not None and config[f"{prefix}.{name}_per_gpu"] is not None
+    neither = config[f"{prefix}.{name}"] is None and config[f"{prefix}.{name}_per_gpu"] is None
+    if both or neither:
+        yield (
+            f"set exactly one of {prefix}.{name}_per_gpu and {prefix}.{name} (deprecated); "
+            f"{'both are set' if both else 'neither is set'}: e.g. {prefix}.{name}_per_gpu=8 "
+            f"{prefix}.{name}=null"
+        )
+
+
+def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
+    """Mini/micro-batch rules of a trained role (actor or critic) under `prefix`."""
+    role = config[prefix]
+    n, batch = config.actor_rollout_ref.rollout.n, config.data.train_batch_size
+    mini, sp = role.ppo_mini_batch_size, role.ulysses_sequence_parallel_size
+    if not role.use_dynamic_bsz:
+        yield from _one_of(config, prefix, "ppo_micro_batch_size")
+    if not _positive(mini) or not _positive(sp):
+        yield f"{prefix}.ppo_mini_batch_size and .ulysses_sequence_parallel_size must be > 0"
+        return
+    if batch < mini:
+        yield (
+            f"data.train_batch_size ({batch}) must be >= {prefix}.ppo_mini_batch_size ({mini}); "
+            f"lower {prefix}.ppo_mini_batch_size or raise data.train_batch_size"
+        )
+    elif batch % mini:
+        yield (
+            f"data.train_batch_size ({batch}) must be a multiple of {prefix}.ppo_mini_batch_size "
+            f"({mini}) so that all mini-batches have the same size; change one of them"
+        )
+    if gpus % sp:
+        yield (
+            f"{prefix}.ulysses_sequence_parallel_size ({sp}) must divide {_GPUS} ({gpus}); "
+            "change the sequence-parallel size or the device count"
+        )
+        return
+    ranks = gpus // sp
+    per_rank = mini * n // ranks
+    how = f"{prefix}.ppo_mini_batch_size * {_N} // ({_GPUS} // sequence parallel size)"
+    if per_rank <= 0:
+        yield f"{how} = {mini}*{n}//{ranks} is 0; raise {prefix}.ppo_mini_batch_size to >= {ranks}"
+        return
+    micro_key, micro = f"{prefix}.ppo_micro_batch_size_per_gpu", role.ppo_micro_batch_size_per_gpu
+    if micro is None and role.ppo_micro_batch_size is not None:
+        micro_key = f"{prefix}.ppo_micro_batch_size // {ranks} ranks"
+        micro = role.ppo_micro_batch_size // ranks
+    if micro is not None and (micro <= 0 or per_rank % micro):
+        yield (
+            f"{how} = {per_rank} must be a positive multiple of {micro_key} ({micro}); "
+            f"pick a micro-batch size that divides {per_rank}"
+        )
+
+
+def _batches(config: ConfigDict, gpus: int) -> Iterator[str]:
+    actor_rollout_ref = config.actor_rollout_ref
+    n, batch = actor_rollout_ref.rollout.n, config.data.train_batch_size
+    if not _positive(batch) or not _positive(n):
+        yield f"data.train_batch_size ({batch}) and {_N} ({n}) must be > 0"
+        return
+    if not actor_rollout_ref.actor.use_dynamic_bsz and batch * n % gpus:
+        yield (
+            f"data.train_batch_size * {_N} = {batch}*{n} = {batch * n} must be divisible by "
+            f"{_GPUS} = {gpus}; change data.train_batch_size or the device count"
+        )
+    yield from _updates(config, "actor_rollout_ref.actor", gpus)
+    if uses_critic(config):
+        yield from _updates(config, "critic", gpus)
+    roles = ["actor_rollout_ref.rollout"]
+    if uses_reference(config):
+        roles.append("actor_rollout_ref.ref")
+    for prefix in roles:
+        if not config[f"{prefix}.log_prob_use_dynamic_bsz"]:
+            yield from _one_of(config, prefix, "log_prob_micro_batch_size")
+    if config.reward_model.enable and not config.reward_model.use_dynamic_bsz:
+        yield from _one_of(config, "reward_model", "micro_batch_size")
+
+
+def _devices(config: ConfigDict, num_devices: int | None) -> Iterator[str]:
+    gpus, trainer = n_gpus(config), config.trainer
+    if gpus <= 0:
+        yield f"{_GPUS} = {trainer.nnodes}*{trainer.n_gpus_per_node} must be positive"
+    elif num_devices is not None and gpus > num_devices:
+        yield (
+            f"{_GPUS} = {trainer.nnodes}*{trainer.n_gpus_per_node} = {gpus} devices, but only "
+            f"{num_devices} are visible; set trainer.n_gpus_per_node (and trainer.nnodes) to match"
+        )
+
+
+def validate(config: ConfigDict, num_devices: int | None = None) -> None:
+    """Raise ConfigError listing every broken rule; `num_devices` is the visible device count."""
+    problems = [*_choices(config), *_devices(config, num_devices)]
+    if n_gpus(config) > 0:
+        problems += _batches(config, n_gpus(config))
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

@@ -1,0 +1,165 @@
+"""GSM8K to parquet in verl's schema; offline, a seeded generator of easy arithmetic word problems.
+
+    python -m jrl.data.gsm8k --local_dir ~/data/gsm8k            # openai/gsm8k from the hub
+    python -m jrl.data.gsm8k --local_dir ~/data/gsm8k --offline  # generated, no network
+
+Each row: data_source "openai/gsm8k", prompt [{"role": "user", "content": question + " " +
+INSTRUCTION}], ability "math", reward_model {"style": "rule", "ground_truth"}, extra_info
+{"split", "index", "answer", "question"}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from jrl.data.atomic import atomic_file
+
+DATA_SOURCE = "openai/gsm8k"
+INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+SPLIT_SIZES = {"train": 7473, "test": 1319}
+_ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
+
+_NAMES = ("Tom", "Ana", "Ben", "Mia", "Sam", "Lily", "Max", "Zoe", "Leo", "Ivy")
+_ITEMS = (
+    "apples",
+    "books",
+    "pens",
+    "cards",
+    "eggs",
+    "shells",
+    "stamps",
+    "cookies",
+    "toys",
+    "coins",
+)
+
+
+def ground_truth(solution: str) -> str:
+    """The final answer of a GSM8K solution: the number after ``#### ``, commas removed."""
+    match = _ANSWER.search(solution)
+    if match is None:
+        raise ValueError(f"solution has no '#### <number>' final answer: {solution[-200:]!r}")
+    return match.group(1).replace(",", "")
+
+
+def gsm8k_rows(records: Iterable[Mapping[str, str]], split: str) -> list[dict[str, Any]]:
+    """verl's GSM8K rows from raw ``{"question", "answer"}`` records (answer = worked solution)."""
+    rows = []
+    for index, record in enumerate(records):
+        question, answer = record["question"], record["answer"]
+        rows.append(
+            {
+                "data_source": DATA_SOURCE,
+                "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": ground_truth(answer)},
+                "extra_info": {
+                    "split": split,
+                    "index": index,
+                    "answer": answer,
+                    "question": question,
+                },
+            }
+        )
+    return rows
+
+
+def _problem(rng: np.random.Generator) -> dict[str, str]:
+    """One short word problem with its worked solution ending in ``#### N``."""
+    name = str(rng.choice(_NAMES))
+    item = str(rng.choice(_ITEMS))
+    a, b = (int(x) for x in rng.integers(2, 10, size=2))
+    kind = int(rng.integers(5))
+    if kind == 0:
+        question = f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have?"
+        work, result = f"{a} + {b} = {a + b}", a + b
+    elif kind == 1:
+        a += b
+        question = f"{name} has {a} {item} and gives away {b}. How many {item} are left?"
+        work, result = f"{a} - {b} = {a - b}", a - b
+    elif kind == 2:
+        question = f"{name} buys {a} bags with {b} {item} each. How many {item} is that?"
+        work, result = f"{a} * {b} = {a * b}", a * b
+    elif kind == 3:
+        question = (
+            f"{name} shares {a * b} {item} equally among {a} friends. How many does each get?"
+        )
+        work, result = f"{a * b} / {a} = {b}", b
+    else:
+        c = int(rng.integers(1, a + b))
+        question = f"{name} has {a} {item}, gets {b} more, then loses {c}. How many are left?"
+        work, result = f"{a} + {b} = {a + b}, {a + b} - {c} = {a + b - c}", a + b - c
+    return {"question": question, "answer": f"{work}.\n#### {result}"}
+
+
+def make_offline_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
+    """`n` generated GSM8K-style rows for `split`; the same (n, seed, split) gives the same rows."""
+    rng = np.random.default_rng([seed, zlib.crc32(split.encode())])
+    return gsm8k_rows((_problem(rng) for _ in range(n)), split)
+
+
+def load_hub_records(split: str, size: int | None) -> list[dict[str, str]]:
+    """The raw records of openai/gsm8k ("main") for `split` (the first `size` if given)."""
+    try:
+        import datasets
+    except ImportError as err:
+        raise ImportError(
+            "reading openai/gsm8k from the Hugging Face hub needs the `datasets` package: "
+            "`pip install datasets` (or `pip install jrl[hub]`); or pass --offline"
+        ) from err
+    data = datasets.load_dataset(DATA_SOURCE, "main", split=split)
+    if size is not None:
+        data = data.select(range(min(size, len(data))))
+    return [{"question": r["question"], "answer": r["answer"]} for r in data]
+
+
+def write_gsm8k(local_dir: str | Path, rows_by_split: Mapping[str, Sequence[dict]]) -> list[Path]:
+    """Writes ``<split>.parquet`` under `local_dir` per split, each file replaced atomically."""
+    out = Path(local_dir).expanduser()
+    paths = []
+    for split, rows in rows_by_split.items():
+        path = out / f"{split}.parquet"
+        with atomic_file(path) as tmp:
+            pq.write_table(pa.Table.from_pylist(list(rows)), tmp)
+        print(f"jrl: wrote {len(rows)} rows to {path}", flush=True)
+        paths.append(path)
+    return paths
+
+
+def main(argv: Sequence[str] | None = None) -> list[Path]:
+    """Command line: write train.parquet and test.parquet under --local_dir."""
+    parser = argparse.ArgumentParser(
+        prog="python -m jrl.data.gsm8k", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--local_dir", default="~/data/gsm8k", help="output folder")
+    parser.add_argument(
+        "--offline", action="store_true", help="generate easy arithmetic problems (no network)"
+    )
+    parser.add_argument("--train_size", type=int, default=None, help="rows in train.parquet")
+    parser.add_argument("--test_size", type=int, default=None, help="rows in test.parquet")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the offline generator")
+    args = parser.parse_args(argv)
+    sizes = {"train": args.train_size, "test": args.test_size}
+    rows_by_split = {}
+    for split, size in sizes.items():
+        if args.offline:
+            count = SPLIT_SIZES[split] if size is None else size
+            print(f"jrl: generating {count} {split} problems (seed {args.seed})", flush=True)
+            rows_by_split[split] = make_offline_rows(count, args.seed, split)
+        else:
+            print(f"jrl: loading {DATA_SOURCE} ({split}) from the Hugging Face hub", flush=True)
+            rows_by_split[split] = gsm8k_rows(load_hub_records(split, size), split)
+    return write_gsm8k(args.local_dir, rows_by_split)
+
+
+if __name__ == "__main__":
+    main()

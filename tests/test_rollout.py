@@ -1,0 +1,254 @@
+"""The JAX sampler and rollout engine against a naive full-forward loop on a tiny random model."""
+
+import dataclasses
+import importlib.util
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from jrl.batch import Batch
+from jrl.models import ModelConfig, init_random
+from jrl.rollout import JaxRollout, SamplingParams, generate_tokens, make_rollout
+
+P, R, PAD = 6, 5, 0
+LENGTHS = (6, 3, 1)
+CONFIG = ModelConfig(
+    vocab_size=64,
+    hidden_size=32,
+    intermediate_size=64,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=8,
+    rms_norm_eps=1e-6,
+    rope_theta=10000.0,
+    tie_word_embeddings=True,
+    attention_bias=False,
+    max_position_embeddings=64,
+    model_type="llama",
+    eos_token_id=1,
+    pad_token_id=PAD,
+    initializer_range=0.5,
+)
+GREEDY = SamplingParams(R, pad_token_id=PAD, do_sample=False, calculate_log_probs=True)
+ROLLOUT_CFG = {
+    "temperature": 0.7,
+    "top_k": 20,
+    "top_p": 0.95,
+    "do_sample": True,
+    "n": 2,
+    "ignore_eos": False,
+    "calculate_log_probs": True,
+    "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False},
+}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return init_random(CONFIG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompts() -> Batch:
+    mask = (np.arange(P)[None] >= P - np.asarray(LENGTHS)[:, None]).astype(np.int32)
+    ids = np.where(mask, np.random.default_rng(0).integers(2, CONFIG.vocab_size, mask.shape), PAD)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    meta = {"uid": np.array(["a", "b", "c"], object)}
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, meta)
+
+
+@pytest.fixture(scope="module")
+def forward(model):
+    """Full forward pass (no cache): state, ids, mask, positions -> logits."""
+    graphdef = nnx.split(model)[0]
+
+    @jax.jit
+    def run(state, ids, mask, positions):
+        return nnx.merge(graphdef, state)(ids, mask, positions)
+
+    return run
+
+
+def _naive_greedy(forward, state, prompts: Batch, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    """Greedy tokens by re-running the full forward each step; also the last logits [B, T, V]."""
+    rows = len(prompts)
+    ids = np.concatenate([prompts["input_ids"], np.full((rows, steps), PAD)], axis=1)
+    mask = np.concatenate([prompts["attention_mask"], np.zeros((rows, steps), np.int32)], axis=1)
+    for s in range(steps):
+        positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+        logits = np.asarray(forward(state, ids, mask, positions))
+        ids[:, P + s] = logits[:, P + s - 1].argmax(-1)
+        mask[:, P + s] = 1
+    return ids[:, P:], logits
+
+
+def _token_log_probs(logits: np.ndarray, tokens: np.ndarray, temperature: float) -> np.ndarray:
+    logp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits, jnp.float32) / temperature, axis=-1))
+    return np.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+
+
+@pytest.fixture(scope="module")
+def naive(model, forward, prompts):
+    return _naive_greedy(forward, nnx.state(model), prompts, R)
+
+
+def _generate(model, prompts: Batch, params: SamplingParams, seed: int = 0) -> dict:
+    graphdef, state = nnx.split(model)
+    out = generate_tokens(
+        graphdef,
+        state,
+        jnp.asarray(prompts["input_ids"]),
+        jnp.asarray(prompts["attention_mask"]),
+        jax.random.key(seed),
+        params,
+    )
+    return {k: np.asarray(v) for k, v in out.items()}
+
+
+def test_greedy_matches_full_forward(model, prompts, naive):
+    tokens, logits = naive
+    out = _generate(model, prompts, GREEDY)
+    np.testing.assert_array_equal(out["responses"], tokens)
+    np.testing.assert_array_equal(out["response_mask"], np.ones_like(tokens))
+    expected = _token_log_probs(logits[:, P - 1 : -1], tokens, 1.0)
+    np.testing.assert_allclose(out["rollout_log_probs"], expected, atol=1e-4)
+
+
+def _expected_after_eos(tokens: np.ndarray, eos: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
+    is_eos = np.isin(tokens, eos)
+    seen_before = (np.cumsum(is_eos, axis=1) - is_eos) > 0
+    return np.where(seen_before, PAD, tokens), (~seen_before).astype(np.int32)
+
+
+def test_eos_stops_rows_and_masks(model, prompts, naive):
+    tokens = naive[0]
+    eos = (int(tokens[0, 1]), int(tokens[1, 2]))
+    params = dataclasses.replace(GREEDY, eos_token_ids=eos)
+    out = _generate(model, prompts, params)
+    responses, mask = _expected_after_eos(tokens, eos)
+    assert mask.sum() < mask.size
+    np.testing.assert_array_equal(out["responses"], responses)
+    np.testing.assert_array_equal(out["response_mask"], mask)
+    assert np.all(out["rollout_log_probs"][mask == 0] == 0)
+    assert np.all(out["rollout_log_probs"][mask == 1] < 0)
+
+    ignored = _generate(model, prompts, dataclasses.replace(params, ignore_eos=True))
+    np.testing.assert_array_equal(ignored["responses"], tokens)
+    np.testing.assert_array_equal(ignored["response_mask"], np.ones_like(tokens))
+
+
+def test_every_row_finishing_at_its_first_token(model, prompts, naive):
+    eos = tuple(sorted({int(t) for t in naive[0][:, 0]}))
+    out = _generate(model, prompts, dataclasses.replace(GREEDY, eos_token_ids=eos))
+    np.testing.assert_array_equal(out["responses"][:, 0], naive[0][:, 0])
+    np.testing.assert_array_equal(out["responses"][:, 1:], PAD)
+    np.testing.assert_array_equal(out["response_mask"].sum(1), 1)
+
+
+@pytest.fixture(scope="module")
+def rollout(model):
+    return JaxRollout(model, response_length=R, pad_token_id=PAD, eos_token_ids=CONFIG.eos_token_id)
+
+
+def test_rollout_sampling_layout_and_log_probs(model, rollout, prompts, forward):
+    sampling = dataclasses.replace(rollout.sampling_params(ROLLOUT_CFG), max_new_tokens=R - 2)
+    out = rollout.generate(prompts, sampling, jax.random.key(0))
+    rows = len(prompts) * 2
+    assert {k: out[k].shape for k in out.tensors} == {
+        "prompts": (rows, P),
+        "responses": (rows, R),
+        "response_mask": (rows, R),
+        "rollout_log_probs": (rows, R),
+        "input_ids": (rows, P + R),
+        "attention_mask": (rows, P + R),
+        "position_ids": (rows, P + R),
+    }
+    assert out["uid"].tolist() == ["a", "a", "b", "b", "c", "c"]
+    repeated = prompts.repeat(2, interleave=True)
+    np.testing.assert_array_equal(out["prompts"], repeated["input_ids"])
+    np.testing.assert_array_equal(
+        out["input_ids"], np.concatenate([out["prompts"], out["responses"]], 1)
+    )
+    np.testing.assert_array_equal(
+        out["attention_mask"],
+        np.concatenate([repeated["attention_mask"], out["response_mask"]], 1),
+    )
+    last = repeated["position_ids"][:, -1:]
+    np.testing.assert_array_equal(out["position_ids"][:, :P], repeated["position_ids"])
+    np.testing.assert_array_equal(out["position_ids"][:, P:], last + 1 + np.arange(R))
+    # Columns past max_new_tokens are padding.
+    np.testing.assert_array_equal(out["responses"][:, R - 2 :], PAD)
+    np.testing.assert_array_equal(out["response_mask"][:, R - 2 :], 0)
+
+    responses, mask = np.asarray(out["responses"]), np.asarray(out["response_mask"])
+    logits = forward(nnx.state(model), out["input_ids"], out["attention_mask"], out["position_ids"])
+    expected = _token_log_probs(np.asarray(logits)[:, P - 1 : -1], responses, 0.7) * mask
+    np.testing.assert_allclose(out["rollout_log_probs"], expected, atol=1e-4)
+
+    again = rollout.generate(prompts, sampling, jax.random.key(0))
+    other = rollout.generate(prompts, sampling, jax.random.key(1))
+    np.testing.assert_array_equal(again["responses"], responses)
+    assert not np.array_equal(other["responses"], responses)
+    assert not np.array_equal(responses[0::2], responses[1::2])
+
+
+def test_row_padding_keeps_samples_and_compiles_once(model, rollout, prompts):
+    sampling = dataclasses.replace(rollout.sampling_params(ROLLOUT_CFG), n=1)
+    exact = rollout.generate(prompts, sampling, jax.random.key(5))
+    bucketed = JaxRollout(
+        model, response_length=R, pad_token_id=PAD, eos_token_ids=1, max_batch_rows=4
+    )
+    padded = bucketed.generate(prompts, sampling, jax.random.key(5))
+    np.testing.assert_array_equal(padded["responses"], exact["responses"])
+    compiled = generate_tokens._cache_size()
+    two_groups = bucketed.generate(prompts, dataclasses.replace(sampling, n=2), jax.random.key(5))
+    assert len(two_groups) == 6
+    assert generate_tokens._cache_size() == compiled
+
+
+def test_update_weights(rollout, prompts, forward):
+    other = init_random(CONFIG, seed=1)
+    rollout.update_weights(nnx.state(other))
+    try:
+        out = rollout.generate(
+            prompts, dataclasses.replace(GREEDY, eos_token_ids=1), jax.random.key(0)
+        )
+        tokens = _naive_greedy(forward, nnx.state(other), prompts, R)[0]
+        responses, mask = _expected_after_eos(tokens, (1,))
+        np.testing.assert_array_equal(out["responses"], responses)
+        np.testing.assert_array_equal(out["response_mask"], mask)
+        half = jax.tree.map(lambda x: x.astype(jnp.bfloat16), nnx.state(other))
+        rollout.update_weights(half)
+        assert {x.dtype for x in jax.tree.leaves(rollout.state)} == {jnp.dtype(jnp.float32)}
+        smaller = init_random(dataclasses.replace(CONFIG, vocab_size=32), seed=0)
+        with pytest.raises(ValueError, match="shape"):
+            rollout.update_weights(nnx.state(smaller))
+    finally:
+        rollout.update_weights(nnx.state(init_random(CONFIG, seed=0)))
+
+
+def test_bad_inputs_fail_clearly(model, rollout, prompts):
+    right_padded = Batch({k: np.flip(v, axis=1) for k, v in prompts.tensors.items()})
+    with pytest.raises(ValueError, match=r"rows \[1, 2\].*left-padded"):
+        rollout.generate(right_padded, GREEDY, jax.random.key(0))
+    with pytest.raises(KeyError, match="position_ids"):
+        rollout.generate(prompts.select(["input_ids", "attention_mask"]), GREEDY, jax.random.key(0))
+    with pytest.raises(ValueError, match="pad_token_id"):
+        rollout.generate(prompts, dataclasses.replace(GREEDY, pad_token_id=3), jax.random.key(0))
+    with pytest.raises(ValueError, match="response_length"):
+        rollout.generate(
+            prompts, dataclasses.replace(GREEDY, max_new_tokens=R + 1), jax.random.key(0)
+        )
+
+
+def test_make_rollout(model):
+    made = make_rollout("jax", model, response_length=4, pad_token_id=PAD, eos_token_ids=[1, 2])
+    assert isinstance(made, JaxRollout) and made.eos_token_ids == (1, 2)
+    with pytest.raises(ValueError, match="rollout.name='sglang'"):
+        make_rollout("sglang", model)
+    if importlib.util.find_spec("vllm") is None:
+        with pytest.raises(ImportError, match="rollout.name=jax"):
+            make_rollout("vllm", model)

@@ -1,0 +1,161 @@
+"""Sampling parameters and token selection, checked against numpy references."""
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from jrl.rollout.sampling import (
+    SamplingParams,
+    apply_top_k,
+    apply_top_p,
+    select_tokens,
+    token_log_probs,
+)
+
+ROLLOUT_CFG = {
+    "temperature": 0.7,
+    "top_k": 5,
+    "top_p": 0.9,
+    "do_sample": True,
+    "n": 4,
+    "ignore_eos": False,
+    "calculate_log_probs": True,
+    "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False},
+}
+
+
+def _softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def _top_k_reference(logits: np.ndarray, k: int) -> np.ndarray:
+    out = logits.copy()
+    for row in out:
+        if 0 < k < row.size:
+            kth = np.sort(row)[::-1][k - 1]
+            row[row < kth] = -np.inf
+    return out
+
+
+def _top_p_reference(logits: np.ndarray, p: float) -> np.ndarray:
+    out = logits.copy()
+    for row, probs in zip(out, _softmax(logits), strict=True):
+        order = np.argsort(-probs, kind="stable")
+        total, keep = 0.0, []
+        for i in order:
+            keep.append(i)
+            total += probs[i]
+            if total >= p:
+                break
+        cutoff = probs[keep].min()
+        row[probs < cutoff] = -np.inf
+    return out
+
+
+@pytest.fixture(scope="module")
+def logits() -> np.ndarray:
+    return np.random.default_rng(0).normal(size=(6, 16)).astype(np.float32) * 2
+
+
+@pytest.mark.parametrize("k", [-1, 0, 1, 3, 16, 40])
+def test_top_k_matches_reference(logits, k):
+    np.testing.assert_array_equal(
+        np.asarray(apply_top_k(jnp.asarray(logits), k)), _top_k_reference(logits, k)
+    )
+
+
+def test_top_k_keeps_ties():
+    row = jnp.asarray([[1.0, 3.0, 3.0, 0.0]])
+    np.testing.assert_array_equal(apply_top_k(row, 1), [[-np.inf, 3.0, 3.0, -np.inf]])
+
+
+@pytest.mark.parametrize("p", [1e-4, 0.3, 0.75, 0.95, 1.0])
+def test_top_p_matches_reference(logits, p):
+    got = np.asarray(apply_top_p(jnp.asarray(logits), p))
+    np.testing.assert_array_equal(got, _top_p_reference(logits, p))
+    assert np.isfinite(got).sum(-1).min() >= 1
+
+
+def test_params_validation_and_greedy():
+    assert SamplingParams(4, do_sample=False, temperature=1.0).greedy
+    assert SamplingParams(4, temperature=0.0).greedy
+    assert not SamplingParams(4, temperature=0.5).greedy
+    assert SamplingParams(4, eos_token_ids=[2, 3]).eos_token_ids == (2, 3)
+    assert SamplingParams(4, eos_token_ids=None).eos_token_ids == ()
+    assert SamplingParams(4, eos_token_ids=7).eos_token_ids == (7,)
+    assert SamplingParams(4, temperature=0.0).log_prob_temperature == 1.0
+    for bad in ({"top_p": 0.0}, {"temperature": -1.0}, {"n": 0}, {"top_k": -2}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            SamplingParams(4, **bad)
+
+
+@pytest.mark.parametrize("as_config_dict", [False, True])
+def test_from_rollout_config(as_config_dict):
+    cfg = ml_collections.ConfigDict(ROLLOUT_CFG) if as_config_dict else ROLLOUT_CFG
+    train = SamplingParams.from_rollout_config(
+        cfg, response_length=12, eos_token_ids=[2], pad_token_id=0
+    )
+    assert train == SamplingParams(
+        max_new_tokens=12,
+        eos_token_ids=(2,),
+        pad_token_id=0,
+        temperature=0.7,
+        top_k=5,
+        top_p=0.9,
+        do_sample=True,
+        n=4,
+        calculate_log_probs=True,
+    )
+    val = SamplingParams.from_rollout_config(
+        cfg, response_length=12, eos_token_ids=2, pad_token_id=0, validate=True
+    )
+    assert (val.temperature, val.top_k, val.top_p, val.n, val.greedy) == (0.0, -1, 1.0, 1, True)
+    assert val.calculate_log_probs
+
+
+def test_from_rollout_config_errors():
+    cfg = {k: v for k, v in ROLLOUT_CFG.items() if k != "top_p"}
+    with pytest.raises(KeyError, match="actor_rollout_ref.rollout.top_p"):
+        SamplingParams.from_rollout_config(cfg, response_length=4, eos_token_ids=2, pad_token_id=0)
+    cfg = {**ROLLOUT_CFG, "val_kwargs": {**ROLLOUT_CFG["val_kwargs"], "n": 0}}
+    with pytest.raises(ValueError, match="val_kwargs.*n=0"):
+        SamplingParams.from_rollout_config(
+            cfg, response_length=4, eos_token_ids=2, pad_token_id=0, validate=True
+        )
+
+
+def test_greedy_selection_and_log_probs(logits):
+    params = SamplingParams(4, temperature=0.0)
+    tokens, logp = select_tokens(jnp.asarray(logits), jax.random.key(0), params)
+    np.testing.assert_array_equal(tokens, logits.argmax(-1))
+    expected = np.log(_softmax(logits.astype(np.float64)))[
+        np.arange(len(logits)), logits.argmax(-1)
+    ]
+    np.testing.assert_allclose(logp, expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(
+        token_log_probs(jnp.asarray(logits), tokens, 0.5),
+        np.log(_softmax(logits.astype(np.float64) / 0.5))[np.arange(len(logits)), tokens],
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_sampling_follows_filtered_distribution():
+    rows = 4000
+    row = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, 2.2], np.float32)
+    params = SamplingParams(4, temperature=0.8, top_k=5, top_p=0.9)
+    expected = _softmax(_top_p_reference(_top_k_reference(row[None] / 0.8, 5), 0.9))[0]
+    logits = jnp.asarray(np.tile(row, (rows, 1)))
+    select = jax.jit(select_tokens, static_argnums=2)
+    tokens, logp = select(logits, jax.random.key(3), params)
+    freq = np.bincount(np.asarray(tokens), minlength=row.size) / rows
+    assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(expected))
+    np.testing.assert_allclose(freq, expected, atol=0.03)
+    np.testing.assert_allclose(logp, np.log(_softmax(row / 0.8))[np.asarray(tokens)], atol=1e-5)
+    again, _ = select(logits, jax.random.key(3), params)
+    other, _ = select(logits, jax.random.key(4), params)
+    np.testing.assert_array_equal(tokens, again)
+    assert (np.asarray(tokens) != np.asarray(other)).mean() > 0.3
