@@ -1,0 +1,17 @@
+"""Flax NNX decoders of the Llama / Qwen2 family with Hugging Face and GGUF weight I/O."""
+
+from jrl.models.config import ModelConfig
+from jrl.models.decoder import CausalLM, KVCache, ValueModel, default_position_ids, init_random
+from jrl.models.pretrained import from_pretrained, gguf_to_hf_folder, save_pretrained
+
+__all__ = [
+    "CausalLM",
+    "KVCache",
+    "ModelConfig",
+    "ValueModel",
+    "default_position_ids",
+    "from_pretrained",
+    "gguf_to_hf_folder",
+    "init_random",
+    "save_pretrained",
+]

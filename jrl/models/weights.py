@@ -1,0 +1,98 @@
+"""Mapping between the model's parameters and Hugging Face tensor names and layouts.
+
+Module attributes carry the HF names (`model.layers.0.self_attn.q_proj`, `lm_head`, `score`), so a
+parameter path maps to its HF name by joining the path and renaming the leaf. Linear kernels are
+stored [in, out] here and [out, in] in HF files, so they are transposed on the way in and out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jrl.models.config import ModelConfig
+
+_LEAF_NAMES = {"kernel": "weight", "embedding": "weight", "scale": "weight", "bias": "bias"}
+
+
+class TensorSpec(NamedTuple):
+    """One HF tensor to write: its name, shape, dtype and a function that produces it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    load: Callable[[], np.ndarray]
+
+
+def hf_name(path: tuple[Any, ...]) -> str:
+    """HF tensor name of a parameter path, e.g. ('lm_head', 'kernel') -> 'lm_head.weight'."""
+    return ".".join(str(p) for p in path[:-1]) + "." + _LEAF_NAMES[path[-1]]
+
+
+def _to_hf_layout(path: tuple[Any, ...], array: Any) -> Any:
+    return array.T if path[-1] == "kernel" else array
+
+
+def _hf_shape(path: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(shape[::-1]) if path[-1] == "kernel" else tuple(shape)
+
+
+def hf_tensor_specs(model: nnx.Module) -> list[TensorSpec]:
+    """The model's parameters as HF tensors (fetched to host only when `load` is called)."""
+    specs = []
+    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+        value = var.get_value()
+        specs.append(
+            TensorSpec(
+                hf_name(path),
+                _hf_shape(path, value.shape),
+                np.dtype(value.dtype),
+                lambda path=path, value=value: np.asarray(
+                    _to_hf_layout(path, jax.device_get(value))
+                ),
+            )
+        )
+    return specs
+
+
+def load_params(abstract_model: nnx.Module, tensors: Mapping[str, Any], where: str) -> nnx.Module:
+    """Fills an abstract model (from `nnx.eval_shape`) with HF-layout tensors from `tensors`.
+
+    Each array is cast to the parameter dtype of the abstract model. Raises KeyError naming every
+    missing tensor and ValueError on a shape mismatch; `where` names the checkpoint in messages.
+    """
+    graphdef, state = nnx.split(abstract_model)
+    leaves = list(nnx.to_flat_state(state))
+    missing = [hf_name(path) for path, _ in leaves if hf_name(path) not in tensors]
+    if missing:
+        shown = ", ".join(missing[:8]) + (
+            f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
+        )
+        raise KeyError(
+            f"{where}: the checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}. "
+            "Check that config.json matches the weights (e.g. tie_word_embeddings, attention_bias)."
+        )
+    filled = []
+    for path, var in leaves:
+        name, expected = hf_name(path), var.get_value()
+        array = np.asarray(tensors[name])
+        if array.shape != _hf_shape(path, expected.shape):
+            raise ValueError(
+                f"{where}: tensor {name} has shape {array.shape}, but config.json implies "
+                f"{_hf_shape(path, expected.shape)}"
+            )
+        array = jnp.asarray(_to_hf_layout(path, array), dtype=expected.dtype)
+        filled.append((path, var.replace(array)))
+    return nnx.merge(graphdef, nnx.from_flat_state(filled))
+
+
+def initial_score_head(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:
+    """HF-layout tensors of a fresh value head: weight [1, D] ~ N(0, initializer_range), bias 0."""
+    key = jax.random.key(seed)
+    weight = config.initializer_range * jax.random.normal(key, (1, config.hidden_size), jnp.float32)
+    return {"score.weight": np.asarray(weight), "score.bias": np.zeros((1,), np.float32)}

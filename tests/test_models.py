@@ -1,0 +1,344 @@
+"""Decoder models and weight I/O against transformers (torch, CPU, fp32)."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from safetensors.numpy import load_file, save_file
+
+from jrl.models import (
+    CausalLM,
+    ModelConfig,
+    ValueModel,
+    default_position_ids,
+    from_pretrained,
+    gguf_to_hf_folder,
+    init_random,
+    save_pretrained,
+)
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+SHAPE = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
+
+
+def _randomise(model):
+    """Gives every torch parameter (norm scales and biases included) a non-trivial value."""
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.1)
+    return model.eval()
+
+
+def _hf_llama():
+    cfg = transformers.LlamaConfig(**SHAPE, tie_word_embeddings=False, rope_theta=5e5)
+    return _randomise(transformers.LlamaForCausalLM(cfg))
+
+
+def _hf_qwen2(cls_name="Qwen2ForCausalLM", **extra):
+    cfg = transformers.Qwen2Config(**SHAPE, tie_word_embeddings=True, rope_theta=1e4, **extra)
+    return _randomise(getattr(transformers, cls_name)(cfg))
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Three rows with 0, 3 and 7 tokens of left padding."""
+    ids = np.random.RandomState(0).randint(0, SHAPE["vocab_size"], (3, 10))
+    mask = np.ones((3, 10), np.int32)
+    mask[1, :3] = 0
+    mask[2, :7] = 0
+    return ids, mask, np.asarray(default_position_ids(jnp.asarray(mask)))
+
+
+def _torch_out(model, batch):
+    ids, mask, pos = (torch.tensor(np.asarray(a, np.int64)) for a in batch)
+    with torch.no_grad():
+        return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.numpy()
+
+
+def _jit_call(model, batch, method="__call__"):
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(state, ids, mask, pos):
+        return getattr(nnx.merge(graphdef, state), method)(ids, mask, pos)
+
+    return np.asarray(run(state, *(jnp.asarray(a) for a in batch)))
+
+
+def assert_close(ours, ref, mask, rel=1e-4):
+    """max |ours - ref| over valid positions is within rel * max |ref|."""
+    valid = mask.astype(bool)
+    assert np.isfinite(ours).all()
+    err, scale = np.abs(ours[valid] - ref[valid]).max(), np.abs(ref[valid]).max()
+    assert err <= rel * scale, (err, scale)
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    model = _hf_llama()
+    path = tmp_path_factory.mktemp("llama")
+    model.save_pretrained(path, safe_serialization=True)
+    return path, model
+
+
+@pytest.fixture(scope="module")
+def qwen2_sharded_dir(tmp_path_factory):
+    model = _hf_qwen2()
+    path = tmp_path_factory.mktemp("qwen2")
+    model.save_pretrained(path, safe_serialization=True, max_shard_size="40KB")
+    assert (path / "model.safetensors.index.json").exists()
+    return path, model
+
+
+@pytest.mark.parametrize("which", ["llama_dir", "qwen2_sharded_dir"])
+def test_logits_match_transformers_with_left_padding(which, request, batch):
+    path, hf_model = request.getfixturevalue(which)
+    model = from_pretrained(path)
+    assert isinstance(model, CausalLM)
+    assert (model.lm_head is None) == (which == "qwen2_sharded_dir")
+    assert_close(_jit_call(model, batch), _torch_out(hf_model, batch), batch[1])
+
+
+def test_forward_cached_prefill_then_decode_matches_full_forward(llama_dir, batch):
+    model = from_pretrained(llama_dir[0])
+    ids, mask, pos = batch
+    full = _jit_call(model, batch)
+    prompt, max_len = 6, 12
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def step(state, ids, pos, cache, offset, kv_mask):
+        m = nnx.merge(graphdef, state)
+        hidden, cache = m.forward_cached(ids, pos, cache, offset, kv_mask)
+        return m.logits(hidden), cache
+
+    kv_mask = np.zeros((3, max_len), bool)
+    kv_mask[:, :prompt] = mask[:, :prompt]
+    cache = model.init_cache(3, max_len)
+    logits, cache = step(state, ids[:, :prompt], pos[:, :prompt], cache, 0, kv_mask)
+    outputs = [np.asarray(logits)]
+    for t in range(prompt, ids.shape[1]):
+        kv_mask[:, t] = mask[:, t]
+        logits, cache = step(state, ids[:, t : t + 1], pos[:, t : t + 1], cache, t, kv_mask)
+        outputs.append(np.asarray(logits))
+    assert_close(np.concatenate(outputs, axis=1), full, mask)
+    assert cache.k.shape == (2, 3, max_len, 2, 16)
+    assert not np.asarray(cache.k[:, :, ids.shape[1] :]).any()  # unused slots stay empty
+
+
+def test_save_pretrained_loads_in_transformers(llama_dir, batch, tmp_path):
+    path, hf_model = llama_dir
+    model = from_pretrained(path)
+    out = tmp_path / "export"
+    out.mkdir()
+    (out / "stale.txt").write_text("replaced atomically")
+    save_pretrained(model, out)
+    assert not (out / "stale.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["export"]  # no temp folders left
+    assert ModelConfig.from_hf(json.loads((out / "config.json").read_text())) == model.config
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    assert_close(_torch_out(reloaded, batch), _torch_out(hf_model, batch), batch[1], rel=1e-6)
+
+
+def test_save_pretrained_shards_and_keeps_bf16(qwen2_sharded_dir, tmp_path):
+    model = from_pretrained(qwen2_sharded_dir[0], param_dtype=jnp.bfloat16)
+    save_pretrained(model, tmp_path / "bf16", max_shard_bytes=30_000)
+    index = json.loads((tmp_path / "bf16" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 1 and "lm_head.weight" not in index["weight_map"]
+    tensors = {k: v for f in files for k, v in load_file(tmp_path / "bf16" / f).items()}
+    assert {str(t.dtype) for t in tensors.values()} == {"bfloat16"}
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == "bfloat16"
+    again = from_pretrained(tmp_path / "bf16", param_dtype=jnp.bfloat16)
+    np.testing.assert_array_equal(
+        np.asarray(again.lm_head_kernel()), np.asarray(model.lm_head_kernel())
+    )
+
+
+def test_value_model_from_causal_lm_checkpoint(qwen2_sharded_dir, batch):
+    path = qwen2_sharded_dir[0]
+    critic = from_pretrained(path, kind="value", seed=3)
+    assert isinstance(critic, ValueModel)
+    weight = np.asarray(critic.score.kernel[...])
+    assert weight.shape == (64, 1) and 0.005 < weight.std() < 0.05  # N(0, 0.02)
+    assert not np.asarray(critic.score.bias[...]).any()
+    again = from_pretrained(path, kind="value", seed=3)
+    np.testing.assert_array_equal(np.asarray(again.score.kernel[...]), weight)
+    hidden = np.asarray(from_pretrained(path).hidden(*(jnp.asarray(a) for a in batch)))
+    values = np.asarray(critic(*(jnp.asarray(a) for a in batch)))
+    assert values.shape == (3, 10) and values.dtype == np.float32
+    assert_close(values, (hidden @ weight)[..., 0], batch[1], rel=1e-5)
+
+
+def test_value_model_token_classification_roundtrip(batch, tmp_path):
+    hf_model = _hf_qwen2("Qwen2ForTokenClassification", num_labels=1)
+    hf_model.save_pretrained(tmp_path / "tc", safe_serialization=True)
+    critic = from_pretrained(tmp_path / "tc", kind="value")
+    ref = _torch_out(hf_model, batch)[..., 0]
+    assert_close(_jit_call(critic, batch), ref, batch[1])
+    save_pretrained(critic, tmp_path / "export")
+    cls = transformers.AutoModelForTokenClassification
+    reloaded = cls.from_pretrained(tmp_path / "export").eval()
+    assert reloaded.config.num_labels == 1
+    assert_close(_torch_out(reloaded, batch)[..., 0], ref, batch[1], rel=1e-6)
+
+
+def test_bf16_compute_keeps_float32_logits_and_cache_dtype(llama_dir, batch):
+    exact = _jit_call(from_pretrained(llama_dir[0]), batch)
+    model = from_pretrained(llama_dir[0], dtype=jnp.bfloat16)
+    assert model.model.embed_tokens.embedding.dtype == jnp.float32  # storage stays fp32
+    logits = _jit_call(model, batch)
+    assert logits.dtype == np.float32
+    assert_close(logits, exact, batch[1], rel=5e-2)
+    cache = model.init_cache(3, 10)
+    assert cache.k.dtype == jnp.bfloat16
+    ids, mask, pos = (jnp.asarray(a) for a in batch)
+    hidden, cache = jax.jit(CausalLM.forward_cached)(model, ids, pos, cache, 0, mask)
+    assert_close(np.asarray(model.logits(hidden)), exact, batch[1], rel=5e-2)
+
+
+def test_init_random_and_config_roundtrip():
+    cfg = ModelConfig.from_hf(_hf_qwen2().config.to_dict())
+    assert cfg.attention_bias and cfg.tie_word_embeddings and cfg.head_dim == 16
+    assert ModelConfig.from_hf(cfg.to_hf()) == cfg
+    model = init_random(cfg, kind="value", seed=1)
+    assert isinstance(model, ValueModel) and model.model.embed_tokens.embedding.shape == (128, 64)
+    with pytest.raises(ValueError, match="unknown model kind"):
+        init_random(cfg, kind="reward")
+
+
+@pytest.mark.parametrize(
+    "change, error, match",
+    [
+        ({"model_type": "gpt2"}, ValueError, "model_type 'gpt2' is not supported"),
+        ({"rope_scaling": {"rope_type": "llama3"}}, NotImplementedError, "llama3"),
+        ({"vocab_size": 100}, ValueError, r"lm_head.weight has shape \(128, 64\).*\(100, 64\)"),
+        ({"attention_bias": True}, KeyError, "self_attn.q_proj.bias"),
+    ],
+)
+def test_clear_errors_on_bad_config(llama_dir, tmp_path, change, error, match):
+    src = llama_dir[0]
+    (tmp_path / "model.safetensors").write_bytes((src / "model.safetensors").read_bytes())
+    hf = json.loads((src / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**hf, **change}))
+    with pytest.raises(error, match=match):
+        from_pretrained(tmp_path)
+
+
+def test_clear_errors_on_missing_files_and_tensors(llama_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        from_pretrained(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="no config.json"):
+        from_pretrained(tmp_path)
+    src = llama_dir[0]
+    (tmp_path / "config.json").write_text((src / "config.json").read_text())
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        from_pretrained(tmp_path)
+    tensors = load_file(src / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"], tensors["lm_head.weight"]
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(KeyError, match=r"2 tensor.*lm_head.weight.*layers.1.mlp.up_proj.weight"):
+        from_pretrained(tmp_path)
+
+
+def _llama_cpp_permute(w, heads):
+    """llama.cpp's q/k row order: per head, the two rotary halves interleaved pairwise."""
+    return (
+        w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    )
+
+
+def _write_gguf(hf_model, path):
+    """Writes an F32 llama GGUF of `hf_model` the way llama.cpp's converter lays it out."""
+    gguf = pytest.importorskip("gguf")
+    c = hf_model.config
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(c.num_hidden_layers)
+    writer.add_context_length(c.max_position_embeddings)
+    writer.add_embedding_length(c.hidden_size)
+    writer.add_feed_forward_length(c.intermediate_size)
+    writer.add_head_count(c.num_attention_heads)
+    writer.add_head_count_kv(c.num_key_value_heads)
+    writer.add_rope_freq_base(c.rope_parameters["rope_theta"])
+    writer.add_layer_norm_rms_eps(c.rms_norm_eps)
+    writer.add_vocab_size(c.vocab_size)
+    names = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    parts = {
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+    }
+    for name, tensor in hf_model.state_dict().items():
+        array = tensor.numpy()
+        stem, leaf = name.rsplit(".", 1)
+        if stem.startswith("model.layers."):
+            layer, part = stem[len("model.layers.") :].split(".", 1)
+            gguf_name = f"blk.{layer}.{parts[part]}.{leaf}"
+            if part == "self_attn.q_proj":
+                array = _llama_cpp_permute(array, c.num_attention_heads)
+            if part == "self_attn.k_proj":
+                array = _llama_cpp_permute(array, c.num_key_value_heads)
+        else:
+            gguf_name = f"{names[stem]}.{leaf}"
+        writer.add_tensor(gguf_name, np.ascontiguousarray(array))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+
+def test_gguf_import_unpermutes_rope(llama_dir, batch, tmp_path):
+    _write_gguf(llama_dir[1], tmp_path / "tiny.gguf")
+    model = from_pretrained(tmp_path / "tiny.gguf")
+    assert not model.config.tie_word_embeddings and model.config.rope_theta == 5e5
+    assert_close(_jit_call(model, batch), _torch_out(llama_dir[1], batch), batch[1], rel=1e-6)
+
+
+@pytest.mark.slow
+def test_smollm2_gguf_matches_transformers(tmp_path):
+    from jrl.assets import smollm2_gguf_path
+
+    gguf_path = smollm2_gguf_path()
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32, local_files_only=True
+    ).eval()
+    ref_tok = transformers.AutoTokenizer.from_pretrained(
+        gguf_path.parent, gguf_file=gguf_path.name, local_files_only=True
+    )
+    folder = gguf_to_hf_folder(gguf_path, tmp_path / "smollm2")
+    tok = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    messages = [{"role": "user", "content": "What is 12 + 30? Answer briefly."}]
+    text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert text == ref_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tok(text).input_ids
+    assert ids == ref_tok(text).input_ids and tok.eos_token_id == tok.pad_token_id == 2
+    batch = (np.asarray([ids]), np.ones((1, len(ids)), np.int32), np.arange(len(ids))[None])
+    ref = _torch_out(reference, batch)
+    assert_close(_jit_call(from_pretrained(gguf_path), batch), ref, batch[1], rel=1e-3)
+    assert_close(_jit_call(from_pretrained(folder), batch), ref, batch[1], rel=1e-3)
+    exported = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
+    assert_close(_torch_out(exported.eval(), batch), ref, batch[1], rel=1e-3)
