@@ -36,7 +36,7 @@ def cli() -> int:
     """Entry point: clear one-line errors for bad configs and inputs, non-zero exit."""
     try:
         main()
-    except (ConfigError, FileNotFoundError, ValueError, NotImplementedError) as err:
+    except (ConfigError, FileNotFoundError, ImportError, ValueError, NotImplementedError) as err:
         print(f"jrl.train: error: {err}", file=sys.stderr)
         return 2
     return 0

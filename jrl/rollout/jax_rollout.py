@@ -10,9 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jrl.batch import Batch
 from jrl.models import CausalLM
+from jrl.parallel import batch_sharding
 from jrl.rollout.sampler import generate_tokens
 from jrl.rollout.sampling import SamplingParams, as_token_ids
 
@@ -24,6 +26,8 @@ class JaxRollout:
 
     Rows go to the device in groups of `max_batch_rows` (default: all rows of the call); the last
     group is padded up to that size with copies of its first row, so the compiled shapes stay few.
+    With a `mesh`, each group is split over the mesh's batch axes (data parallel generation; the
+    parameters keep their own sharding), its size rounded up to a multiple of those devices.
     """
 
     def __init__(
@@ -34,6 +38,7 @@ class JaxRollout:
         pad_token_id: int,
         eos_token_ids: int | Iterable[int] | None,
         max_batch_rows: int | None = None,
+        mesh: Mesh | None = None,
     ):
         if response_length < 1:
             raise ValueError(f"response_length={response_length} must be at least 1")
@@ -44,6 +49,7 @@ class JaxRollout:
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = as_token_ids(eos_token_ids)
         self.max_batch_rows = max_batch_rows
+        self.mesh = mesh
 
     @property
     def state(self) -> nnx.State:
@@ -97,6 +103,9 @@ class JaxRollout:
     ) -> dict[str, jax.Array]:
         rows = ids.shape[0]
         group = self.max_batch_rows or rows
+        if self.mesh is not None:
+            devices = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+            group = -(-group // devices) * devices
         sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated; one compile
         parts = []
         for index, start in enumerate(range(0, rows, group)):
@@ -104,6 +113,9 @@ class JaxRollout:
             real = part_ids.shape[0]
             if real < group:
                 part_ids, part_mask = (_pad_rows(x, group) for x in (part_ids, part_mask))
+            if self.mesh is not None:
+                rows_split = batch_sharding(self.mesh, 2)
+                part_ids, part_mask = (jax.device_put(x, rows_split) for x in (part_ids, part_mask))
             out = generate_tokens(
                 self._graphdef,
                 self._state,

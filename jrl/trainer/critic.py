@@ -15,6 +15,7 @@ from jrl import algos
 from jrl.batch import Batch
 from jrl.config import n_gpus
 from jrl.models import from_pretrained
+from jrl.parallel import batch_sharding
 from jrl.trainer.batching import chunked_forward
 from jrl.trainer.optim import lr_multiplier, make_optimizer
 from jrl.trainer.policy import compute_dtype, micro_rows_per_device
@@ -69,7 +70,10 @@ class Critic:
         self.forward_rows = world * micro_rows_per_device(
             critic, "forward_micro_batch_size_per_gpu", "forward_micro_batch_size", world
         )
-        self._forward = jax.jit(self._forward_fn)
+        rows = batch_sharding(mesh, 2)
+        self._forward = jax.jit(
+            self._forward_fn, in_shardings=(self.state.param_shardings, rows), out_shardings=rows
+        )
 
     def _forward_fn(self, params, tensors):
         return response_values(nnx.merge(self.state.graphdef, params), tensors)

@@ -20,7 +20,7 @@ from jrl import algos
 from jrl.batch import Batch
 from jrl.config import n_gpus
 from jrl.models import CausalLM, from_pretrained
-from jrl.parallel import shard_params
+from jrl.parallel import batch_sharding, shard_params
 from jrl.rollout import make_rollout
 from jrl.trainer.batching import chunked_forward
 from jrl.trainer.optim import lr_multiplier, make_optimizer
@@ -93,14 +93,33 @@ def actor_loss(model, micro, norm, *, cfg, temperature: float, on_policy: bool):
 class Policy:
     """A causal LM on the mesh that computes response log-probs; the actor also trains."""
 
-    def __init__(self, model: CausalLM, mesh: Mesh, temperature: float, forward_rows: int):
+    def __init__(
+        self,
+        graphdef: Any,
+        params: Any,
+        param_shardings: Any,
+        mesh: Mesh,
+        *,
+        temperature: float,
+        forward_rows: int,
+        state: TrainState | None = None,
+    ):
+        self.graphdef = graphdef
+        self._frozen_params = None if state is not None else params
+        self.param_shardings = param_shardings
         self.mesh = mesh
         self.temperature = float(temperature)
         self.forward_rows = forward_rows
-        self.graphdef, params = nnx.split(model)
-        self.params, self.param_shardings = shard_params(params, mesh)
-        self.state: TrainState | None = None
-        self._forward = jax.jit(self._forward_fn)
+        self.state = state
+        rows = batch_sharding(mesh, 2)
+        self._forward = jax.jit(
+            self._forward_fn, in_shardings=(param_shardings, rows), out_shardings=rows
+        )
+
+    @property
+    def params(self) -> Any:
+        """The current parameters (the actor's latest, or the frozen reference's)."""
+        return self.state.params if self.state is not None else self._frozen_params
 
     @classmethod
     def actor(cls, config: Any, mesh: Mesh, total_training_steps: int) -> Policy:
@@ -111,9 +130,16 @@ class Policy:
         forward = micro_rows_per_device(
             arr.rollout, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
         )
-        policy = cls(model, mesh, arr.rollout.temperature, forward * world)
-        policy.state = TrainState.create(model, make_optimizer(arr.actor.optim), mesh)
-        policy.params = policy.state.params
+        state = TrainState.create(model, make_optimizer(arr.actor.optim), mesh)
+        policy = cls(
+            state.graphdef,
+            state.params,
+            state.param_shardings,
+            mesh,
+            temperature=arr.rollout.temperature,
+            forward_rows=forward * world,
+            state=state,
+        )
         policy.config = config
         policy.total_training_steps = total_training_steps
         return policy
@@ -127,7 +153,16 @@ class Policy:
         forward = micro_rows_per_device(
             arr.ref, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
         )
-        return cls(model, mesh, arr.rollout.temperature, forward * world)
+        graphdef, params = nnx.split(model)
+        params, shardings = shard_params(params, mesh)
+        return cls(
+            graphdef,
+            params,
+            shardings,
+            mesh,
+            temperature=arr.rollout.temperature,
+            forward_rows=forward * world,
+        )
 
     def _forward_fn(self, params, tensors):
         return response_log_probs(nnx.merge(self.graphdef, params), tensors, self.temperature)
@@ -136,10 +171,9 @@ class Policy:
         self, batch: Batch, calculate_entropy: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Log-probs [B, R] of the batch's responses (and entropy when asked)."""
-        params = self.state.params if self.state is not None else self.params
         tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
         log_prob, entropy = chunked_forward(
-            functools.partial(self._forward, params), tensors, self.forward_rows, self.mesh
+            functools.partial(self._forward, self.params), tensors, self.forward_rows, self.mesh
         )
         return log_prob, (entropy if calculate_entropy else None)
 
@@ -176,7 +210,6 @@ class Policy:
             lr=lr,
             loss_scale_factor=actor.loss_scale_factor,
         )
-        self.params = self.state.params
         out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("actor/")}
         out["actor/pg_loss"] = float(np.sum(history["actor/pg_loss"]))
         if "actor/kl_loss" in history:
@@ -213,6 +246,7 @@ def build_rollout(config: Any, actor: Policy, tokenizer: Any):
         response_length=config.data.max_response_length,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=sorted(i for i in eos if i is not None),
+        mesh=actor.mesh,
     )
 
 
