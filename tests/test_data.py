@@ -380,6 +380,23 @@ def test_gsm8k_cli_offline_writes_verl_schema(tmp_path):
     assert pq.read_table(out / "train.parquet").equals(table)
 
 
+def test_gsm8k_cli_gsm_symbolic_generator(tmp_path):
+    pytest.importorskip("reasoning_gym", reason="reasoning-gym is in the test extra")
+    args = ["--local_dir", str(tmp_path), "--offline", "--generator", "gsm_symbolic"]
+    main([*args, "--train_size", "6", "--test_size", "3"])
+    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
+    test_rows = pq.read_table(tmp_path / "test.parquet").to_pylist()
+    assert len(rows) == 6 and len(test_rows) == 3
+    assert rows[0]["extra_info"]["question"] != test_rows[0]["extra_info"]["question"]
+    for row in rows:
+        truth = row["reward_model"]["ground_truth"]
+        assert truth.lstrip("-").isdigit()
+        assert row["extra_info"]["answer"] == f"#### {truth}"
+        assert row["prompt"][0]["content"].endswith(" " + INSTRUCTION)
+    main([*args, "--train_size", "6", "--test_size", "3", "--local_dir", str(tmp_path / "b")])
+    assert pq.read_table(tmp_path / "b" / "train.parquet").to_pylist() == rows
+
+
 def test_write_gsm8k_replaces_existing_file(tmp_path):
     write_gsm8k(tmp_path, {"train": make_offline_rows(3, 0, "train")})
     write_gsm8k(tmp_path, {"train": make_offline_rows(2, 0, "train")})

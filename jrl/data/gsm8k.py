@@ -1,7 +1,12 @@
-"""GSM8K to parquet in verl's schema; offline, a seeded generator of easy arithmetic word problems.
+"""GSM8K to parquet in verl's schema, from the hub or generated offline.
 
     python -m jrl.data.gsm8k --local_dir ~/data/gsm8k            # openai/gsm8k from the hub
     python -m jrl.data.gsm8k --local_dir ~/data/gsm8k --offline  # generated, no network
+    python -m jrl.data.gsm8k --local_dir ~/data/gsm8k --offline --generator gsm_symbolic
+
+Offline generators: `arithmetic` (built in: short, easy word problems that a small model can learn)
+and `gsm_symbolic` (GSM8K-style templated problems from the `reasoning-gym` package, installed by
+the `offline-data` extra).
 
 Each row: data_source "openai/gsm8k", prompt [{"role": "user", "content": question + " " +
 INSTRUCTION}], ability "math", reward_model {"style": "rule", "ground_truth"}, extra_info
@@ -107,6 +112,21 @@ def make_offline_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
     return gsm8k_rows((_problem(rng) for _ in range(n)), split)
 
 
+def gsm_symbolic_records(n: int, seed: int, split: str) -> list[dict[str, str]]:
+    """`n` GSM8K-style problems from reasoning-gym's `gsm_symbolic` generator (integer answers,
+    no worked solutions: the answer is written as ``#### N``)."""
+    try:
+        import reasoning_gym
+    except ImportError as err:
+        raise ImportError(
+            "--generator gsm_symbolic needs the `reasoning-gym` package: "
+            "`pip install jrl[offline-data]`; or use --generator arithmetic"
+        ) from err
+    split_seed = int(np.random.default_rng([seed, zlib.crc32(split.encode())]).integers(2**31))
+    data = reasoning_gym.create_dataset("gsm_symbolic", size=n, seed=split_seed)
+    return [{"question": e["question"], "answer": f"#### {e['answer']}"} for e in data]
+
+
 def load_hub_records(split: str, size: int | None) -> list[dict[str, str]]:
     """The raw records of openai/gsm8k ("main") for `split` (the first `size` if given)."""
     try:
@@ -142,7 +162,13 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     )
     parser.add_argument("--local_dir", default="~/data/gsm8k", help="output folder")
     parser.add_argument(
-        "--offline", action="store_true", help="generate easy arithmetic problems (no network)"
+        "--offline", action="store_true", help="generate problems instead (no network)"
+    )
+    parser.add_argument(
+        "--generator",
+        choices=("arithmetic", "gsm_symbolic"),
+        default="arithmetic",
+        help="offline generator: built-in easy arithmetic, or reasoning-gym's gsm_symbolic",
     )
     parser.add_argument("--train_size", type=int, default=None, help="rows in train.parquet")
     parser.add_argument("--test_size", type=int, default=None, help="rows in test.parquet")
@@ -153,8 +179,15 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     for split, size in sizes.items():
         if args.offline:
             count = SPLIT_SIZES[split] if size is None else size
-            print(f"jrl: generating {count} {split} problems (seed {args.seed})", flush=True)
-            rows_by_split[split] = make_offline_rows(count, args.seed, split)
+            print(
+                f"jrl: generating {count} {split} problems ({args.generator}, seed {args.seed})",
+                flush=True,
+            )
+            if args.generator == "arithmetic":
+                rows_by_split[split] = make_offline_rows(count, args.seed, split)
+            else:
+                records = gsm_symbolic_records(count, args.seed, split)
+                rows_by_split[split] = gsm8k_rows(records, split)
         else:
             print(f"jrl: loading {DATA_SOURCE} ({split}) from the Hugging Face hub", flush=True)
             rows_by_split[split] = gsm8k_rows(load_hub_records(split, size), split)

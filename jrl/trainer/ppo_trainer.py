@@ -76,12 +76,15 @@ class PPOTrainer:
         self.mesh = make_mesh(self.n_gpus, fsdp_size=arr.actor.fsdp_config.fsdp_size)
         self.use_critic = uses_critic(config)
         self.use_reference = uses_reference(config)
-        model_path = arr.model.path
-        self.tokenizer = load_tokenizer(
-            arr.model.get("tokenizer_path") or model_path,
-            trust_remote_code=arr.model.trust_remote_code,
-            custom_chat_template=arr.model.get("custom_chat_template"),
-        )
+        tokenizer_key = "tokenizer_path" if arr.model.get("tokenizer_path") else "path"
+        try:
+            self.tokenizer = load_tokenizer(
+                arr.model[tokenizer_key],
+                trust_remote_code=arr.model.trust_remote_code,
+                custom_chat_template=arr.model.get("custom_chat_template"),
+            )
+        except (FileNotFoundError, OSError) as err:
+            raise FileNotFoundError(f"actor_rollout_ref.model.{tokenizer_key}: {err}") from err
         data = config.data
         self.train_dataset = RLDataset(
             data.train_files, self.tokenizer, data, max_samples=data.train_max_samples
