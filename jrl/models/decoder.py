@@ -89,7 +89,20 @@ class _DecoderModel(nnx.Module):
     ) -> None:
         self.config = config
         self.dtype = dtype
+        self.param_dtype = param_dtype
         self.model = Decoder(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+
+    def _head(self, features: int, use_bias: bool, rngs: nnx.Rngs) -> nnx.Module:
+        """An output projection from the hidden size, initialised as HF does."""
+        return dense(
+            self.config.hidden_size,
+            features,
+            use_bias=use_bias,
+            std=self.config.initializer_range,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            rngs=rngs,
+        )
 
     def hidden(
         self,
@@ -121,17 +134,7 @@ class CausalLM(_DecoderModel):
     ) -> None:
         super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         self.lm_head = (
-            None
-            if config.tie_word_embeddings
-            else dense(
-                config.hidden_size,
-                config.vocab_size,
-                use_bias=False,
-                std=config.initializer_range,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                rngs=rngs,
-            )
+            None if config.tie_word_embeddings else self._head(config.vocab_size, False, rngs)
         )
 
     def __call__(
@@ -196,15 +199,7 @@ class ValueModel(_DecoderModel):
         rngs: nnx.Rngs,
     ) -> None:
         super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.score = dense(
-            config.hidden_size,
-            1,
-            use_bias=True,
-            std=config.initializer_range,
-            dtype=dtype,
-            param_dtype=param_dtype,
-            rngs=rngs,
-        )
+        self.score = self._head(1, True, rngs)
 
     def __call__(
         self,
