@@ -6,6 +6,13 @@ Usage::
 
 Overrides use verl's ``a.b.c=value`` form or ``--config.a.b.c=value``; values parse as in Hydra
 (numbers, true/false, null, lists such as ``trainer.logger=['console','tensorboard']``).
+
+Config files: ``configs/gsm8k_ppo.py`` (PPO with a GAE critic) and ``configs/gsm8k_grpo.py`` (GRPO);
+presets ``:tiny`` (tiny random model, for smoke runs) and ``:quickstart`` (SmolLM2-135M-Instruct on
+CPU). Their assets are built on first use under ``~/.cache/jrl`` (``$JRL_CACHE``). The resolved
+config is printed at start-up; metrics print once per step as ``step:N - name:value - ...``.
+Loggers: ``trainer.logger`` takes console, file (JSON lines in ``default_local_dir``),
+tensorboard and wandb.
 """
 
 from __future__ import annotations
@@ -20,6 +27,9 @@ from jrl.config import ConfigError, load_config
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Load the config, prepare the experiment's assets, train; returns the last step's metrics."""
     argv = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return {}
     config, _ = load_config(argv)
     prepare_for(config)
     from jrl.trainer.ppo_trainer import PPOTrainer

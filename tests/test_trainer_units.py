@@ -1,0 +1,76 @@
+"""Trainer pieces without a model: console/JSON-lines loggers, LR schedules, mini-batching."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from jrl.trainer.batching import minibatches, pad_rows
+from jrl.trainer.optim import lr_multiplier, warmup_steps
+from jrl.trainer.tracking import Tracking, format_console_line
+
+
+def test_console_line_is_verls_format():
+    line = format_console_line({"actor/pg_loss": 0.25, "training/global_step": 3, "note": "x"}, 3)
+    assert line == "step:3 - actor/pg_loss:0.25 - training/global_step:3"
+    assert format_console_line({"actor/lr": np.float64(1e-6)}, 1) == f"step:1 - actor/lr:{1e-6!r}"
+
+
+def test_file_logger_appends_json_lines(tmp_path, capsys):
+    tracking = Tracking(["console", "file"], project="p", experiment="e", run_dir=tmp_path)
+    tracking.log({"a": 1.5, "b": float("nan")}, step=1)
+    tracking.log({"a": 2.0}, step=2)
+    tracking.close()
+    rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows == [{"step": 1, "data": {"a": 1.5, "b": "nan"}}, {"step": 2, "data": {"a": 2.0}}]
+    assert capsys.readouterr().out.splitlines() == ["step:1 - a:1.5 - b:nan", "step:2 - a:2.0"]
+
+
+def test_unknown_or_missing_logger_is_a_clear_error(tmp_path):
+    with pytest.raises(ValueError, match="unknown logger 'nope'"):
+        Tracking(["nope"], project="p", experiment="e", run_dir=tmp_path)
+    with pytest.raises(ValueError, match="pip install wandb"):
+        Tracking(["wandb"], project="p", experiment="e", run_dir=tmp_path)
+
+
+def _optim(**kw):
+    base = {
+        "lr_warmup_steps": -1,
+        "lr_warmup_steps_ratio": 0.0,
+        "lr_scheduler_type": "constant",
+        "min_lr_ratio": 0.0,
+        "num_cycles": 0.5,
+        "warmup_style": None,
+    }
+    return ConfigDict({**base, **kw})
+
+
+def test_warmup_steps_priority():
+    assert warmup_steps(_optim(lr_warmup_steps_ratio=0.25), 10) == 2
+    assert warmup_steps(_optim(lr_warmup_steps=3, lr_warmup_steps_ratio=0.5), 10) == 3
+
+
+def test_constant_and_cosine_schedules_closed_form():
+    constant = _optim(lr_warmup_steps=4)
+    assert [lr_multiplier(constant, s, 10) for s in range(6)] == [0, 0.25, 0.5, 0.75, 1, 1]
+    cosine = _optim(lr_warmup_steps=2, lr_scheduler_type="cosine", min_lr_ratio=0.1)
+    for step in range(2, 12):
+        progress = (step - 2) / 8
+        expected = max(0.1, 0.55 + 0.45 * math.cos(math.pi * progress))
+        assert lr_multiplier(cosine, step, 10) == pytest.approx(expected)
+    assert lr_multiplier(cosine, 1, 10) == 0.5
+
+
+def test_minibatches_and_padding():
+    tensors = {"x": np.arange(24).reshape(12, 2)}
+    batches = list(minibatches(tensors, mini_rows=6, micro_rows=3))
+    assert [b["x"].shape for b in batches] == [(2, 3, 2), (2, 3, 2)]
+    np.testing.assert_array_equal(batches[1]["x"].reshape(6, 2), tensors["x"][6:])
+    with pytest.raises(ValueError, match="ppo_mini_batch_size"):
+        list(minibatches(tensors, mini_rows=5, micro_rows=5))
+    padded, rows = pad_rows(tensors, 8)
+    assert rows == 12 and padded["x"].shape == (16, 2) and not padded["x"][12:].any()
