@@ -1,0 +1,41 @@
+"""Smoke run of bench/train_step.py at the tiny shape: both implementations report sane JSON."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_train_step_bench_tiny_reports_both_implementations():
+    args = "--shape tiny --steps 2 --warmup 1".split()
+    cmd = [sys.executable, "bench/train_step.py", *args]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.strip()]
+    by_impl = {r["impl"]: r for r in lines}
+    assert list(by_impl) == ["jrl", "torch", "jrl/torch"]
+
+    for impl in ("jrl", "torch"):
+        r = by_impl[impl]
+        assert (r["shape"], r["batch"], r["seq"], r["dtype"]) == ("tiny", 4, 128, "bf16")
+        assert math.isfinite(r["tokens_per_s"]) and r["tokens_per_s"] > 0
+        assert math.isfinite(r["step_time_s"]) and r["step_time_s"] > 0
+        assert r["peak_memory_gb"] > 0
+        assert r["mfu"] is None  # no peak FLOP/s is known for a CPU
+        # At random init the logits are near zero: the mean next-token NLL is close to ln(vocab).
+        assert abs(r["loss"] - math.log(1024)) < 0.1, r["loss"]
+    assert by_impl["jrl"]["params"] == by_impl["torch"]["params"]
+    assert by_impl["jrl"]["flops_per_step"] == by_impl["torch"]["flops_per_step"]
+    # 6 * N * tokens with N = all parameters but the q/k/v biases (2 layers x 8 heads x 32) and the
+    # norm scales (2 x 2 x 128 + 128), plus 12 * layers * heads * head_dim * seq^2 * batch.
+    matmul_params = by_impl["jrl"]["params"] - 2 * 8 * 32 - (2 * 2 * 128 + 128)
+    attention = 12 * 2 * 4 * 32 * 128**2 * 4
+    assert by_impl["jrl"]["flops_per_step"] == 6 * matmul_params * 4 * 128 + attention
+
+    ratio = by_impl["jrl/torch"]
+    jrl, torch = by_impl["jrl"], by_impl["torch"]
+    assert math.isclose(ratio["tokens_per_s_ratio"], jrl["tokens_per_s"] / torch["tokens_per_s"])
+    assert math.isclose(ratio["peak_memory_ratio"], jrl["peak_memory_gb"] / torch["peak_memory_gb"])
