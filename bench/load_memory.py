@@ -33,18 +33,20 @@ MODES = ("stream", "mesh", "naive")
 
 
 def _hf_config(size_bytes: int) -> dict:
-    """A Llama config.json of about `size_bytes` in float32 whose largest tensors are the
-    embedding and the (untied, transposed on load) LM head, each [vocab, hidden]."""
+    """A Llama config.json of about `size_bytes` in float32. Its largest tensors, of equal size,
+    are the MLP kernels, the embedding and the untied LM head. The kernels are transposed on load
+    and the last layer's are read when nearly all the model is resident, so the peak includes
+    their whole transient cost."""
     hidden = 1024 if size_bytes >= 2**29 else 512
-    vocab, intermediate = hidden * hidden // 16, hidden * 11 // 4
-    layer_bytes = 4 * (4 * hidden * hidden + 3 * hidden * intermediate + 2 * hidden)
-    layers = max(1, round((size_bytes - 2 * 4 * vocab * hidden) / layer_bytes))
+    wide = 16 * hidden
+    layer_bytes = 4 * (4 * hidden * hidden + 3 * hidden * wide + 2 * hidden)
+    layers = max(1, round((size_bytes - 2 * 4 * wide * hidden) / layer_bytes))
     return {
         "architectures": ["LlamaForCausalLM"],
         "model_type": "llama",
-        "vocab_size": vocab,
+        "vocab_size": wide,
         "hidden_size": hidden,
-        "intermediate_size": intermediate,
+        "intermediate_size": wide,
         "num_hidden_layers": layers,
         "num_attention_heads": hidden // 128,
         "num_key_value_heads": hidden // 128,

@@ -229,7 +229,7 @@ def test_init_random_and_config_roundtrip():
     "change, error, match",
     [
         ({"model_type": "gpt2"}, ValueError, "model_type 'gpt2' is not supported"),
-        ({"rope_scaling": {"rope_type": "llama3"}}, NotImplementedError, "llama3"),
+        ({"rope_scaling": {"rope_type": "dynamic"}}, ValueError, "rope_type 'dynamic'"),
         ({"vocab_size": 100}, ValueError, r"lm_head.weight has shape \(128, 64\).*\(100, 64\)"),
         ({"attention_bias": True}, KeyError, "self_attn.q_proj.bias"),
     ],

@@ -1,4 +1,4 @@
-"""Flax NNX decoders of the Llama / Qwen2 family with Hugging Face and GGUF weight I/O."""
+"""Flax NNX decoders (Llama, Qwen2/3, Mistral, Gemma 2/3) with Hugging Face and GGUF weight I/O."""
 
 from jrl.models.config import ModelConfig
 from jrl.models.decoder import CausalLM, KVCache, ValueModel, default_position_ids, init_random

@@ -9,7 +9,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from jrl.models.config import ModelConfig
-from jrl.models.layers import DecoderLayer, RMSNorm, dense, rope_tables
+from jrl.models.layers import (
+    DecoderLayer,
+    RMSNorm,
+    Visibility,
+    dense,
+    rope_frequencies,
+    rope_tables,
+)
 
 MODEL_KINDS = ("causal_lm", "value")
 
@@ -42,31 +49,38 @@ class Decoder(nnx.Module):
             rngs=rngs,
         )
         kw = dict(dtype=dtype, param_dtype=param_dtype)
-        self.layers = nnx.List([DecoderLayer(c, rngs=rngs, **kw) for _ in range(c.num_layers)])
-        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, **kw)
-        self.head_dim, self.rope_theta = c.head_dim, c.rope_theta
+        self.layers = nnx.List([DecoderLayer(c, i, rngs=rngs, **kw) for i in range(c.num_layers)])
+        self.norm = RMSNorm(c.hidden_size, c.rms_norm_eps, unit_offset=c.family.gemma, **kw)
+        self.config = config
 
     def __call__(
         self,
         input_ids: jax.Array,
         position_ids: jax.Array,
-        mask: jax.Array,
+        visibility: Visibility,
         cache: KVCache | None = None,
         cache_offset: jax.Array | int = 0,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states [B, T, D] (and the updated cache when one is given).
 
-        Without a cache, `mask` [B, T, T] selects the keys of this chunk; with one, `mask`
-        [B, T, max_len] selects cache slots, and this chunk's k/v are written at `cache_offset`.
+        Without a cache, the keys are this chunk's tokens; with one, they are the cache slots, and
+        this chunk's k/v are written at `cache_offset` first. `visibility` says which keys each
+        query sees.
         """
+        c = self.config
         x = self.embed_tokens(input_ids)
-        rope = rope_tables(position_ids, self.head_dim, self.rope_theta)
+        if c.family.gemma:
+            x = x * jnp.asarray(c.hidden_size**0.5, x.dtype)
+        ropes: dict[tuple[float, Any], tuple[jax.Array, jax.Array]] = {}
         for i, layer in enumerate(self.layers):
-            q, k, v = layer.project(x, rope)
+            rope_key = c.layer_rope(i)
+            if rope_key not in ropes:
+                ropes[rope_key] = rope_tables(position_ids, rope_frequencies(c.head_dim, *rope_key))
+            q, k, v = layer.project(x, ropes[rope_key])
             if cache is not None:
                 cache = _write_kv(cache, i, cache_offset, k, v)
                 k, v = cache.k[i].astype(k.dtype), cache.v[i].astype(v.dtype)
-            x = layer.combine(x, q, k, v, mask)
+            x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
 
 
@@ -111,14 +125,13 @@ class _DecoderModel(nnx.Module):
         position_ids: jax.Array | None = None,
     ) -> jax.Array:
         """Final-normed hidden states [B, T, D]; padding (attention_mask 0) is never attended."""
-        t = input_ids.shape[1]
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
         if position_ids is None:
             position_ids = default_position_ids(attention_mask)
-        causal = jnp.tril(jnp.ones((t, t), jnp.bool_))
-        mask = causal[None] & attention_mask.astype(jnp.bool_)[:, None, :]
-        return self.model(input_ids, position_ids, mask)[0]
+        slots = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
+        visibility = Visibility(attention_mask.astype(jnp.bool_), slots, self_attention=True)
+        return self.model(input_ids, position_ids, visibility)[0]
 
 
 class CausalLM(_DecoderModel):
@@ -153,9 +166,12 @@ class CausalLM(_DecoderModel):
         return self.lm_head.kernel[...]
 
     def logits(self, hidden: jax.Array) -> jax.Array:
-        """Projects hidden states [..., D] to float32 logits [..., V]."""
+        """Projects hidden states [..., D] to float32 logits [..., V] (soft-capped to
+        c * tanh(logits / c) when the config sets final_logit_softcapping c)."""
         kernel = self.lm_head_kernel().astype(self.dtype)
-        return jnp.dot(hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32)
+        logits = jnp.dot(hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32)
+        cap = self.config.final_logit_softcapping
+        return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     def init_cache(self, batch_size: int, max_len: int, dtype: Any = None) -> KVCache:
         """An all-zero KV cache (in the compute dtype unless `dtype` is given)."""
@@ -176,15 +192,16 @@ class CausalLM(_DecoderModel):
 
         The chunk's k/v go to slots cache_offset .. cache_offset+T-1 (the caller keeps
         cache_offset + T <= max_len). Query t attends slot s iff s <= cache_offset + t and
-        kv_mask[b, s] ([B, max_len] bool, marking every valid slot including this chunk's).
+        kv_mask[b, s] ([B, max_len] bool, marking every valid slot including this chunk's), and in
+        sliding-window layers also cache_offset + t - s < sliding_window. Slots count tokens, so
+        for rows whose valid tokens occupy consecutive slots (left padding, then generated tokens)
+        the window spans the same positions as in the full forward.
         Returns (final-normed hidden [B, T, D], updated cache).
         """
-        t, max_len = input_ids.shape[1], cache.k.shape[2]
         offset = jnp.asarray(cache_offset, jnp.int32)
-        query_slots = offset + jnp.arange(t, dtype=jnp.int32)
-        causal = jnp.arange(max_len, dtype=jnp.int32)[None, :] <= query_slots[:, None]
-        mask = causal[None] & kv_mask.astype(jnp.bool_)[:, None, :]
-        return self.model(input_ids, position_ids, mask, cache, offset)
+        slots = offset + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
+        visibility = Visibility(kv_mask.astype(jnp.bool_), slots, self_attention=False)
+        return self.model(input_ids, position_ids, visibility, cache, offset)
 
 
 class ValueModel(_DecoderModel):

@@ -1,4 +1,4 @@
-"""Building blocks of the decoder: RMSNorm, RoPE, attention, SwiGLU MLP and the decoder layer.
+"""Building blocks of the decoder: RMSNorm, RoPE, attention kernels, the gated MLP and the layer.
 
 Parameters are stored in `param_dtype` and cast to the compute `dtype` at use; norms, RoPE and
 attention scores are computed in float32.
@@ -6,16 +6,29 @@ attention scores are computed in float32.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import math
+import warnings
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
-from jrl.models.config import ModelConfig
+from jrl.models.config import ModelConfig, RopeScaling
 
 # Masked attention scores get this (finite) value so that rows without any valid key stay NaN-free.
 MASKED_SCORE = -1e30
+# Sequence lengths must be a multiple of this block for the Pallas splash kernel.
+SPLASH_BLOCK = 128
+_ACTIVATIONS = {
+    "silu": jax.nn.silu,
+    "gelu": functools.partial(jax.nn.gelu, approximate=False),
+    "gelu_pytorch_tanh": functools.partial(jax.nn.gelu, approximate=True),
+    "gelu_new": functools.partial(jax.nn.gelu, approximate=True),
+}
 
 
 def dense(
@@ -41,25 +54,55 @@ def dense(
 
 
 class RMSNorm(nnx.Module):
-    """Root-mean-square norm with a learned scale (initialised to ones)."""
+    """Root-mean-square norm with a learned scale w.
 
-    def __init__(self, dim: int, eps: float, *, dtype: Any, param_dtype: Any) -> None:
-        self.scale = nnx.Param(jnp.ones((dim,), param_dtype))
+    Llama style multiplies the normalised input, cast to the compute dtype, by w (initialised to
+    ones). With `unit_offset` (Gemma) the scale is (1 + w), applied in float32 before the cast,
+    and w is initialised to zeros.
+    """
+
+    def __init__(
+        self, dim: int, eps: float, *, unit_offset: bool = False, dtype: Any, param_dtype: Any
+    ) -> None:
+        init = jnp.zeros if unit_offset else jnp.ones
+        self.scale = nnx.Param(init((dim,), param_dtype))
         self.eps = eps
+        self.unit_offset = unit_offset
         self.dtype = dtype
 
     def __call__(self, x: jax.Array) -> jax.Array:
         x = x.astype(jnp.float32)
         x = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + self.eps)
+        if self.unit_offset:
+            return (x * (1.0 + self.scale[...].astype(jnp.float32))).astype(self.dtype)
         return x.astype(self.dtype) * self.scale[...].astype(self.dtype)
 
 
-def rope_tables(
-    position_ids: jax.Array, head_dim: int, theta: float
-) -> tuple[jax.Array, jax.Array]:
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None) -> np.ndarray:
+    """Inverse rotary frequencies [head_dim // 2] float32, scaled as `scaling` says."""
+    inv_freq = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    if scaling is None:
+        return inv_freq.astype(np.float32)
+    if scaling.rope_type == "linear":
+        return (inv_freq / scaling.factor).astype(np.float32)
+    context = scaling.original_max_position_embeddings
+    wavelen = 2 * math.pi / inv_freq
+    smooth = (context / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    interpolated = (1 - smooth) * inv_freq / scaling.factor + smooth * inv_freq
+    scaled = np.where(
+        wavelen > context / scaling.low_freq_factor, inv_freq / scaling.factor, inv_freq
+    )
+    medium = (wavelen >= context / scaling.high_freq_factor) & (
+        wavelen <= context / scaling.low_freq_factor
+    )
+    return np.where(medium, interpolated, scaled).astype(np.float32)
+
+
+def rope_tables(position_ids: jax.Array, inv_freq: np.ndarray) -> tuple[jax.Array, jax.Array]:
     """cos and sin of the rotary angles, each [B, T, head_dim // 2] float32."""
-    inv_freq = 1.0 / theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim)
-    angles = position_ids.astype(jnp.float32)[..., None] * inv_freq
+    angles = position_ids.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq)
     return jnp.cos(angles), jnp.sin(angles)
 
 
@@ -71,41 +114,225 @@ def apply_rope(x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
     return out.astype(x.dtype)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array) -> jax.Array:
-    """Grouped-query softmax attention.
+@dataclasses.dataclass(frozen=True)
+class Visibility:
+    """Which key slots each query may attend.
+
+    Query t sits at slot q_slots[t] ([T] int32); key slot s is visible to it iff kv_valid[b, s]
+    ([B, S] bool) and s <= q_slots[t], and in a sliding-window layer also q_slots[t] - s < window.
+    A query always sees its own slot, so rows of padding never have an empty softmax.
+    `self_attention` marks the full forward, where the queries are the keys (q_slots = arange(S)).
+    """
+
+    kv_valid: jax.Array
+    q_slots: jax.Array
+    self_attention: bool
+
+    def mask(self, window: int | None) -> jax.Array:
+        """The bool mask [B, T, S]."""
+        kv = jnp.arange(self.kv_valid.shape[1], dtype=jnp.int32)[None, :]
+        q = self.q_slots[:, None]
+        visible = kv <= q
+        if window is not None:
+            visible &= q - kv < window
+        return (visible[None] & self.kv_valid[:, None, :]) | (kv == q)[None]
+
+
+def eager_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    *,
+    scale: float,
+    softcap: float | None = None,
+) -> jax.Array:
+    """Grouped-query softmax attention as plain einsums.
 
     q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head h uses kv head h // (H/K));
-    mask [B, T, S] bool, True where query t may attend key s. Returns [B, T, H, D] in q's dtype.
+    mask [B, T, S] bool. Scores are scale * q.k, soft-capped to softcap * tanh(score / softcap)
+    when `softcap` is set. Returns [B, T, H, D] in q's dtype.
     """
     b, t, h, d = q.shape
     kv_heads = k.shape[2]
     q = q.reshape(b, t, kv_heads, h // kv_heads, d)
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = jnp.where(mask[:, None, None], scores * d**-0.5, MASKED_SCORE)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
+    scores = jnp.where(mask[:, None, None], scores, MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
     return out.reshape(b, t, h, d).astype(q.dtype)
 
 
+def _splash_module() -> Any:
+    """The Pallas TPU splash-attention package, or None when it cannot be imported."""
+    try:
+        from jax.experimental.pallas.ops.tpu import splash_attention
+    except ImportError:
+        return None
+    return splash_attention
+
+
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(
+    length: int, groups: int, window: int | None, softcap: float | None, interpret: bool
+) -> Any:
+    """A causal (or causal local-window) splash kernel for `groups` query heads per kv head."""
+    splash = _splash_module()
+    shape = (length, length)
+    if window is None:
+        mask = splash.CausalMask(shape)
+    else:
+        mask = splash.LocalMask(shape, (window - 1, 0), offset=0)
+    return splash.make_splash_mqa_single_device(
+        splash.MultiHeadMask([mask] * groups),
+        attn_logits_soft_cap=softcap,
+        interpret=interpret,
+    )
+
+
+def splash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    valid: jax.Array,
+    *,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Causal self-attention through the Pallas TPU splash kernel (`interpret` runs it anywhere).
+
+    q [B, T, H, D]; k, v [B, T, K, D]; valid [B, T] bool. T must be a multiple of SPLASH_BLOCK.
+    Valid tokens attend valid tokens only; padding attends padding, so its rows are not those of
+    the other implementations (their outputs are never used).
+    """
+    b, t, h, d = q.shape
+    kv_heads = k.shape[2]
+    kernel = _splash_kernel(t, h // kv_heads, window, softcap, interpret)
+    segment_ids = _splash_module().SegmentIds
+    q = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    q = q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
+    k, v = (x.transpose(0, 2, 1, 3) for x in (k, v))
+
+    def one_row(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array) -> jax.Array:
+        ids = segment_ids(valid.astype(jnp.int32), valid.astype(jnp.int32))
+        return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
+
+    out = jax.vmap(one_row)(q, k, v, valid)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+def _fall_back(requested: str, reason: str, picked: str) -> str:
+    warnings.warn(
+        f"attn_implementation={requested!r}: {reason}; using {picked!r} instead", stacklevel=3
+    )
+    return picked
+
+
+def _flash_kernel(
+    backend: str, *, softcap: float | None, dtype: Any, visibility: Visibility
+) -> tuple[str, str | None]:
+    """(kernel, why it is not a flash kernel or None) for flash_attention_2 on `backend`."""
+    portable = "eager" if softcap is not None else "sdpa"
+    if backend == "tpu":
+        length = visibility.kv_valid.shape[1]
+        if _splash_module() is None:
+            return portable, "Pallas splash attention is not importable"
+        if not visibility.self_attention:
+            return portable, "the splash kernel runs full sequences, not cached decoding"
+        if length % SPLASH_BLOCK:
+            return portable, f"the splash kernel needs a multiple of {SPLASH_BLOCK} tokens"
+        return "splash", None
+    if backend in ("gpu", "cuda", "rocm"):
+        if softcap is not None:
+            return "eager", "cuDNN attention has no logit soft-capping"
+        if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+            return "sdpa", f"cuDNN flash attention needs bfloat16/float16, not {jnp.dtype(dtype)}"
+        return "cudnn", None
+    return portable, f"it needs a GPU (cuDNN) or TPU (Pallas) and the backend is {backend!r}"
+
+
+def _pick_kernel(
+    requested: str, *, softcap: float | None, dtype: Any, visibility: Visibility
+) -> str:
+    """The kernel that runs: 'eager', 'sdpa', 'cudnn' or 'splash' (warns when it differs)."""
+    if requested == "eager":
+        return "eager"
+    if requested == "sdpa":
+        if softcap is None:
+            return "sdpa"
+        return _fall_back(requested, "jax.nn.dot_product_attention has no soft-capping", "eager")
+    backend = jax.default_backend()
+    kernel, reason = _flash_kernel(backend, softcap=softcap, dtype=dtype, visibility=visibility)
+    return kernel if reason is None else _fall_back(requested, reason, kernel)
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    visibility: Visibility,
+    *,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    implementation: str = "eager",
+) -> jax.Array:
+    """Grouped-query attention of q [B, T, H, D] over k, v [B, S, K, D] -> [B, T, H, D].
+
+    `implementation` is 'eager' (einsums), 'sdpa' (`jax.nn.dot_product_attention`, XLA) or
+    'flash_attention_2' (cuDNN on GPU, Pallas splash on TPU). Where the requested kernel cannot
+    run (soft-capping, dtype, backend, shape) a warning names the fallback that runs instead.
+    """
+    kernel = _pick_kernel(implementation, softcap=softcap, dtype=q.dtype, visibility=visibility)
+    if kernel == "splash":
+        return splash_attention(
+            q, k, v, visibility.kv_valid, scale=scale, window=window, softcap=softcap
+        )
+    mask = visibility.mask(window)
+    if kernel == "cudnn":
+        try:
+            return jax.nn.dot_product_attention(
+                q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn"
+            )
+        except (ValueError, NotImplementedError, RuntimeError) as err:
+            kernel = _fall_back(implementation, f"cuDNN rejected the call ({err})", "sdpa")
+    if kernel == "sdpa":
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale)
+    return eager_attention(q, k, v, mask, scale=scale, softcap=softcap)
+
+
 class Attention(nnx.Module):
-    """Multi-head attention projections (GQA) with optional q/k/v (and o) biases."""
+    """Multi-head attention (GQA) of one layer: projections with optional biases, optional
+    per-head q/k norms before RoPE, and this layer's window, scale and soft-capping."""
 
     def __init__(
-        self, config: ModelConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs
+        self,
+        config: ModelConfig,
+        layer: int,
+        *,
+        dtype: Any,
+        param_dtype: Any,
+        rngs: nnx.Rngs,
     ) -> None:
         c = config
         kw = dict(std=c.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.q_proj = dense(
-            c.hidden_size, c.num_heads * c.head_dim, use_bias=c.attention_bias, **kw
-        )
-        self.k_proj = dense(
-            c.hidden_size, c.num_kv_heads * c.head_dim, use_bias=c.attention_bias, **kw
-        )
-        self.v_proj = dense(
-            c.hidden_size, c.num_kv_heads * c.head_dim, use_bias=c.attention_bias, **kw
-        )
+        bias = c.attention_bias
+        self.q_proj = dense(c.hidden_size, c.num_heads * c.head_dim, use_bias=bias, **kw)
+        self.k_proj = dense(c.hidden_size, c.num_kv_heads * c.head_dim, use_bias=bias, **kw)
+        self.v_proj = dense(c.hidden_size, c.num_kv_heads * c.head_dim, use_bias=bias, **kw)
         self.o_proj = dense(c.num_heads * c.head_dim, c.hidden_size, use_bias=c.output_bias, **kw)
+        norm_kw = dict(unit_offset=c.family.gemma, dtype=dtype, param_dtype=param_dtype)
+        self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **norm_kw) if c.family.qk_norm else None
+        self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **norm_kw) if c.family.qk_norm else None
         self.num_heads, self.num_kv_heads, self.head_dim = c.num_heads, c.num_kv_heads, c.head_dim
+        self.window = c.sliding_window if c.is_sliding(layer) else None
+        self.scale = c.attention_scale
+        self.softcap = c.attn_logit_softcapping
+        self.implementation = c.attn_implementation
 
     def qkv(
         self, x: jax.Array, rope: tuple[jax.Array, jax.Array]
@@ -115,15 +342,27 @@ class Attention(nnx.Module):
         q = self.q_proj(x).reshape(b, t, self.num_heads, self.head_dim)
         k = self.k_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
         v = self.v_proj(x).reshape(b, t, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         return apply_rope(q, rope), apply_rope(k, rope), v
 
-    def output(self, o: jax.Array) -> jax.Array:
-        """Projects attention output [B, T, H, Dh] back to [B, T, D]."""
+    def attend(self, q: jax.Array, k: jax.Array, v: jax.Array, visibility: Visibility) -> jax.Array:
+        """Attention of q over k/v in this layer's window, projected back to [B, T, D]."""
+        o = attention(
+            q,
+            k,
+            v,
+            visibility,
+            scale=self.scale,
+            window=self.window,
+            softcap=self.softcap,
+            implementation=self.implementation,
+        )
         return self.o_proj(o.reshape(*o.shape[:2], -1))
 
 
 class MLP(nnx.Module):
-    """SwiGLU feed-forward block: down(silu(gate(x)) * up(x))."""
+    """Gated feed-forward block: down(act(gate(x)) * up(x)), act from `hidden_act`."""
 
     def __init__(
         self, config: ModelConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs
@@ -133,22 +372,40 @@ class MLP(nnx.Module):
         self.gate_proj = dense(c.hidden_size, c.intermediate_size, rngs=rngs, **kw)
         self.up_proj = dense(c.hidden_size, c.intermediate_size, rngs=rngs, **kw)
         self.down_proj = dense(c.intermediate_size, c.hidden_size, rngs=rngs, **kw)
+        self.act = c.hidden_act
 
     def __call__(self, x: jax.Array) -> jax.Array:
-        return self.down_proj(jax.nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(_ACTIVATIONS[self.act](self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nnx.Module):
-    """Pre-norm decoder layer: x + attn(norm(x)), then x + mlp(norm(x))."""
+    """Pre-norm decoder layer.
+
+    Llama style: x + attn(input_norm(x)), then x + mlp(post_attention_norm(x)). Gemma adds norms
+    on the outputs: x + post_attention_norm(attn(input_norm(x))), then
+    x + post_feedforward_norm(mlp(pre_feedforward_norm(x))).
+    """
 
     def __init__(
-        self, config: ModelConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs
+        self,
+        config: ModelConfig,
+        layer: int,
+        *,
+        dtype: Any,
+        param_dtype: Any,
+        rngs: nnx.Rngs,
     ) -> None:
+        c = config
         kw = dict(dtype=dtype, param_dtype=param_dtype)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
-        self.self_attn = Attention(config, rngs=rngs, **kw)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, **kw)
-        self.mlp = MLP(config, rngs=rngs, **kw)
+        norm_kw = dict(unit_offset=c.family.gemma, **kw)
+        self.input_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm_kw)
+        self.self_attn = Attention(c, layer, rngs=rngs, **kw)
+        self.post_attention_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm_kw)
+        self.sandwich = c.family.gemma
+        if self.sandwich:
+            self.pre_feedforward_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm_kw)
+            self.post_feedforward_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm_kw)
+        self.mlp = MLP(c, rngs=rngs, **kw)
 
     def project(
         self, x: jax.Array, rope: tuple[jax.Array, jax.Array]
@@ -157,8 +414,12 @@ class DecoderLayer(nnx.Module):
         return self.self_attn.qkv(self.input_layernorm(x), rope)
 
     def combine(
-        self, x: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array
+        self, x: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, visibility: Visibility
     ) -> jax.Array:
-        """Adds attention of q over k/v (masked by `mask` [B, T, S]) and then the MLP to x."""
-        x = x + self.self_attn.output(attention(q, k, v, mask))
+        """Adds attention of q over k/v (keys as `visibility` allows) and then the MLP to x."""
+        attn = self.self_attn.attend(q, k, v, visibility)
+        if self.sandwich:
+            x = x + self.post_attention_layernorm(attn)
+            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+        x = x + attn
         return x + self.mlp(self.post_attention_layernorm(x))

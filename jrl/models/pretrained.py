@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
+import importlib
 import json
 import os
 import re
@@ -14,6 +16,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from jrl.models.config import ARCHITECTURE_PREFIX, ModelConfig
 from jrl.models.decoder import CausalLM, ValueModel, model_class
@@ -24,7 +27,8 @@ from jrl.models.safetensors_io import (
     atomic_directory,
     write_safetensors,
 )
-from jrl.models.weights import TensorSpec, hf_tensor_specs, initial_score_head, load_params
+from jrl.models.streaming import ArraySource, stream_params
+from jrl.models.weights import TensorSpec, hf_tensor_specs, initial_score_head
 
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
@@ -52,22 +56,57 @@ def _resolve(path: str | os.PathLike) -> Path:
 def _read_config_json(folder: Path) -> dict[str, Any]:
     file = folder / "config.json"
     if not file.is_file():
+        names = sorted(p.name for p in folder.iterdir())
+        found = ", ".join(names[:12]) + (f" and {len(names) - 12} more" if names[12:] else "")
+        ggufs = [name for name in names if name.endswith(".gguf")]
+        hint = f"; to load the GGUF file, pass its path ({folder / ggufs[0]})" if ggufs else ""
         raise FileNotFoundError(
-            f"{folder} has no config.json; expected a Hugging Face model folder "
-            "(config.json + model.safetensors) or a .gguf file"
+            f"folder {folder} has no config.json; it contains: {found or 'nothing'}. Expected a "
+            f"Hugging Face model folder (config.json + model.safetensors) or a .gguf file{hint}"
         )
     return json.loads(file.read_text())
 
 
-def _open_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, Mapping[str, Any]]:
+def _open_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, Mapping[str, ArraySource]]:
     resolved = _resolve(path)
     if resolved.is_file():
         if resolved.suffix != ".gguf":
-            raise ValueError(f"{resolved}: expected a Hugging Face folder or a .gguf file")
+            raise ValueError(
+                f"file {resolved} is not a .gguf file; give a .gguf file or a Hugging Face model "
+                "folder (config.json + model.safetensors)"
+            )
         checkpoint = GGUFCheckpoint(resolved)
         return checkpoint.config, checkpoint
     config = ModelConfig.from_hf(_read_config_json(resolved))
     return config, SafetensorsCheckpoint(resolved)
+
+
+def apply_override_config(config: ModelConfig, override: Mapping[str, Any]) -> ModelConfig:
+    """`config` with verl's ``override_config`` applied (``model_config`` keys and
+    ``attn_implementation``); dropout is not modelled, so a non-zero dropout is refused."""
+    model_config = dict(override.get("model_config") or {})
+    dropouts = {k: v for k, v in model_config.items() if "dropout" in k and v}
+    if dropouts:
+        raise ValueError(
+            f"override_config.model_config sets {dropouts}: dropout is not supported; use 0"
+        )
+    if model_config:
+        config = ModelConfig.from_hf({**config.to_hf(), **model_config})
+    attn = override.get("attn_implementation")
+    if attn:
+        config = dataclasses.replace(config, attn_implementation=str(attn))
+    return config
+
+
+def _import_external_lib(name: str) -> None:
+    """Imports verl's `external_lib` (a package that registers models or tokenizers)."""
+    try:
+        importlib.import_module(name)
+    except Exception as err:
+        raise ImportError(
+            f"actor_rollout_ref.model.external_lib={name!r} cannot be imported "
+            f"({type(err).__name__}: {err}); install it or add its folder to PYTHONPATH"
+        ) from err
 
 
 def from_pretrained(
@@ -77,20 +116,34 @@ def from_pretrained(
     dtype: Any = jnp.float32,
     param_dtype: Any = jnp.float32,
     seed: int = 0,
+    mesh: Mesh | None = None,
+    trust_remote_code: bool = False,
+    external_lib: str | None = None,
+    override_config: Mapping[str, Any] | None = None,
 ) -> CausalLM | ValueModel:
     """Loads a model from an HF folder (single or sharded safetensors), a hub id or a .gguf file.
 
-    kind='value' builds a ValueModel: the backbone comes from the checkpoint (causal-LM or
-    token-classification); its `score` head is loaded if present, else initialised from `seed`.
+    Tensors are streamed one at a time onto the default device, or FSDP-sharded over `mesh`
+    (`param_sharding`), so host memory never holds the whole model. kind='value' builds a
+    ValueModel: the backbone comes from the checkpoint (causal-LM or token-classification); its
+    `score` head is loaded if present, else initialised from `seed`. `external_lib` is imported
+    first. `trust_remote_code` is verl's key, accepted unchanged: the decoder is always jrl's own,
+    built from config.json, so no repository code runs here whatever its value.
+    `override_config` is verl's ``model.override_config``: its ``model_config`` entries replace
+    config.json values, and ``attn_implementation`` (eager / sdpa / flash_attention_2) picks the
+    attention kernel.
     """
+    if external_lib:
+        _import_external_lib(external_lib)
     config, checkpoint = _open_checkpoint(path)
+    config = apply_override_config(config, override_config or {})
     cls = model_class(kind)
     abstract = nnx.eval_shape(
         lambda: cls(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
     )
     if kind == "value" and "score.weight" not in checkpoint:
         checkpoint = collections.ChainMap(checkpoint, initial_score_head(config, seed))
-    return load_params(abstract, checkpoint, where=str(path))
+    return stream_params(abstract, checkpoint, where=str(path), mesh=mesh)
 
 
 def _hf_config(config: ModelConfig, kind: str) -> dict[str, Any]:
@@ -139,7 +192,8 @@ def save_pretrained(
     """Writes an HF folder that transformers loads (config.json, generation_config.json,
     safetensors weights in the parameter dtype, and the tokenizer if given).
 
-    The folder is written next to `path` and renamed into place, replacing any previous one.
+    Parameters (sharded over a mesh or not) are gathered to host and written one at a time. The
+    folder is written next to `path` and renamed into place, replacing any previous one.
     """
     kind = "value" if isinstance(model, ValueModel) else "causal_lm"
     _write_hf_folder(path, model.config, kind, hf_tensor_specs(model), tokenizer, max_shard_bytes)

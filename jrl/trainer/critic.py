@@ -14,11 +14,10 @@ from jax.sharding import Mesh
 from jrl import algos
 from jrl.batch import Batch
 from jrl.config import n_gpus
-from jrl.models import from_pretrained
 from jrl.parallel import batch_sharding
 from jrl.trainer.batching import chunked_forward
 from jrl.trainer.optim import lr_multiplier, make_optimizer
-from jrl.trainer.policy import compute_dtype, micro_rows_per_device
+from jrl.trainer.policy import load_model, micro_rows_per_device
 from jrl.trainer.train_state import TrainState
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
@@ -55,15 +54,8 @@ class Critic:
         self.config = config
         self.mesh = mesh
         self.total_training_steps = total_training_steps
-        fsdp = critic.model.get("fsdp_config") or {}
-        model = from_pretrained(
-            critic.model.path,
-            kind="value",
-            dtype=compute_dtype(
-                fsdp.get("dtype", config.actor_rollout_ref.actor.fsdp_config.dtype)
-            ),
-            param_dtype=compute_dtype(fsdp.get("model_dtype", "fp32")),
-        )
+        fsdp = critic.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
+        model = load_model(critic.model, fsdp, mesh, kind="value")
         self.state = TrainState.create(model, make_optimizer(critic.optim), mesh)
         world = n_gpus(config)
         self.world = world

@@ -51,7 +51,13 @@ def response_log_probs(
     width = tensors["responses"].shape[1]
     hidden = model.hidden(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
     hidden = hidden[:, -width - 1 : -1]
-    return logprob_entropy(hidden, model.lm_head_kernel(), tensors["responses"], temperature)
+    return logprob_entropy(
+        hidden,
+        model.lm_head_kernel(),
+        tensors["responses"],
+        temperature,
+        softcap=model.config.final_logit_softcapping,
+    )
 
 
 def micro_rows_per_device(section: Any, per_gpu_key: str, global_key: str, world: int) -> int:
@@ -125,7 +131,7 @@ class Policy:
     def actor(cls, config: Any, mesh: Mesh, total_training_steps: int) -> Policy:
         """The trained policy with AdamW and verl's mini/micro-batch update."""
         arr = config.actor_rollout_ref
-        model = _load(arr.model, arr.actor.fsdp_config)
+        model = load_model(arr.model, arr.actor.fsdp_config, mesh)
         world = n_gpus(config)
         forward = micro_rows_per_device(
             arr.rollout, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
@@ -148,7 +154,7 @@ class Policy:
     def reference(cls, config: Any, mesh: Mesh) -> Policy:
         """The frozen reference policy (the initial actor weights)."""
         arr = config.actor_rollout_ref
-        model = _load(arr.model, arr.ref.get("fsdp_config") or arr.actor.fsdp_config)
+        model = load_model(arr.model, arr.ref.get("fsdp_config") or arr.actor.fsdp_config, mesh)
         world = n_gpus(config)
         forward = micro_rows_per_device(
             arr.ref, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
@@ -221,12 +227,26 @@ class Policy:
         return out
 
 
-def _load(model_cfg: Any, fsdp_cfg: Any) -> CausalLM:
+def load_model(model_cfg: Any, fsdp_cfg: Any, mesh: Mesh, kind: str = "causal_lm") -> Any:
+    """The model of a ``*.model`` config section, streamed straight onto the mesh (FSDP layout),
+    computing in ``fsdp_config.dtype`` over ``fsdp_config.model_dtype`` parameters."""
     return from_pretrained(
         model_cfg.path,
+        kind=kind,
         dtype=compute_dtype(fsdp_cfg.get("dtype", "bfloat16")),
         param_dtype=compute_dtype(fsdp_cfg.get("model_dtype", "fp32")),
+        mesh=mesh,
+        trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+        external_lib=model_cfg.get("external_lib"),
+        override_config=_plain(model_cfg.get("override_config")),
     )
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    """A config section (or None) as a plain dict."""
+    if section is None:
+        return {}
+    return section.to_dict() if hasattr(section, "to_dict") else dict(section)
 
 
 def build_rollout(config: Any, actor: Policy, tokenizer: Any):

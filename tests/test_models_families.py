@@ -1,0 +1,333 @@
+"""Decoder families (Llama 3.1 RoPE, Qwen2 sliding, Qwen3, Mistral, Gemma 2, Gemma 3) against
+transformers (torch, CPU, fp32), and the attention implementations against each other."""
+
+import dataclasses
+import functools
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from test_models import SHAPE, _jit_call, _randomise, _torch_out, assert_close
+
+from jrl.models import CausalLM, ModelConfig, default_position_ids, from_pretrained, save_pretrained
+from jrl.models.config import RopeScaling
+from jrl.models.layers import (
+    Visibility,
+    _flash_kernel,
+    attention,
+    rope_frequencies,
+    splash_attention,
+)
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+WINDOW = 4
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+GEMMA = dict(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24)
+FAMILIES = {
+    "llama": ("LlamaConfig", dict(rope_theta=5e5, rope_scaling=LLAMA3_ROPE)),
+    "qwen2": (
+        "Qwen2Config",
+        dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
+    ),
+    "qwen3": ("Qwen3Config", dict(head_dim=32, attention_bias=True, tie_word_embeddings=True)),
+    "mistral": ("MistralConfig", dict(sliding_window=WINDOW)),
+    "gemma2": (
+        "Gemma2Config",
+        dict(GEMMA, attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
+    ),
+    "gemma3_text": (
+        "Gemma3TextConfig",
+        dict(
+            GEMMA,
+            sliding_window_pattern=2,
+            rope_local_base_freq=100.0,
+            rope_scaling={"rope_type": "linear", "factor": 2.0},
+        ),
+    ),
+}
+
+
+def _hf_model(name):
+    cls_name, extra = FAMILIES[name]
+    cfg = getattr(transformers, cls_name)(**{**SHAPE, "num_hidden_layers": 3, **extra})
+    cfg._attn_implementation = "eager"
+    return _randomise(transformers.AutoModelForCausalLM.from_config(cfg))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """name -> (HF folder, torch model), each built once."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            model = _hf_model(name)
+            path = tmp_path_factory.mktemp(name)
+            model.save_pretrained(path, safe_serialization=True)
+            built[name] = path, model
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Three rows of 12 tokens with 0, 2 and 9 tokens of left padding."""
+    ids = np.random.RandomState(1).randint(0, SHAPE["vocab_size"], (3, 12))
+    mask = np.ones((3, 12), np.int32)
+    mask[1, :2] = 0
+    mask[2, :9] = 0
+    return ids, mask, np.asarray(default_position_ids(jnp.asarray(mask)))
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_logits_match_transformers_with_left_padding(name, checkpoint, batch):
+    path, hf_model = checkpoint(name)
+    model = from_pretrained(path)
+    assert model.config.model_type == name
+    assert_close(_jit_call(model, batch), _torch_out(hf_model, batch), batch[1])
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_save_pretrained_roundtrip_in_transformers(name, checkpoint, batch, tmp_path):
+    path, hf_model = checkpoint(name)
+    model = from_pretrained(path)
+    save_pretrained(model, tmp_path / "export")
+    hf = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert ModelConfig.from_hf(hf) == model.config
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "export", attn_implementation="eager"
+    ).eval()
+    assert type(reloaded) is type(hf_model)
+    assert_close(_torch_out(reloaded, batch), _torch_out(hf_model, batch), batch[1], rel=1e-6)
+
+
+def test_family_configs_are_read_as_transformers_reads_them(checkpoint):
+    llama = from_pretrained(checkpoint("llama")[0]).config
+    assert llama.rope_scaling == RopeScaling("llama3", 4.0, 1.0, 4.0, 16)
+    qwen2 = from_pretrained(checkpoint("qwen2")[0]).config
+    assert qwen2.layer_types == ("full_attention", "sliding_attention", "sliding_attention")
+    assert qwen2.attention_bias and not qwen2.output_bias
+    qwen3 = from_pretrained(checkpoint("qwen3")[0])
+    assert qwen3.config.head_dim == 32 and qwen3.config.output_bias
+    assert qwen3.model.layers[0].self_attn.q_norm.scale.shape == (32,)
+    gemma2 = from_pretrained(checkpoint("gemma2")[0]).config
+    assert gemma2.layer_types == ("sliding_attention", "full_attention", "sliding_attention")
+    assert gemma2.hidden_act == "gelu_pytorch_tanh" and gemma2.attention_scale == 24**-0.5
+    gemma3 = from_pretrained(checkpoint("gemma3_text")[0]).config
+    assert gemma3.layer_rope(0) == (100.0, None)
+    assert gemma3.layer_rope(1) == (1e6, RopeScaling("linear", 2.0))
+    assert gemma3.final_logit_softcapping is None and gemma3.tie_word_embeddings
+    legacy = {  # the pre-transformers-5 way of writing the same Gemma 3 config
+        k: v for k, v in gemma3.to_hf().items() if k not in ("layer_types", "rope_parameters")
+    }
+    legacy["sliding_window_pattern"] = 2
+    assert ModelConfig.from_hf(legacy) == gemma3
+
+
+@pytest.mark.parametrize("name", ["mistral", "gemma3_text"])
+def test_forward_cached_keeps_the_sliding_window(name, checkpoint, batch):
+    model = from_pretrained(checkpoint(name)[0])
+    ids, mask, pos = batch
+    prompt, max_len = 5, 14
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def step(state, ids, pos, cache, offset, kv_mask):
+        m = nnx.merge(graphdef, state)
+        hidden, cache = m.forward_cached(ids, pos, cache, offset, kv_mask)
+        return m.logits(hidden), cache
+
+    kv_mask = np.zeros((3, max_len), bool)
+    kv_mask[:, :prompt] = mask[:, :prompt]
+    cache = model.init_cache(3, max_len)
+    logits, cache = step(state, ids[:, :prompt], pos[:, :prompt], cache, 0, kv_mask)
+    outputs = [np.asarray(logits)]
+    for t in range(prompt, ids.shape[1]):
+        kv_mask[:, t] = mask[:, t]
+        logits, cache = step(state, ids[:, t : t + 1], pos[:, t : t + 1], cache, t, kv_mask)
+        outputs.append(np.asarray(logits))
+    ref = _torch_out(checkpoint(name)[1], batch)
+    assert_close(np.concatenate(outputs, axis=1), ref, mask)
+
+
+def test_bf16_compute_stays_close_to_fp32(checkpoint, batch):
+    path, hf_model = checkpoint("gemma2")
+    logits = _jit_call(from_pretrained(path, dtype=jnp.bfloat16), batch)
+    assert logits.dtype == np.float32
+    assert_close(logits, _torch_out(hf_model, batch), batch[1], rel=5e-2)
+
+
+def test_sdpa_model_matches_eager_model(checkpoint, batch):
+    path, hf_model = checkpoint("gemma3_text")
+    eager = from_pretrained(path)
+    config = dataclasses.replace(eager.config, attn_implementation="sdpa")
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0))))
+    sdpa = nnx.merge(graphdef, nnx.state(eager))
+    assert sdpa.model.layers[0].self_attn.implementation == "sdpa"
+    assert_close(_jit_call(sdpa, batch), _torch_out(hf_model, batch), batch[1])
+
+
+def _qkv(t, s, seed=0):
+    """Random q [2, t, 4, 16] and k, v [2, s, 2, 16] (GQA with two query heads per kv head)."""
+    rng = np.random.RandomState(seed)
+    q = rng.normal(size=(2, t, 4, 16)).astype(np.float32)
+    return q, *(rng.normal(size=(2, s, 2, 16)).astype(np.float32) for _ in range(2))
+
+
+def _left_padded(length, pads=(0, 3)):
+    return np.arange(length)[None, :] >= np.asarray(pads)[:, None]
+
+
+@functools.partial(
+    jax.jit, static_argnames=("self_attention", "scale", "window", "softcap", "impl")
+)
+def _attend(q, k, v, kv_valid, q_slots, *, self_attention, impl, **kw):
+    """`attention` under jit (warnings about the kernel choice come at the first trace)."""
+    visibility = Visibility(kv_valid, q_slots, self_attention)
+    return attention(q, k, v, visibility, implementation=impl, **kw)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_sdpa_equals_eager_with_padding_gqa_window_and_cache(window):
+    q, k, v = _qkv(7, 7)
+    full = (_left_padded(7), np.arange(7))
+    kw = dict(scale=0.3, window=window, self_attention=True)
+    np.testing.assert_allclose(
+        _attend(q, k, v, *full, impl="sdpa", **kw),
+        _attend(q, k, v, *full, impl="eager", **kw),
+        atol=1e-5,
+    )
+    q1, kw["self_attention"] = q[:, :1], False
+    decode = (_left_padded(7) & (np.arange(7) != 5), np.array([6]))
+    out = _attend(q1, k, v, *decode, impl="sdpa", **kw)
+    np.testing.assert_allclose(out, _attend(q1, k, v, *decode, impl="eager", **kw), atol=1e-5)
+    # Masked keys must not matter: poison them and the row's output stays the same.
+    poisoned = v.copy()
+    poisoned[:, 5], poisoned[1, :3] = 1e4, -1e4
+    if window:
+        poisoned[:, :4] = 1e4
+    np.testing.assert_allclose(_attend(q1, k, poisoned, *decode, impl="sdpa", **kw), out, atol=1e-5)
+
+
+@pytest.mark.parametrize("requested", ["sdpa", "flash_attention_2"])
+def test_unsupported_choices_fall_back_with_a_warning(requested):
+    q, k, v = _qkv(5, 5)
+    args = (q, k, v, _left_padded(5), np.arange(5))
+    kw = dict(scale=0.25, window=2, self_attention=True)
+    ref = _attend(*args, impl="eager", softcap=1.5, **kw)
+    with pytest.warns(UserWarning, match=f"attn_implementation='{requested}'.*'eager'"):
+        out = _attend(*args, impl=requested, softcap=1.5, **kw)
+    np.testing.assert_allclose(out, ref, atol=1e-6)
+    uncapped = _attend(*args, impl="eager", softcap=None, **kw)
+    assert np.abs(np.asarray(ref - uncapped)).max() > 1e-3  # soft-capping is not a no-op
+
+
+def test_flash_attention_2_on_cpu_runs_sdpa_with_a_warning():
+    args = (*_qkv(5, 5), _left_padded(5), np.arange(5))
+    kw = dict(scale=0.25, self_attention=True)
+    with pytest.warns(UserWarning, match="backend is 'cpu'; using 'sdpa'"):
+        out = _attend(*args, impl="flash_attention_2", **kw)
+    np.testing.assert_allclose(out, _attend(*args, impl="eager", **kw), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "backend, softcap, dtype, length, cached, kernel",
+    [
+        ("tpu", None, jnp.bfloat16, 256, False, "splash"),
+        ("tpu", 2.0, jnp.float32, 128, False, "splash"),
+        ("tpu", None, jnp.bfloat16, 100, False, "sdpa"),
+        ("tpu", 2.0, jnp.bfloat16, 128, True, "eager"),
+        ("gpu", None, jnp.bfloat16, 100, True, "cudnn"),
+        ("gpu", None, jnp.float32, 128, False, "sdpa"),
+        ("gpu", 2.0, jnp.bfloat16, 128, False, "eager"),
+        ("cpu", None, jnp.bfloat16, 128, False, "sdpa"),
+    ],
+)
+def test_flash_attention_2_kernel_choice_per_backend(
+    backend, softcap, dtype, length, cached, kernel
+):
+    visibility = Visibility(
+        np.ones((1, length), bool), np.arange(1 if cached else length), not cached
+    )
+    picked, reason = _flash_kernel(backend, softcap=softcap, dtype=dtype, visibility=visibility)
+    assert picked == kernel
+    assert (reason is None) == (kernel in ("splash", "cudnn"))
+
+
+def test_splash_kernel_interpreted_matches_eager_with_gradients():
+    t = 128
+    q, k, v = _qkv(t, t, seed=3)
+    valid = _left_padded(t, pads=(0, 37))
+    kw = dict(scale=0.3, window=5, softcap=2.0)
+    slots = np.arange(t)
+    cotangent = np.random.RandomState(4).normal(size=q.shape).astype(np.float32)
+    cotangent *= valid[..., None, None]  # the rows of padding differ by design; never used
+
+    def splash(q, k, v):
+        return splash_attention(q, k, v, valid, interpret=True, **kw)
+
+    def eager(q, k, v):
+        return attention(q, k, v, Visibility(valid, slots, self_attention=True), **kw)
+
+    def out_and_grads(fn, q, k, v):
+        out, vjp = jax.vjp(fn, q, k, v)
+        return out * valid[..., None, None], vjp(cotangent)
+
+    ours = jax.jit(functools.partial(out_and_grads, splash))(q, k, v)
+    ref = jax.jit(functools.partial(out_and_grads, eager))(q, k, v)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=2e-5), ours, ref)
+
+
+@pytest.mark.parametrize("rope", [LLAMA3_ROPE, {"rope_type": "linear", "factor": 3.0}])
+def test_rope_frequencies_match_transformers(rope):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    hf = transformers.LlamaConfig(**SHAPE, rope_theta=5e5, rope_scaling=dict(rope))
+    expected, _ = ROPE_INIT_FUNCTIONS[rope["rope_type"]](hf)
+    ours = rope_frequencies(16, 5e5, RopeScaling.from_hf(rope, "rope_scaling", 64))
+    np.testing.assert_allclose(ours, expected.numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        (
+            {"rope_scaling": {"rope_type": "yarn", "factor": 4.0}},
+            "rope_scaling has rope_type 'yarn'",
+        ),
+        ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, "rope_type 'dynamic'"),
+        ({"rope_scaling": {"rope_type": "linear"}}, "lacks 'factor'"),
+        ({"hidden_activation": "relu"}, "hidden_activation 'relu'"),
+        ({"use_bidirectional_attention": True}, "use_bidirectional_attention"),
+        ({"model_type": "gemma3"}, "model_type 'gemma3' is not supported .*text model"),
+        ({"attn_implementation": "flex_attention"}, "attn_implementation 'flex_attention'"),
+        ({"layer_types": ["full_attention"]}, "layer_types must list 3 values"),
+        ({"sliding_window": 0}, "sliding_window must be a positive integer"),
+    ],
+)
+def test_unsupported_config_values_name_the_key(checkpoint, change, match):
+    hf = json.loads((checkpoint("gemma2")[0] / "config.json").read_text())
+    with pytest.raises(ValueError, match=match):
+        ModelConfig.from_hf({**hf, **change})
+
+
+def test_attn_implementation_from_config_json_and_replace(checkpoint):
+    hf = json.loads((checkpoint("mistral")[0] / "config.json").read_text())
+    config = ModelConfig.from_hf({**hf, "_attn_implementation": "sdpa"})
+    assert config.attn_implementation == "sdpa"
+    assert "attn_implementation" not in config.to_hf()
+    assert dataclasses.replace(config, attn_implementation="eager") == ModelConfig.from_hf(hf)
+    with pytest.raises(ValueError, match="attn_implementation 'flash'"):
+        dataclasses.replace(config, attn_implementation="flash")
