@@ -236,10 +236,8 @@ def run_jrl(args: argparse.Namespace) -> dict[str, Any]:
     update = build_update(state, loss_fn, GRAD_CLIP, minibatch)
 
     def step() -> Any:
-        state.params, state.opt_state, metrics = update(
-            state.params, state.opt_state, minibatch, normaliser, LR
-        )
-        return state.params, state.opt_state, metrics
+        metrics = state.step(update, minibatch, normaliser, LR)
+        return state.trainable, state.opt_state, metrics
 
     timing = time_steps(step, jax.block_until_ready, args.steps, args.warmup)
     dev = jax.devices()[0]

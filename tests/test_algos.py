@@ -210,11 +210,11 @@ def test_group_ids_to_segments_and_bad_index():
 
 def test_registries_list_known_names():
     assert algos.get_adv_estimator_fn("grpo") is algos.compute_grpo_outcome_advantage
-    with pytest.raises(ValueError, match="algorithm.adv_estimator.*registered: gae, grpo"):
+    with pytest.raises(ValueError, match="algorithm.adv_estimator.*registered: gae, gpg, grpo"):
         algos.get_adv_estimator_fn("nope")
     assert algos.get_policy_loss_fn("vanilla") is algos.compute_policy_loss_vanilla
     assert algos.get_policy_loss_terms_fn("vanilla") is algos.policy_loss_terms_vanilla
-    with pytest.raises(ValueError, match="registered: vanilla"):
+    with pytest.raises(ValueError, match="registered: cispo, clip_cov, .*, vanilla"):
         algos.get_policy_loss_fn("ppo")
     with pytest.raises(ValueError, match="already registered"):
         algos.register_adv_est("gae")(lambda **kwargs: None)

@@ -222,7 +222,7 @@ def test_init_random_and_config_roundtrip():
     model = init_random(cfg, kind="value", seed=1)
     assert isinstance(model, ValueModel) and model.model.embed_tokens.embedding.shape == (128, 64)
     with pytest.raises(ValueError, match="unknown model kind"):
-        init_random(cfg, kind="reward")
+        init_random(cfg, kind="classifier")
 
 
 @pytest.mark.parametrize(

@@ -1,14 +1,18 @@
-"""Core RL algorithms: advantage estimators, policy/value/entropy losses, KL penalties.
+"""Core RL algorithms: advantage estimators, policy/value/entropy losses, KL penalties, rollout IS.
 
 Pure functions on JAX arrays under verl's names and keyword names; see `jrl.algos.aggregation`
-for exact loss normalisation under micro-batch accumulation.
+for exact loss normalisation under micro-batch accumulation. Importing this package registers
+every estimator and policy loss.
 """
 
+from jrl.algos.advantage_dispatch import compute_advantage
 from jrl.algos.advantages import (
+    ADV_ESTIMATORS,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
+    compute_grpo_passk_outcome_advantage,
+    compute_grpo_vectorized_outcome_advantage,
     get_adv_estimator_fn,
-    group_ids_to_segments,
     register_adv_est,
 )
 from jrl.algos.aggregation import (
@@ -19,6 +23,20 @@ from jrl.algos.aggregation import (
     global_denominator,
     reduce_loss_terms,
 )
+from jrl.algos.covariance_losses import (
+    compute_policy_loss_clip_cov,
+    compute_policy_loss_kl_cov,
+    policy_loss_terms_clip_cov,
+    policy_loss_terms_kl_cov,
+)
+from jrl.algos.group_baselines import (
+    compute_gpg_outcome_advantage,
+    compute_opo_outcome_advantage,
+    compute_reinforce_plus_plus_baseline_outcome_advantage,
+    compute_rloo_outcome_advantage,
+    compute_rloo_vectorized_outcome_advantage,
+)
+from jrl.algos.groups import group_ids_to_segments
 from jrl.algos.kl import (
     AdaptiveKLController,
     FixedKLController,
@@ -30,6 +48,7 @@ from jrl.algos.kl import (
 from jrl.algos.logits import compute_entropy_loss, entropy_from_logits, logprobs_from_logits
 from jrl.algos.numerics import masked_mean, masked_sum, masked_var, masked_whiten, safe_divide
 from jrl.algos.policy_loss import (
+    POLICY_LOSS_TERMS,
     compute_policy_loss,
     compute_policy_loss_vanilla,
     get_policy_loss_fn,
@@ -38,9 +57,32 @@ from jrl.algos.policy_loss import (
     register_policy_loss,
     register_policy_loss_terms,
 )
+from jrl.algos.rollout_is import compute_rollout_importance_weights, rollout_importance_sampling
+from jrl.algos.sequence_losses import (
+    compute_policy_loss_geo_mean,
+    compute_policy_loss_gspo,
+    policy_loss_terms_geo_mean,
+    policy_loss_terms_gspo,
+)
+from jrl.algos.token_losses import (
+    compute_policy_loss_cispo,
+    compute_policy_loss_gpg,
+    compute_policy_loss_sapo,
+    policy_loss_terms_cispo,
+    policy_loss_terms_gpg,
+    policy_loss_terms_sapo,
+)
+from jrl.algos.token_returns import (
+    compute_no_advantage,
+    compute_reinforce_plus_plus_outcome_advantage,
+    compute_remax_outcome_advantage,
+    compute_reward_advantage,
+)
 from jrl.algos.value_loss import compute_value_loss, value_loss_terms
 
 __all__ = [
+    "ADV_ESTIMATORS",
+    "POLICY_LOSS_TERMS",
     "LOSS_AGG_MODES",
     "AdaptiveKLController",
     "FixedKLController",
@@ -48,11 +90,31 @@ __all__ = [
     "agg_loss",
     "agg_loss_terms",
     "apply_kl_penalty",
+    "compute_advantage",
     "compute_entropy_loss",
     "compute_gae_advantage_return",
+    "compute_gpg_outcome_advantage",
     "compute_grpo_outcome_advantage",
+    "compute_grpo_passk_outcome_advantage",
+    "compute_grpo_vectorized_outcome_advantage",
+    "compute_no_advantage",
+    "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_cispo",
+    "compute_policy_loss_clip_cov",
+    "compute_policy_loss_geo_mean",
+    "compute_policy_loss_gpg",
+    "compute_policy_loss_gspo",
+    "compute_policy_loss_kl_cov",
+    "compute_policy_loss_sapo",
     "compute_policy_loss_vanilla",
+    "compute_reinforce_plus_plus_baseline_outcome_advantage",
+    "compute_reinforce_plus_plus_outcome_advantage",
+    "compute_remax_outcome_advantage",
+    "compute_reward_advantage",
+    "compute_rloo_outcome_advantage",
+    "compute_rloo_vectorized_outcome_advantage",
+    "compute_rollout_importance_weights",
     "compute_value_loss",
     "entropy_from_logits",
     "get_adv_estimator_fn",
@@ -68,11 +130,19 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "policy_loss_terms_cispo",
+    "policy_loss_terms_clip_cov",
+    "policy_loss_terms_geo_mean",
+    "policy_loss_terms_gpg",
+    "policy_loss_terms_gspo",
+    "policy_loss_terms_kl_cov",
+    "policy_loss_terms_sapo",
     "policy_loss_terms_vanilla",
     "reduce_loss_terms",
     "register_adv_est",
     "register_policy_loss",
     "register_policy_loss_terms",
+    "rollout_importance_sampling",
     "safe_divide",
     "value_loss_terms",
 ]

@@ -1,24 +1,41 @@
-"""Advantage estimators (`algorithm.adv_estimator`): GAE and GRPO, plus their registry.
+"""Advantage estimators (`algorithm.adv_estimator`): the registry, GAE and the GRPO family.
 
-Estimators return (advantages, returns), both [B, R], and carry no gradient.
+Estimators return (advantages, returns), both [B, R] float32, and carry no gradient. Every
+registered estimator accepts the keyword arguments it needs and ignores the rest (`**kwargs`), so
+`jrl.algos.compute_advantage` can hand each of them the same inputs. Group ids (`index`, the
+prompts' `uid`) are mapped to segment ids on the host; the numeric cores are jitted.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jrl.algos.groups import group_max, group_mean, group_std, segments_for
 from jrl.algos.numerics import masked_whiten
+from jrl.algos.options import config_option
 from jrl.algos.registry import Registry
 
 AdvantageFn = Callable[..., tuple[jax.Array, jax.Array]]
 ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator", "algorithm.adv_estimator")
 register_adv_est = ADV_ESTIMATORS.register
 get_adv_estimator_fn = ADV_ESTIMATORS.get
+GRPO_EPSILON = 1e-6
+
+
+def outcome_scores(rewards: jax.Array) -> jax.Array:
+    """s_i = Σ_t r_it in float32, without gradient."""
+    return jnp.sum(jax.lax.stop_gradient(rewards).astype(jnp.float32), axis=-1)
+
+
+def broadcast_masked(per_row: jax.Array, mask: jax.Array) -> jax.Array:
+    """A per-row value spread over the row's tokens and masked."""
+    return per_row[:, None] * jax.lax.stop_gradient(mask).astype(jnp.float32)
 
 
 @register_adv_est("gae")
@@ -28,6 +45,7 @@ def compute_gae_advantage_return(
     response_mask: jax.Array,
     gamma: float,
     lam: float,
+    **kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """Generalised advantage estimation over the response tokens.
 
@@ -62,30 +80,14 @@ def _gae(
     return masked_whiten(advantages, mask), advantages + values
 
 
-def group_ids_to_segments(index: Sequence | np.ndarray) -> tuple[np.ndarray, int]:
-    """Map per-row group ids (any comparable values, e.g. uid strings) to int32 ids 0..G-1.
-
-    Returns (segment_ids, num_groups); equal ids share a segment.
-    """
-    ids = np.asarray(index)
-    if ids.ndim != 1:
-        raise ValueError(f"Group index must be one id per row (1-D), got shape {ids.shape}")
-    try:
-        uniques, inverse = np.unique(ids, return_inverse=True)
-    except TypeError as err:
-        raise ValueError(
-            "Group ids must be mutually comparable values of one type (e.g. all `uid` strings)"
-        ) from err
-    return inverse.reshape(-1).astype(np.int32), len(uniques)
-
-
 @register_adv_est("grpo")
 def compute_grpo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
     index: Sequence | np.ndarray,
-    epsilon: float = 1e-6,
+    epsilon: float = GRPO_EPSILON,
     norm_adv_by_std_in_grpo: bool = True,
+    **kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """GRPO outcome advantage: each row's summed reward normalised within its group.
 
@@ -93,13 +95,26 @@ def compute_grpo_outcome_advantage(
     group gets μ=0, σ=1). A_i = (s_i - μ)/(σ + epsilon), or s_i - μ when
     `norm_adv_by_std_in_grpo` is False; broadcast over tokens and masked. returns = advantages.
     """
-    segment_ids, _ = group_ids_to_segments(index)
-    rows = token_level_rewards.shape[0]
-    if len(segment_ids) != rows:
-        raise ValueError(
-            f"GRPO index has {len(segment_ids)} group ids but token_level_rewards has {rows} rows; "
-            "pass one id (the prompt's `uid`) per row"
-        )
+    segment_ids = segments_for(index, token_level_rewards.shape[0], "grpo")
+    return _grpo(token_level_rewards, response_mask, segment_ids, epsilon, norm_adv_by_std_in_grpo)
+
+
+@register_adv_est("grpo_vectorized")
+def compute_grpo_vectorized_outcome_advantage(
+    token_level_rewards: jax.Array,
+    response_mask: jax.Array,
+    index: Sequence | np.ndarray,
+    epsilon: float = GRPO_EPSILON,
+    norm_adv_by_std_in_grpo: bool = True,
+    **kwargs: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """GRPO computed with segment sums (verl's vectorised variant).
+
+    Same formula as `compute_grpo_outcome_advantage`: σ is the unbiased group std (verl takes
+    sqrt(max(var, 0)) of a one-pass variance; here the variance is two-pass, equal in exact
+    arithmetic and steadier in float32), singletons get μ=0, σ=1.
+    """
+    segment_ids = segments_for(index, token_level_rewards.shape[0], "grpo_vectorized")
     return _grpo(token_level_rewards, response_mask, segment_ids, epsilon, norm_adv_by_std_in_grpo)
 
 
@@ -111,19 +126,61 @@ def _grpo(
     epsilon: jax.Array,
     norm_by_std: bool,
 ) -> tuple[jax.Array, jax.Array]:
-    scores = jnp.sum(jax.lax.stop_gradient(rewards).astype(jnp.float32), axis=-1)
-    rows = scores.shape[0]
-
-    def group_sum(x: jax.Array) -> jax.Array:
-        return jax.ops.segment_sum(x, segment_ids, num_segments=rows)[segment_ids]
-
-    count = group_sum(jnp.ones_like(scores))
-    grouped = count > 1
-    mean = jnp.where(grouped, group_sum(scores) / count, 0.0)
-    sq_dev = group_sum(jnp.square(scores - mean))
-    std = jnp.where(grouped, jnp.sqrt(sq_dev / jnp.where(grouped, count - 1, 1.0)), 1.0)
+    scores = outcome_scores(rewards)
+    _, mean = group_mean(scores, segment_ids)
     advantages = scores - mean
     if norm_by_std:
-        advantages = advantages / (std + epsilon)
-    advantages = advantages[:, None] * jax.lax.stop_gradient(mask).astype(jnp.float32)
+        advantages = advantages / (group_std(scores, segment_ids) + epsilon)
+    advantages = broadcast_masked(advantages, mask)
+    return advantages, advantages
+
+
+@register_adv_est("grpo_passk")
+def compute_grpo_passk_outcome_advantage(
+    token_level_rewards: jax.Array,
+    response_mask: jax.Array,
+    index: Sequence | np.ndarray,
+    epsilon: float = GRPO_EPSILON,
+    norm_adv_by_std_in_grpo: bool = True,
+    config: Any = None,
+    **kwargs: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """Pass@k advantage: only each group's best row learns, from its margin over the runner-up.
+
+    In every group (at least 2 rows) the first row with the highest score s gets
+    s_max - s_second (÷ (unbiased group std + epsilon) when `algorithm.norm_adv_by_std_in_grpo`,
+    read from `config` when given, else from the argument); every other row gets 0.
+    Broadcast over tokens and masked; returns = advantages.
+    """
+    rows = token_level_rewards.shape[0]
+    segment_ids = segments_for(index, rows, "grpo_passk")
+    counts = np.bincount(segment_ids)[segment_ids]
+    if (counts < 2).any():
+        group = np.asarray(index)[np.flatnonzero(counts < 2)[0]]
+        raise ValueError(
+            f"grpo_passk needs at least 2 responses per prompt, but group {group!r} has 1; "
+            "set actor_rollout_ref.rollout.n >= 2"
+        )
+    norm = bool(config_option(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo))
+    return _passk(token_level_rewards, response_mask, segment_ids, epsilon, norm)
+
+
+@partial(jax.jit, static_argnames="norm_by_std")
+def _passk(
+    rewards: jax.Array,
+    mask: jax.Array,
+    segment_ids: jax.Array,
+    epsilon: jax.Array,
+    norm_by_std: bool,
+) -> tuple[jax.Array, jax.Array]:
+    scores = outcome_scores(rewards)
+    rows = jnp.arange(scores.shape[0])
+    best = group_max(scores, segment_ids)
+    first_best = -group_max(-jnp.where(scores == best, rows, scores.shape[0]), segment_ids)
+    is_best = rows == first_best
+    runner_up = group_max(jnp.where(is_best, -jnp.inf, scores), segment_ids)
+    margin = best - runner_up
+    if norm_by_std:
+        margin = margin / (group_std(scores, segment_ids) + epsilon)
+    advantages = broadcast_masked(jnp.where(is_best, margin, 0.0), mask)
     return advantages, advantages

@@ -10,13 +10,14 @@ an ml_collections ConfigDict, a dataclass or a mapping).
 from __future__ import annotations
 
 import types
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
 from jrl.algos.aggregation import LossTerms, reduce_loss_terms
+from jrl.algos.options import config_option
 from jrl.algos.registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
@@ -33,21 +34,12 @@ register_policy_loss_terms = POLICY_LOSS_TERMS.register
 get_policy_loss_terms_fn = POLICY_LOSS_TERMS.get
 
 
-def config_option(config: Any, key: str, default: Any = None) -> Any:
-    """`config.key`, or `default` when the key is absent or null."""
-    if isinstance(config, Mapping):
-        value = config.get(key, default)
-    else:
-        value = getattr(config, key, default)
-    return default if value is None else value
-
-
-def clip_ranges(config: Any) -> tuple[float, float, float]:
-    """(ε_low, ε_high, c) from the actor config; low/high fall back to `clip_ratio`."""
+def clip_bounds(config: Any) -> tuple[float, float]:
+    """(ε_low, ε_high) from the actor config; each falls back to `clip_ratio` when null."""
     if config is None:
         raise ValueError(
             "The policy loss needs the actor config (clip_ratio, clip_ratio_low, clip_ratio_high, "
-            "clip_ratio_c); pass config=<actor_rollout_ref.actor section>"
+            "clip_ratio_c, policy_loss.*); pass config=<actor_rollout_ref.actor section>"
         )
     clip_ratio = config_option(config, "clip_ratio")
     low = config_option(config, "clip_ratio_low", clip_ratio)
@@ -57,12 +49,60 @@ def clip_ranges(config: Any) -> tuple[float, float, float]:
             "actor.clip_ratio is null and actor.clip_ratio_low/clip_ratio_high are not both set; "
             "set actor.clip_ratio (e.g. 0.2)"
         )
+    return float(low), float(high)
+
+
+def clip_ranges(config: Any) -> tuple[float, float, float]:
+    """(ε_low, ε_high, c) from the actor config; c (`clip_ratio_c`, default 3) must exceed 1."""
+    low, high = clip_bounds(config)
     clip_ratio_c = config_option(config, "clip_ratio_c", 3.0)
     if not clip_ratio_c > 1.0:
         raise ValueError(
             f"actor.clip_ratio_c must be greater than 1 for dual-clip PPO, got {clip_ratio_c}"
         )
-    return float(low), float(high), float(clip_ratio_c)
+    return low, high, float(clip_ratio_c)
+
+
+def log_ratio(log_prob: jax.Array, old_log_prob: jax.Array) -> jax.Array:
+    """logπ - logπ_old clamped to ±20 (the ratio then stays finite)."""
+    return jnp.clip(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def weighted(losses: jax.Array, rollout_is_weights: jax.Array | None) -> jax.Array:
+    """Per-token losses times the rollout importance weights, when given."""
+    return losses if rollout_is_weights is None else losses * rollout_is_weights
+
+
+def verl_policy_loss(name: str, terms_fn: PolicyLossTermsFn) -> PolicyLossFn:
+    """verl's single-batch form of a per-token loss, registered under `name`.
+
+    The result takes (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
+    rollout_is_weights, **extra) and returns (loss, metrics): the loss aggregated with the loss's
+    own mode when it fixes one, else `loss_agg_mode` (and `config.loss_scale_factor`); each metric
+    the masked mean of its per-token matrix. `extra` goes to `terms_fn` (e.g. `rng`).
+    """
+
+    def loss_fn(
+        old_log_prob: jax.Array,
+        log_prob: jax.Array,
+        advantages: jax.Array,
+        response_mask: jax.Array,
+        loss_agg_mode: str = "token-mean",
+        config: Any = None,
+        rollout_is_weights: jax.Array | None = None,
+        **extra: Any,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        terms = terms_fn(
+            old_log_prob, log_prob, advantages, response_mask, config, rollout_is_weights, **extra
+        )
+        factor = config_option(config, "loss_scale_factor")
+        return reduce_loss_terms(terms, response_mask, loss_agg_mode, factor)
+
+    loss_fn.__name__ = loss_fn.__qualname__ = f"compute_policy_loss_{name}"
+    loss_fn.__doc__ = (
+        f"`{name}` policy loss over one batch: (loss, metrics), from `{terms_fn.__name__}`."
+    )
+    return register_policy_loss(name)(loss_fn)
 
 
 @register_policy_loss_terms("vanilla")
@@ -81,41 +121,25 @@ def policy_loss_terms_vanilla(
     `response_mask` only matters to the aggregation and metrics done by the caller.
     """
     low, high, clip_ratio_c = clip_ranges(config)
-    log_ratio = jnp.clip(log_prob - old_log_prob, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
-    ratio = jnp.exp(log_ratio)
+    log_r = log_ratio(log_prob, old_log_prob)
+    ratio = jnp.exp(log_r)
     unclipped = -advantages * ratio
     clipped = -advantages * jnp.clip(ratio, 1 - low, 1 + high)
     clip_max = jnp.maximum(unclipped, clipped)
     dual = -advantages * clip_ratio_c
     negative = advantages < 0
-    losses = jnp.where(negative, jnp.minimum(dual, clip_max), clip_max)
-    if rollout_is_weights is not None:
-        losses = losses * rollout_is_weights
+    losses = weighted(
+        jnp.where(negative, jnp.minimum(dual, clip_max), clip_max), rollout_is_weights
+    )
     metrics = {
         "actor/pg_clipfrac": (clipped > unclipped).astype(jnp.float32),
-        "actor/ppo_kl": -log_ratio,
+        "actor/ppo_kl": -log_r,
         "actor/pg_clipfrac_lower": ((clip_max > dual) & negative).astype(jnp.float32),
     }
     return LossTerms(losses, jax.lax.stop_gradient(metrics))
 
 
-@register_policy_loss("vanilla")
-def compute_policy_loss_vanilla(
-    old_log_prob: jax.Array,
-    log_prob: jax.Array,
-    advantages: jax.Array,
-    response_mask: jax.Array,
-    loss_agg_mode: str = "token-mean",
-    config: Any = None,
-    rollout_is_weights: jax.Array | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """Dual-clip PPO loss over one batch and its metrics (`actor/pg_clipfrac`, `actor/ppo_kl`,
-    `actor/pg_clipfrac_lower`, each a masked mean over valid tokens)."""
-    terms = policy_loss_terms_vanilla(
-        old_log_prob, log_prob, advantages, response_mask, config, rollout_is_weights
-    )
-    factor = config_option(config, "loss_scale_factor")
-    return reduce_loss_terms(terms, response_mask, loss_agg_mode, factor)
+compute_policy_loss_vanilla = verl_policy_loss("vanilla", policy_loss_terms_vanilla)
 
 
 def compute_policy_loss(

@@ -8,21 +8,6 @@ from ml_collections import ConfigDict
 
 from jrl.config.errors import ConfigError
 
-ADV_ESTIMATORS = (
-    "gae",
-    "grpo",
-    "reinforce_plus_plus",
-    "reinforce_plus_plus_baseline",
-    "remax",
-    "rloo",
-    "opo",
-    "grpo_passk",
-    "gpg",
-    "rloo_vectorized",
-    "grpo_vectorized",
-    "optimal_token_baseline",
-    "tir_optimal_token_baseline",
-)
 LOSS_AGG_MODES = (
     "token-mean",
     "seq-mean-token-sum",
@@ -58,9 +43,12 @@ def _positive(value: int | None) -> bool:
 
 
 def _choices(config: ConfigDict) -> Iterator[str]:
+    from jrl.algos import ADV_ESTIMATORS, POLICY_LOSS_TERMS  # the registries decide
+
     rules = [
         ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES, ""),
-        ("algorithm.adv_estimator", ADV_ESTIMATORS, ""),
+        ("algorithm.adv_estimator", tuple(ADV_ESTIMATORS.names()), ""),
+        ("actor_rollout_ref.actor.policy_loss.loss_mode", tuple(POLICY_LOSS_TERMS.names()), ""),
         ("actor_rollout_ref.rollout.name", ROLLOUT_NAMES, " (jrl supports jax and vllm)"),
         ("data.truncation", TRUNCATIONS, ""),
         ("trainer.resume_mode", RESUME_MODES, ""),

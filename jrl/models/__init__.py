@@ -1,14 +1,25 @@
 """Flax NNX decoders (Llama, Qwen2/3, Mistral, Gemma 2/3) with Hugging Face and GGUF weight I/O."""
 
 from jrl.models.config import ModelConfig
-from jrl.models.decoder import CausalLM, KVCache, ValueModel, default_position_ids, init_random
+from jrl.models.decoder import (
+    CausalLM,
+    KVCache,
+    RewardModel,
+    ValueModel,
+    default_position_ids,
+    init_random,
+)
+from jrl.models.lora import LoRAParam, apply_lora
 from jrl.models.pretrained import from_pretrained, gguf_to_hf_folder, save_pretrained
 
 __all__ = [
     "CausalLM",
     "KVCache",
+    "LoRAParam",
     "ModelConfig",
+    "RewardModel",
     "ValueModel",
+    "apply_lora",
     "default_position_ids",
     "from_pretrained",
     "gguf_to_hf_folder",

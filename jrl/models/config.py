@@ -14,6 +14,7 @@ LAYER_TYPES = (FULL, SLIDING)
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 ROPE_TYPES = ("default", "linear", "llama3")
+REMAT_POLICIES = ("none", "full", "dots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,6 +118,12 @@ class ModelConfig:
     c * tanh(z / c). `attn_implementation` picks the attention kernel (see `layers.attention`).
     A list `eos_token_id` is stored as a tuple so that the config stays hashable (it is static data
     of the module graph).
+
+    Two training-memory options are not part of config.json: `remat_policy` says what each decoder
+    layer keeps for the backward pass ('none': everything; 'full': only its input, recomputing the
+    rest; 'dots': its input and the matmul outputs without batch dimensions), and
+    `activation_offload` (with remat) keeps what remat saves (layer inputs, and with 'dots' the
+    matmul outputs) in pinned host memory instead.
     """
 
     vocab_size: int
@@ -145,6 +152,8 @@ class ModelConfig:
     attn_logit_softcapping: float | None = None
     final_logit_softcapping: float | None = None
     attn_implementation: str = "eager"
+    remat_policy: str = "none"
+    activation_offload: bool = False
 
     def __post_init__(self) -> None:
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -166,6 +175,12 @@ class ModelConfig:
             raise ValueError(f"head_dim must be a positive even number, got {self.head_dim}")
         _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
         _check_choice("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
+        _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
+        if self.activation_offload and self.remat_policy == "none":
+            raise ValueError(
+                "activation_offload needs remat: set remat_policy to 'full' or 'dots' "
+                "(enable_gradient_checkpointing=True)"
+            )
         self._normalise_layer_types()
         for name in ("query_pre_attn_scalar", "attn_logit_softcapping", "final_logit_softcapping"):
             value = getattr(self, name)

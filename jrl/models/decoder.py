@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import warnings
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.ad_checkpoint import Recompute, checkpoint_name
 
 from jrl.models.config import ModelConfig
 from jrl.models.layers import (
@@ -18,7 +23,10 @@ from jrl.models.layers import (
     rope_tables,
 )
 
-MODEL_KINDS = ("causal_lm", "value")
+MODEL_KINDS = ("causal_lm", "value", "reward")
+# The checkpoint name of each decoder layer's input (what full remat keeps, or offloads).
+LAYER_INPUT = "decoder_layer_input"
+OFFLOAD_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
 
 
 class KVCache(NamedTuple):
@@ -31,6 +39,66 @@ class KVCache(NamedTuple):
 def default_position_ids(attention_mask: jax.Array) -> jax.Array:
     """Positions that skip left padding: clip(cumsum(mask) - 1, 0)."""
     return jnp.clip(jnp.cumsum(attention_mask.astype(jnp.int32), axis=-1) - 1, 0)
+
+
+@functools.cache
+def host_offload_supported(backend: str) -> bool:
+    """Whether activations can be offloaded to pinned host memory on `backend` (GPU, TPU).
+
+    Warns once per backend where they cannot (on CPU the device memory is host memory already).
+    """
+    if backend in OFFLOAD_BACKENDS:
+        return True
+    warnings.warn(
+        f"enable_activation_offload: the {backend!r} backend has no separate device memory to "
+        "offload from; activations stay where they are and layers are only rematerialised",
+        stacklevel=2,
+    )
+    return False
+
+
+def layer_checkpoint_policy(remat_policy: str, activation_offload: bool) -> Callable[..., Any]:
+    """The `jax.checkpoint` policy of a rematerialised decoder layer ('full' or 'dots').
+
+    'full' saves nothing inside the layer (only its input survives); 'dots' also saves the
+    outputs of matmuls without batch dimensions. With `activation_offload` (where the backend
+    allows it) the layer input and those outputs go to pinned host memory instead.
+    """
+    policies = jax.checkpoint_policies
+    if not (activation_offload and host_offload_supported(jax.default_backend())):
+        if remat_policy == "dots":
+            return policies.dots_with_no_batch_dims_saveable
+        return policies.nothing_saveable
+    offload_input = policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=[],
+        names_which_can_be_offloaded=[LAYER_INPUT],
+        offload_src="device",
+        offload_dst="pinned_host",
+    )
+    if remat_policy == "full":
+        return offload_input
+    offload_dots = policies.offload_dot_with_no_batch_dims("device", "pinned_host")
+
+    def offload_input_and_dots(prim: Any, *args: Any, **params: Any) -> Any:
+        decision = offload_input(prim, *args, **params)
+        return offload_dots(prim, *args, **params) if decision is Recompute else decision
+
+    return offload_input_and_dots
+
+
+def set_memory_options(
+    model: nnx.Module, *, remat_policy: str, activation_offload: bool = False
+) -> None:
+    """Sets how `model`'s decoder layers trade compute for memory in training (in place).
+
+    See `ModelConfig.remat_policy` and `ModelConfig.activation_offload`; call it before
+    `nnx.split`, since the options are static data of the module graph.
+    """
+    config = dataclasses.replace(
+        model.config, remat_policy=remat_policy, activation_offload=activation_offload
+    )
+    model.config = config
+    model.model.config = config
 
 
 class Decoder(nnx.Module):
@@ -72,16 +140,34 @@ class Decoder(nnx.Module):
         if c.family.gemma:
             x = x * jnp.asarray(c.hidden_size**0.5, x.dtype)
         ropes: dict[tuple[float, Any], tuple[jax.Array, jax.Array]] = {}
+        run_layer = self._layer_fn(visibility)
         for i, layer in enumerate(self.layers):
             rope_key = c.layer_rope(i)
             if rope_key not in ropes:
                 ropes[rope_key] = rope_tables(position_ids, rope_frequencies(c.head_dim, *rope_key))
+            if cache is None:
+                x = run_layer(layer, x, ropes[rope_key])
+                continue
             q, k, v = layer.project(x, ropes[rope_key])
-            if cache is not None:
-                cache = _write_kv(cache, i, cache_offset, k, v)
-                k, v = cache.k[i].astype(k.dtype), cache.v[i].astype(v.dtype)
+            cache = _write_kv(cache, i, cache_offset, k, v)
+            k, v = cache.k[i].astype(k.dtype), cache.v[i].astype(v.dtype)
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
+
+    def _layer_fn(
+        self, visibility: Visibility
+    ) -> Callable[[DecoderLayer, jax.Array, tuple[jax.Array, jax.Array]], jax.Array]:
+        """One layer of the cache-free forward, rematerialised as `config.remat_policy` says."""
+
+        def run(layer: DecoderLayer, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
+            x = checkpoint_name(x, LAYER_INPUT)
+            q, k, v = layer.project(x, rope)
+            return layer.combine(x, q, k, v, visibility)
+
+        c = self.config
+        if c.remat_policy == "none":
+            return run
+        return nnx.remat(run, policy=layer_checkpoint_policy(c.remat_policy, c.activation_offload))
 
 
 def _write_kv(
@@ -123,14 +209,28 @@ class _DecoderModel(nnx.Module):
         input_ids: jax.Array,
         attention_mask: jax.Array | None = None,
         position_ids: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array:
-        """Final-normed hidden states [B, T, D]; padding (attention_mask 0) is never attended."""
+        """Final-normed hidden states [B, T, D]; padding (attention_mask 0) is never attended.
+
+        Packed rows give `segment_ids` [B, T] instead of `attention_mask`: each token attends the
+        earlier tokens of its own segment only, 0 marks padding, and `position_ids` (required)
+        count from 0 within each segment.
+        """
+        if segment_ids is not None:
+            if attention_mask is not None or position_ids is None:
+                raise ValueError(
+                    "packed rows take segment_ids and position_ids, without attention_mask"
+                )
+            attention_mask = segment_ids != 0
         if attention_mask is None:
             attention_mask = jnp.ones(input_ids.shape, jnp.int32)
         if position_ids is None:
             position_ids = default_position_ids(attention_mask)
         slots = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
-        visibility = Visibility(attention_mask.astype(jnp.bool_), slots, self_attention=True)
+        visibility = Visibility(
+            attention_mask.astype(jnp.bool_), slots, self_attention=True, segment_ids=segment_ids
+        )
         return self.model(input_ids, position_ids, visibility)[0]
 
 
@@ -223,19 +323,21 @@ class ValueModel(_DecoderModel):
         input_ids: jax.Array,
         attention_mask: jax.Array | None = None,
         position_ids: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
     ) -> jax.Array:
-        """Per-token values [B, T] in float32."""
-        hidden = self.hidden(input_ids, attention_mask, position_ids).astype(self.dtype)
+        """Per-token values [B, T] in float32 (of packed rows when `segment_ids` is given)."""
+        hidden = self.hidden(input_ids, attention_mask, position_ids, segment_ids)
+        hidden = hidden.astype(self.dtype)
         kernel = self.score.kernel[...].astype(self.dtype)
         values = jnp.dot(hidden, kernel, preferred_element_type=jnp.float32)
         return values[..., 0] + self.score.bias[...].astype(jnp.float32)[0]
 
 
-def model_class(kind: str) -> type[CausalLM] | type[ValueModel]:
-    """The module class for a model kind ('causal_lm' or 'value')."""
+def model_class(kind: str) -> type[CausalLM] | type[ValueModel] | type[RewardModel]:
+    """The module class for a model kind ('causal_lm', 'value' or 'reward')."""
     if kind not in MODEL_KINDS:
         raise ValueError(f"unknown model kind {kind!r}; use one of {MODEL_KINDS}")
-    return CausalLM if kind == "causal_lm" else ValueModel
+    return {"causal_lm": CausalLM, "value": ValueModel, "reward": RewardModel}[kind]
 
 
 def init_random(
@@ -245,7 +347,60 @@ def init_random(
     seed: int = 0,
     dtype: Any = jnp.float32,
     param_dtype: Any = jnp.float32,
-) -> CausalLM | ValueModel:
+) -> CausalLM | ValueModel | RewardModel:
     """A randomly initialised model (N(0, initializer_range) weights, unit norms, zero biases)."""
     cls = model_class(kind)
     return cls(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
+
+
+def last_valid_index(attention_mask: jax.Array) -> jax.Array:
+    """Per row [B], the index of the rightmost token with attention_mask 1 (0 for an empty row)."""
+    positions = jnp.arange(attention_mask.shape[-1], dtype=jnp.int32)
+    return jnp.argmax(positions * attention_mask.astype(jnp.int32), axis=-1)
+
+
+class RewardModel(_DecoderModel):
+    """Reward model: decoder plus a bias-free one-output head `score` (HF sequence-classification
+    layout with num_labels=1).
+
+    The reward of a row is the score at its rightmost token with attention_mask 1, so left and right
+    padding both work. transformers instead takes the rightmost token whose id differs from
+    pad_token_id: the same token under either padding, unless a valid token's id equals
+    pad_token_id (e.g. pad = eos and the row ends with eos), where transformers scores an earlier
+    token and this model scores the masked-in one.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        *,
+        dtype: Any = jnp.float32,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
+    ) -> None:
+        super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self.score = self._head(1, False, rngs)
+
+    def token_scores(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+    ) -> jax.Array:
+        """The head's output at every position [B, T] in float32."""
+        hidden = self.hidden(input_ids, attention_mask, position_ids).astype(self.dtype)
+        kernel = self.score.kernel[...].astype(self.dtype)
+        return jnp.dot(hidden, kernel, preferred_element_type=jnp.float32)[..., 0]
+
+    def __call__(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+    ) -> jax.Array:
+        """Rewards [B] in float32: the score at each row's last valid token."""
+        if attention_mask is None:
+            attention_mask = jnp.ones(input_ids.shape, jnp.int32)
+        scores = self.token_scores(input_ids, attention_mask, position_ids)
+        last = last_valid_index(attention_mask)
+        return jnp.take_along_axis(scores, last[:, None], axis=-1)[:, 0]

@@ -31,6 +31,63 @@ _ACTIVATIONS = {
 }
 
 
+class LoRAParam(nnx.Param):
+    """A low-rank adapter matrix: the only parameters trained when LoRA is on."""
+
+
+class Linear(nnx.Linear):
+    """`nnx.Linear` (kernel [in, out]) with an optional low-rank adapter.
+
+    With an adapter (`add_adapter`), y = x @ W + b + (x @ A @ B) * alpha / rank, where A [in, r]
+    and B [r, out] are `LoRAParam`s; B starts at zero so the output starts unchanged.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lora_a = nnx.data(None)
+        self.lora_b = nnx.data(None)
+        self.lora_scale = 0.0
+
+    @property
+    def has_adapter(self) -> bool:
+        """Whether this layer carries a LoRA adapter."""
+        return self.lora_a is not None
+
+    def add_adapter(self, rank: int, alpha: float, key: jax.Array) -> None:
+        """Adds A [in, rank] ~ U(-1/sqrt(in), 1/sqrt(in)) (PEFT's kaiming-uniform) and B = 0."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        a = jax.random.uniform(
+            key, (self.in_features, rank), self.param_dtype, minval=-bound, maxval=bound
+        )
+        self.lora_a = LoRAParam(a)
+        self.lora_b = LoRAParam(jnp.zeros((rank, self.out_features), self.param_dtype))
+        self.lora_scale = float(alpha) / rank
+
+    def remove_adapter(self) -> None:
+        """Drops the adapter (the base layer stays as it is)."""
+        self.lora_a = nnx.data(None)
+        self.lora_b = nnx.data(None)
+        self.lora_scale = 0.0
+
+    def merged_kernel(self) -> jax.Array:
+        """W + A @ B * alpha / rank (just W without an adapter), computed in float32 and
+        returned in the kernel's dtype."""
+        kernel = self.kernel[...]
+        if not self.has_adapter:
+            return kernel
+        a, b = (p[...].astype(jnp.float32) for p in (self.lora_a, self.lora_b))
+        return (kernel.astype(jnp.float32) + (a @ b) * self.lora_scale).astype(kernel.dtype)
+
+    def __call__(self, inputs: jax.Array) -> jax.Array:
+        y = super().__call__(inputs)
+        if not self.has_adapter:
+            return y
+        dtype = self.dtype or inputs.dtype
+        a, b = (p[...].astype(dtype) for p in (self.lora_a, self.lora_b))
+        delta = (inputs.astype(dtype) @ a) @ b
+        return y + delta * jnp.asarray(self.lora_scale, dtype)
+
+
 def dense(
     in_features: int,
     out_features: int,
@@ -40,9 +97,9 @@ def dense(
     dtype: Any,
     param_dtype: Any,
     rngs: nnx.Rngs,
-) -> nnx.Linear:
+) -> Linear:
     """A linear layer with kernel [in, out], initialised N(0, std) with a zero bias."""
-    return nnx.Linear(
+    return Linear(
         in_features,
         out_features,
         use_bias=use_bias,
@@ -122,11 +179,14 @@ class Visibility:
     ([B, S] bool) and s <= q_slots[t], and in a sliding-window layer also q_slots[t] - s < window.
     A query always sees its own slot, so rows of padding never have an empty softmax.
     `self_attention` marks the full forward, where the queries are the keys (q_slots = arange(S)).
+    `segment_ids` ([B, S] int, self-attention only) holds packed sequences: a key is then visible
+    only to queries of the same segment.
     """
 
     kv_valid: jax.Array
     q_slots: jax.Array
     self_attention: bool
+    segment_ids: jax.Array | None = None
 
     def mask(self, window: int | None) -> jax.Array:
         """The bool mask [B, T, S]."""
@@ -135,7 +195,16 @@ class Visibility:
         visible = kv <= q
         if window is not None:
             visible &= q - kv < window
-        return (visible[None] & self.kv_valid[:, None, :]) | (kv == q)[None]
+        allowed = visible[None] & self.kv_valid[:, None, :]
+        if self.segment_ids is not None:
+            allowed &= self.segment_ids[:, :, None] == self.segment_ids[:, None, :]
+        return allowed | (kv == q)[None]
+
+    def segments(self) -> jax.Array:
+        """Segment ids [B, S] int32: the packed ones, else 1 for valid keys and 0 for padding."""
+        if self.segment_ids is not None:
+            return self.segment_ids.astype(jnp.int32)
+        return self.kv_valid.astype(jnp.int32)
 
 
 def eager_attention(
@@ -196,7 +265,7 @@ def splash_attention(
     q: jax.Array,
     k: jax.Array,
     v: jax.Array,
-    valid: jax.Array,
+    segments: jax.Array,
     *,
     scale: float,
     window: int | None = None,
@@ -205,9 +274,10 @@ def splash_attention(
 ) -> jax.Array:
     """Causal self-attention through the Pallas TPU splash kernel (`interpret` runs it anywhere).
 
-    q [B, T, H, D]; k, v [B, T, K, D]; valid [B, T] bool. T must be a multiple of SPLASH_BLOCK.
-    Valid tokens attend valid tokens only; padding attends padding, so its rows are not those of
-    the other implementations (their outputs are never used).
+    q [B, T, H, D]; k, v [B, T, K, D]; segments [B, T] int or bool (a valid mask is segment 1,
+    padding 0). T must be a multiple of SPLASH_BLOCK. Tokens attend tokens of their own segment
+    only; padding attends padding, so its rows are not those of the other implementations (their
+    outputs are never used).
     """
     b, t, h, d = q.shape
     kv_heads = k.shape[2]
@@ -217,11 +287,11 @@ def splash_attention(
     q = q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
     k, v = (x.transpose(0, 2, 1, 3) for x in (k, v))
 
-    def one_row(q: jax.Array, k: jax.Array, v: jax.Array, valid: jax.Array) -> jax.Array:
-        ids = segment_ids(valid.astype(jnp.int32), valid.astype(jnp.int32))
+    def one_row(q: jax.Array, k: jax.Array, v: jax.Array, row: jax.Array) -> jax.Array:
+        ids = segment_ids(row.astype(jnp.int32), row.astype(jnp.int32))
         return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
 
-    out = jax.vmap(one_row)(q, k, v, valid)
+    out = jax.vmap(one_row)(q, k, v, segments)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
@@ -290,7 +360,7 @@ def attention(
     kernel = _pick_kernel(implementation, softcap=softcap, dtype=q.dtype, visibility=visibility)
     if kernel == "splash":
         return splash_attention(
-            q, k, v, visibility.kv_valid, scale=scale, window=window, softcap=softcap
+            q, k, v, visibility.segments(), scale=scale, window=window, softcap=softcap
         )
     mask = visibility.mask(window)
     if kernel == "cudnn":

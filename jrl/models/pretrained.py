@@ -19,7 +19,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jrl.models.config import ARCHITECTURE_PREFIX, ModelConfig
-from jrl.models.decoder import CausalLM, ValueModel, model_class
+from jrl.models.decoder import CausalLM, RewardModel, ValueModel, model_class
 from jrl.models.gguf_io import GGUFCheckpoint
 from jrl.models.safetensors_io import (
     DEFAULT_MAX_SHARD_BYTES,
@@ -120,13 +120,15 @@ def from_pretrained(
     trust_remote_code: bool = False,
     external_lib: str | None = None,
     override_config: Mapping[str, Any] | None = None,
-) -> CausalLM | ValueModel:
+) -> CausalLM | ValueModel | RewardModel:
     """Loads a model from an HF folder (single or sharded safetensors), a hub id or a .gguf file.
 
     Tensors are streamed one at a time onto the default device, or FSDP-sharded over `mesh`
     (`param_sharding`), so host memory never holds the whole model. kind='value' builds a
     ValueModel: the backbone comes from the checkpoint (causal-LM or token-classification); its
-    `score` head is loaded if present, else initialised from `seed`. `external_lib` is imported
+    `score` head is loaded if present, else initialised from `seed`. kind='reward' builds a
+    RewardModel from a sequence-classification checkpoint with one label (its `score` head is
+    required). `external_lib` is imported
     first. `trust_remote_code` is verl's key, accepted unchanged: the decoder is always jrl's own,
     built from config.json, so no repository code runs here whatever its value.
     `override_config` is verl's ``model.override_config``: its ``model_config`` entries replace
@@ -143,17 +145,37 @@ def from_pretrained(
     )
     if kind == "value" and "score.weight" not in checkpoint:
         checkpoint = collections.ChainMap(checkpoint, initial_score_head(config, seed))
+    if kind == "reward":
+        _check_reward_head(checkpoint, str(path))
     return stream_params(abstract, checkpoint, where=str(path), mesh=mesh)
+
+
+def _check_reward_head(checkpoint: Mapping[str, ArraySource], where: str) -> None:
+    """A reward checkpoint must hold a one-label sequence-classification head."""
+    if "score.weight" not in checkpoint:
+        raise KeyError(
+            f"{where}: kind='reward' needs a sequence-classification checkpoint (e.g. "
+            "Qwen2ForSequenceClassification with num_labels=1), but it has no score.weight"
+        )
+    labels = tuple(checkpoint["score.weight"].shape)[0]
+    if labels != 1:
+        raise ValueError(
+            f"{where}: score.weight has {labels} labels; a reward model needs num_labels=1"
+        )
+
+
+_HEAD_ARCHITECTURES = {
+    "causal_lm": "ForCausalLM",
+    "value": "ForTokenClassification",
+    "reward": "ForSequenceClassification",
+}
 
 
 def _hf_config(config: ModelConfig, kind: str) -> dict[str, Any]:
     hf = config.to_hf()
-    prefix = ARCHITECTURE_PREFIX[config.model_type]
-    if kind == "value":
-        hf["architectures"] = [f"{prefix}ForTokenClassification"]
+    hf["architectures"] = [ARCHITECTURE_PREFIX[config.model_type] + _HEAD_ARCHITECTURES[kind]]
+    if kind != "causal_lm":
         hf["id2label"], hf["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
-    else:
-        hf["architectures"] = [f"{prefix}ForCausalLM"]
     return hf
 
 
@@ -183,7 +205,7 @@ def _write_hf_folder(
 
 
 def save_pretrained(
-    model: CausalLM | ValueModel,
+    model: CausalLM | ValueModel | RewardModel,
     path: str | os.PathLike,
     tokenizer: Any = None,
     *,
@@ -192,10 +214,12 @@ def save_pretrained(
     """Writes an HF folder that transformers loads (config.json, generation_config.json,
     safetensors weights in the parameter dtype, and the tokenizer if given).
 
-    Parameters (sharded over a mesh or not) are gathered to host and written one at a time. The
-    folder is written next to `path` and renamed into place, replacing any previous one.
+    Parameters (sharded over a mesh or not) are gathered to host and written one at a time; LoRA
+    adapters are merged into their base kernels, so the folder is a plain model. The folder is
+    written next to `path` and renamed into place, replacing any previous one.
     """
-    kind = "value" if isinstance(model, ValueModel) else "causal_lm"
+    kinds = {ValueModel: "value", RewardModel: "reward"}
+    kind = kinds.get(type(model), "causal_lm")
     _write_hf_folder(path, model.config, kind, hf_tensor_specs(model), tokenizer, max_shard_bytes)
 
 

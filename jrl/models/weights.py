@@ -16,7 +16,10 @@ import numpy as np
 from flax import nnx
 
 from jrl.models.config import ModelConfig
+from jrl.models.layers import Linear, LoRAParam
 
+# The parameters of the base model: everything but LoRA adapters.
+BASE_PARAMS = nnx.All(nnx.Param, nnx.Not(LoRAParam))
 _LEAF_NAMES = {"kernel": "weight", "embedding": "weight", "scale": "weight", "bias": "bias"}
 
 
@@ -43,17 +46,28 @@ def _hf_shape(path: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def hf_tensor_specs(model: nnx.Module) -> list[TensorSpec]:
-    """The model's parameters as HF tensors (fetched to host only when `load` is called)."""
+    """The model's parameters as HF tensors (fetched to host only when `load` is called).
+
+    A layer with a LoRA adapter is written as one plain kernel, W + A @ B * alpha / rank, merged
+    on its device when fetched.
+    """
+    adapted = {
+        path: module
+        for path, module in nnx.iter_modules(model)
+        if isinstance(module, Linear) and module.has_adapter
+    }
     specs = []
-    for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param)):
+    for path, var in nnx.to_flat_state(nnx.state(model, BASE_PARAMS)):
         value = var.get_value()
+        layer = adapted.get(path[:-1]) if path[-1] == "kernel" else None
+        fetch = layer.merged_kernel if layer is not None else (lambda value=value: value)
         specs.append(
             TensorSpec(
                 hf_name(path),
                 _hf_shape(path, value.shape),
                 np.dtype(value.dtype),
-                lambda path=path, value=value: np.asarray(
-                    _to_hf_layout(path, jax.device_get(value))
+                lambda path=path, fetch=fetch: np.asarray(
+                    _to_hf_layout(path, jax.device_get(fetch()))
                 ),
             )
         )

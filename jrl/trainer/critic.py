@@ -17,23 +17,26 @@ from jrl.config import n_gpus
 from jrl.parallel import batch_sharding
 from jrl.trainer.batching import chunked_forward
 from jrl.trainer.optim import lr_multiplier, make_optimizer
+from jrl.trainer.packing import PackLayout, response_window, with_packing
 from jrl.trainer.policy import load_model, micro_rows_per_device
 from jrl.trainer.train_state import TrainState
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
 
 
-def response_values(model: Any, tensors: dict[str, jax.Array]) -> jax.Array:
-    """Values [B, R] of the response tokens (positions ``-R-1 .. -2``), zero where masked."""
+def response_values(
+    model: Any, tensors: dict[str, jax.Array], packing: PackLayout | None = None
+) -> jax.Array:
+    """Values [B, R] of the response tokens (positions ``-R-1 .. -2``), zero where masked; with
+    `packing` the model runs on packed rows (see `jrl.trainer.packing`)."""
     width = tensors["response_mask"].shape[1]
-    values = model(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
-    return values[:, -width - 1 : -1] * tensors["response_mask"]
+    return response_window(model, tensors, width, packing) * tensors["response_mask"]
 
 
-def critic_loss(model, micro, norm, *, cfg):
+def critic_loss(model, micro, norm, *, cfg, packing=None):
     """Clipped value loss of one micro-batch, already divided by the mini-batch normaliser."""
     mask = micro["response_mask"]
-    vpreds = response_values(model, micro)
+    vpreds = response_values(model, micro, packing)
     terms = algos.value_loss_terms(
         vpreds, micro["returns"], micro["values"], cliprange_value=cfg.cliprange_value
     )
@@ -62,19 +65,24 @@ class Critic:
         self.forward_rows = world * micro_rows_per_device(
             critic, "forward_micro_batch_size_per_gpu", "forward_micro_batch_size", world
         )
-        rows = batch_sharding(mesh, 2)
+        self.remove_padding = bool(critic.model.use_remove_padding)
+        rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
         self._forward = jax.jit(
-            self._forward_fn, in_shardings=(self.state.param_shardings, rows), out_shardings=rows
+            self._forward_fn,
+            static_argnums=2,
+            in_shardings=(self.state.param_shardings, rows),
+            out_shardings=rows,
         )
 
-    def _forward_fn(self, params, tensors):
-        return response_values(nnx.merge(self.state.graphdef, params), tensors)
+    def _forward_fn(self, params, tensors, packing):
+        return response_values(nnx.merge(self.state.graphdef, params), tensors, packing)
 
     def compute_values(self, batch: Batch) -> np.ndarray:
         """Values [B, R] for the batch's responses."""
         tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
+        tensors, packing = with_packing(tensors, self.forward_rows, self.mesh, self.remove_padding)
         return chunked_forward(
-            functools.partial(self._forward, self.state.params),
+            lambda chunk: self._forward(self.state.params, chunk, packing),
             tensors,
             self.forward_rows,
             self.mesh,
@@ -89,11 +97,12 @@ class Critic:
             critic, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", self.world
         )
         tensors = {k: np.asarray(batch.tensors[k]) for k in (*FORWARD_KEYS, "values", "returns")}
+        tensors, packing = with_packing(tensors, micro_rows, self.mesh, self.remove_padding)
         lr = critic.optim.lr * lr_multiplier(critic.optim, step - 1, self.total_training_steps)
         history = self.state.train(
-            functools.partial(critic_loss, cfg=critic),
+            functools.partial(critic_loss, cfg=critic, packing=packing),
             tensors,
-            variant="critic",
+            variant=("critic", packing),
             grad_clip=critic.grad_clip,
             mini_rows=mini_rows,
             micro_rows=micro_rows,

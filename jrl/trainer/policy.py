@@ -1,6 +1,9 @@
 """The policy roles: the trained actor and the frozen reference, plus the rollout that reads the
 actor's parameters.
 
+With LoRA (``model.lora_rank`` > 0) the actor trains only its adapters, and the reference is the
+actor's frozen base without them (the same arrays, no second copy).
+
 Log-probs and entropy of response token t come from the logits at position ``-R-1+t`` divided by
 the rollout temperature, here and in the sampler alike.
 """
@@ -19,11 +22,14 @@ from jax.sharding import Mesh
 from jrl import algos
 from jrl.batch import Batch
 from jrl.config import n_gpus
-from jrl.models import CausalLM, from_pretrained
-from jrl.parallel import batch_sharding, shard_params
+from jrl.models import CausalLM, LoRAParam, apply_lora, from_pretrained
+from jrl.models.decoder import set_memory_options
+from jrl.models.lora import remove_adapters
+from jrl.parallel import batch_sharding, param_shardings, shard_params
 from jrl.rollout import make_rollout
 from jrl.trainer.batching import chunked_forward
 from jrl.trainer.optim import lr_multiplier, make_optimizer
+from jrl.trainer.packing import PackLayout, response_window, with_packing
 from jrl.trainer.train_state import TrainState
 from jrl_kernels import logprob_entropy
 
@@ -45,12 +51,15 @@ def compute_dtype(name: str) -> Any:
 
 
 def response_log_probs(
-    model: CausalLM, tensors: dict[str, jax.Array], temperature: float
+    model: CausalLM,
+    tensors: dict[str, jax.Array],
+    temperature: float,
+    packing: PackLayout | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Per-token log-prob and entropy [B, R] of `responses` under `model` at `temperature`."""
+    """Per-token log-prob and entropy [B, R] of `responses` under `model` at `temperature`;
+    with `packing` the model runs on packed rows (see `jrl.trainer.packing`)."""
     width = tensors["responses"].shape[1]
-    hidden = model.hidden(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
-    hidden = hidden[:, -width - 1 : -1]
+    hidden = response_window(model.hidden, tensors, width, packing)
     return logprob_entropy(
         hidden,
         model.lm_head_kernel(),
@@ -68,14 +77,21 @@ def micro_rows_per_device(section: Any, per_gpu_key: str, global_key: str, world
     return max(1, int(section[global_key]) // world)
 
 
-def actor_loss(model, micro, norm, *, cfg, temperature: float, on_policy: bool):
+def actor_loss(model, micro, norm, *, cfg, temperature: float, on_policy: bool, packing=None):
     """Actor objective of one micro-batch, already divided by the mini-batch normaliser."""
-    log_prob, entropy = response_log_probs(model, micro, temperature)
+    log_prob, entropy = response_log_probs(model, micro, temperature, packing)
     mask = micro["response_mask"]
     mode = cfg.loss_agg_mode
     old = jax.lax.stop_gradient(log_prob) if on_policy else micro["old_log_probs"]
     terms_fn = algos.get_policy_loss_terms_fn(cfg.policy_loss.get("loss_mode", "vanilla"))
-    terms = terms_fn(old, log_prob, micro["advantages"], mask, cfg)
+    terms = terms_fn(
+        old,
+        log_prob,
+        micro["advantages"],
+        mask,
+        cfg,
+        rollout_is_weights=micro.get("rollout_is_weights"),
+    )
     mode = terms.loss_agg_mode or mode
     pg_loss = (
         algos.agg_loss_terms(terms.loss_mat, mask, mode, cfg.loss_scale_factor)[0] / norm[mode]
@@ -109,6 +125,7 @@ class Policy:
         temperature: float,
         forward_rows: int,
         state: TrainState | None = None,
+        remove_padding: bool = False,
     ):
         self.graphdef = graphdef
         self._frozen_params = None if state is not None else params
@@ -117,9 +134,13 @@ class Policy:
         self.temperature = float(temperature)
         self.forward_rows = forward_rows
         self.state = state
-        rows = batch_sharding(mesh, 2)
+        self.remove_padding = remove_padding
+        rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
         self._forward = jax.jit(
-            self._forward_fn, in_shardings=(param_shardings, rows), out_shardings=rows
+            self._forward_fn,
+            static_argnums=2,
+            in_shardings=(param_shardings, rows),
+            out_shardings=rows,
         )
 
     @property
@@ -132,11 +153,19 @@ class Policy:
         """The trained policy with AdamW and verl's mini/micro-batch update."""
         arr = config.actor_rollout_ref
         model = load_model(arr.model, arr.actor.fsdp_config, mesh)
+        lora = lora_settings(arr.model)
+        if lora is not None:
+            seed = config.data.get("seed")
+            try:
+                apply_lora(model, seed=int(seed if seed is not None else 0), **lora)
+            except ValueError as err:
+                raise ValueError(f"actor_rollout_ref.model: {err}") from err
         world = n_gpus(config)
         forward = micro_rows_per_device(
             arr.rollout, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
         )
-        state = TrainState.create(model, make_optimizer(arr.actor.optim), mesh)
+        trainable = nnx.Param if lora is None else LoRAParam
+        state = TrainState.create(model, make_optimizer(arr.actor.optim), mesh, trainable)
         policy = cls(
             state.graphdef,
             state.params,
@@ -145,22 +174,36 @@ class Policy:
             temperature=arr.rollout.temperature,
             forward_rows=forward * world,
             state=state,
+            remove_padding=bool(arr.model.use_remove_padding),
         )
         policy.config = config
         policy.total_training_steps = total_training_steps
         return policy
 
     @classmethod
-    def reference(cls, config: Any, mesh: Mesh) -> Policy:
-        """The frozen reference policy (the initial actor weights)."""
+    def reference(cls, config: Any, mesh: Mesh, actor: Policy | None = None) -> Policy:
+        """The frozen reference policy (the initial actor weights).
+
+        With LoRA it is `actor`'s base model with the adapters off: its parameters are the very
+        arrays the actor keeps frozen. Without LoRA the weights are loaded again.
+        """
         arr = config.actor_rollout_ref
-        model = load_model(arr.model, arr.ref.get("fsdp_config") or arr.actor.fsdp_config, mesh)
         world = n_gpus(config)
         forward = micro_rows_per_device(
             arr.ref, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
         )
-        graphdef, params = nnx.split(model)
-        params, shardings = shard_params(params, mesh)
+        if lora_settings(arr.model) is None:
+            fsdp = arr.ref.get("fsdp_config") or arr.actor.fsdp_config
+            graphdef, params = nnx.split(load_model(arr.model, fsdp, mesh))
+            params, shardings = shard_params(params, mesh)
+        elif actor is None:
+            raise ValueError(
+                "with actor_rollout_ref.model.lora_rank > 0 the reference is the actor's base "
+                "model: pass the actor to Policy.reference"
+            )
+        else:
+            graphdef, params = nnx.split(remove_adapters(actor.state.model()))
+            shardings = param_shardings(params, mesh)
         return cls(
             graphdef,
             params,
@@ -168,18 +211,24 @@ class Policy:
             mesh,
             temperature=arr.rollout.temperature,
             forward_rows=forward * world,
+            remove_padding=bool(arr.model.use_remove_padding),
         )
 
-    def _forward_fn(self, params, tensors):
-        return response_log_probs(nnx.merge(self.graphdef, params), tensors, self.temperature)
+    def _forward_fn(self, params, tensors, packing):
+        model = nnx.merge(self.graphdef, params)
+        return response_log_probs(model, tensors, self.temperature, packing)
 
     def compute_log_prob(
         self, batch: Batch, calculate_entropy: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Log-probs [B, R] of the batch's responses (and entropy when asked)."""
         tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
+        tensors, packing = with_packing(tensors, self.forward_rows, self.mesh, self.remove_padding)
         log_prob, entropy = chunked_forward(
-            functools.partial(self._forward, self.params), tensors, self.forward_rows, self.mesh
+            lambda chunk: self._forward(self.params, chunk, packing),
+            tensors,
+            self.forward_rows,
+            self.mesh,
         )
         return log_prob, (entropy if calculate_entropy else None)
 
@@ -199,16 +248,23 @@ class Policy:
         keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
         if actor.use_kl_loss:
             keys.append("ref_log_prob")
+        if "rollout_is_weights" in batch:
+            keys.append("rollout_is_weights")
         tensors = {k: np.asarray(batch.tensors[k]) for k in keys}
+        tensors, packing = with_packing(tensors, micro_rows, self.mesh, self.remove_padding)
         on_policy = len(batch) == mini_rows and actor.ppo_epochs == 1
         lr = actor.optim.lr * lr_multiplier(actor.optim, step - 1, self.total_training_steps)
         loss_fn = functools.partial(
-            actor_loss, cfg=actor, temperature=self.temperature, on_policy=on_policy
+            actor_loss,
+            cfg=actor,
+            temperature=self.temperature,
+            on_policy=on_policy,
+            packing=packing,
         )
         history = self.state.train(
             loss_fn,
             tensors,
-            variant=on_policy,
+            variant=(on_policy, packing),
             grad_clip=actor.grad_clip,
             mini_rows=mini_rows,
             micro_rows=micro_rows,
@@ -229,8 +285,9 @@ class Policy:
 
 def load_model(model_cfg: Any, fsdp_cfg: Any, mesh: Mesh, kind: str = "causal_lm") -> Any:
     """The model of a ``*.model`` config section, streamed straight onto the mesh (FSDP layout),
-    computing in ``fsdp_config.dtype`` over ``fsdp_config.model_dtype`` parameters."""
-    return from_pretrained(
+    computing in ``fsdp_config.dtype`` over ``fsdp_config.model_dtype`` parameters, with the
+    section's gradient checkpointing and activation offload."""
+    model = from_pretrained(
         model_cfg.path,
         kind=kind,
         dtype=compute_dtype(fsdp_cfg.get("dtype", "bfloat16")),
@@ -239,6 +296,38 @@ def load_model(model_cfg: Any, fsdp_cfg: Any, mesh: Mesh, kind: str = "causal_lm
         trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
         external_lib=model_cfg.get("external_lib"),
         override_config=_plain(model_cfg.get("override_config")),
+    )
+    set_memory_options(model, **memory_options(model_cfg))
+    return model
+
+
+def memory_options(model_cfg: Any) -> dict[str, Any]:
+    """`set_memory_options` arguments of a ``*.model`` section: full remat of every decoder layer
+    when ``enable_gradient_checkpointing``, host offload of what it keeps when
+    ``enable_activation_offload``."""
+    remat = bool(model_cfg.get("enable_gradient_checkpointing", False))
+    offload = bool(model_cfg.get("enable_activation_offload", False))
+    if offload and not remat:
+        raise ValueError(
+            "model.enable_activation_offload=True needs model.enable_gradient_checkpointing=True "
+            "in the same section (actor_rollout_ref.model or critic.model): only the layers' "
+            "rematerialised inputs are offloaded"
+        )
+    return {"remat_policy": "full" if remat else "none", "activation_offload": offload}
+
+
+def lora_settings(model_cfg: Any) -> dict[str, Any] | None:
+    """`apply_lora` keyword arguments (rank, alpha, target_modules, exclude_modules) from a
+    ``*.model`` config section; None when ``lora_rank`` is 0."""
+    rank = int(model_cfg.get("lora_rank") or 0)
+    if rank <= 0:
+        return None
+    targets = model_cfg.get("target_modules") or "all-linear"
+    return dict(
+        rank=rank,
+        alpha=float(model_cfg.get("lora_alpha") or 0),
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        exclude_modules=model_cfg.get("exclude_modules"),
     )
 
 
@@ -250,13 +339,18 @@ def _plain(section: Any) -> dict[str, Any]:
 
 
 def build_rollout(config: Any, actor: Policy, tokenizer: Any):
-    """The rollout engine named by ``rollout.name``, reading the actor's parameters."""
+    """The rollout engine named by ``rollout.name``, reading the actor's parameters (LoRA
+    adapters included, applied unmerged)."""
     rollout_cfg = config.actor_rollout_ref.rollout
     actor_model = nnx.merge(actor.graphdef, actor.params)
     dtype = compute_dtype(rollout_cfg.dtype)
-    rollout_model = nnx.eval_shape(
-        lambda: CausalLM(actor_model.config, dtype=dtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
-    )
+    lora = lora_settings(config.actor_rollout_ref.model)
+
+    def abstract_model() -> CausalLM:
+        model = CausalLM(actor_model.config, dtype=dtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
+        return model if lora is None else apply_lora(model, **lora)
+
+    rollout_model = nnx.eval_shape(abstract_model)
     graphdef, _ = nnx.split(rollout_model)
     model = nnx.merge(graphdef, actor.params)
     eos = {tokenizer.eos_token_id} | set(_as_list(actor_model.config.eos_token_id))

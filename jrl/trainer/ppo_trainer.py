@@ -7,6 +7,7 @@ validation before training is logged at step 0.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,7 @@ from jrl.reward.manager import load_reward_manager
 from jrl.rollout import SamplingParams
 from jrl.trainer.critic import Critic
 from jrl.trainer.metrics import data_metrics, throughput_metrics, timer
-from jrl.trainer.policy import Policy, build_rollout, compute_dtype
+from jrl.trainer.policy import Policy, build_rollout
 from jrl.trainer.tracking import Tracking
 from jrl.trainer.validation import validation_metrics
 
@@ -51,7 +52,10 @@ def unsupported_keys(config: Any) -> list[str]:
         "trainer.resume_mode=resume_path": config.trainer.resume_mode == "resume_path",
         "actor_rollout_ref.actor.use_dynamic_bsz": config.actor_rollout_ref.actor.use_dynamic_bsz,
         "reward_model.enable": bool(config.reward_model.enable),
-        "actor_rollout_ref.model.lora_rank": config.actor_rollout_ref.model.lora_rank > 0,
+        "actor_rollout_ref.model.lora_adapter_path": bool(
+            config.actor_rollout_ref.model.get("lora_adapter_path")
+        ),
+        "critic.model.lora_rank": uses_critic(config) and config.critic.model.lora_rank > 0,
         "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
             config.actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1
         ),
@@ -105,7 +109,7 @@ class PPOTrainer:
             or len(self.train_loader) * config.trainer.total_epochs
         )
         self.actor = Policy.actor(config, self.mesh, self.total_training_steps)
-        self.ref = Policy.reference(config, self.mesh) if self.use_reference else None
+        self.ref = Policy.reference(config, self.mesh, self.actor) if self.use_reference else None
         self.critic = (
             Critic(config, self.mesh, self.total_training_steps) if self.use_critic else None
         )
@@ -133,7 +137,6 @@ class PPOTrainer:
             else None
         )
         self.rng = jax.random.key(self.seed)
-        self._compute_dtype = compute_dtype(arr.actor.fsdp_config.dtype)
 
     # -- one training step ------------------------------------------------------------------
     def generate(self, prompts: Batch, step: int) -> Batch:
@@ -157,20 +160,18 @@ class PPOTrainer:
             )
         else:
             rewards = t["token_level_scores"]
-        estimator = algo.adv_estimator
-        if estimator == "gae":
-            advantages, returns = algos.compute_gae_advantage_return(
-                rewards, t["values"], t["response_mask"], gamma=algo.gamma, lam=algo.lam
-            )
-        elif estimator == "grpo":
-            advantages, returns = algos.compute_grpo_outcome_advantage(
-                rewards,
-                t["response_mask"],
-                batch.meta["uid"],
-                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            )
-        else:
-            raise NotImplementedError(f"algorithm.adv_estimator={estimator!r} is not supported yet")
+        advantages, returns = algos.compute_advantage(
+            algo.adv_estimator,
+            token_level_rewards=rewards,
+            response_mask=t["response_mask"],
+            config=algo,
+            index=batch.meta["uid"],
+            values=t.get("values"),
+            reward_baselines=t.get("reward_baselines"),
+            gamma=algo.gamma,
+            lam=algo.lam,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+        )
         new = {
             "token_level_rewards": np.asarray(rewards),
             "advantages": np.asarray(advantages),
@@ -187,6 +188,10 @@ class PPOTrainer:
         prompts = prompts.union(Batch(meta={"uid": uids}))
         with timer("gen", timing):
             batch = self.generate(prompts, step).to_numpy()
+        if config.algorithm.adv_estimator == "remax":
+            with timer("gen_max", timing):
+                baselines = self.greedy_baselines(prompts)
+                batch = batch.union(Batch({"reward_baselines": baselines}))
         with timer("reward", timing):
             reward = self.reward_fn(batch, return_dict=True)
             batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
@@ -210,7 +215,32 @@ class PPOTrainer:
         with timer("adv", timing):
             batch, kl_metrics = self.compute_advantage(batch)
             metrics.update(kl_metrics)
+            batch, is_metrics = self.rollout_correction(batch)
+            metrics.update(is_metrics)
         return batch
+
+    def greedy_baselines(self, prompts: Batch) -> np.ndarray:
+        """ReMax's baseline: the score of one greedy answer per prompt, repeated for its n rows."""
+        greedy = dataclasses.replace(self.sampling, do_sample=False, n=1)
+        batch = self.rollout.generate(prompts, greedy, self.rng).to_numpy()
+        scores = self.reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1)
+        return np.repeat(scores, self.sampling.n)
+
+    def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """Rollout importance sampling (``algorithm.rollout_is*``): mismatch metrics, and with
+        ``rollout_is`` the per-token weights that the policy loss multiplies by. Mask mode and the
+        veto zero the weights of rejected tokens/rows (verl 0.6); response_mask is unchanged."""
+        t = batch.tensors
+        weights, kept, metrics = algos.rollout_importance_sampling(
+            self.config.algorithm,
+            t["old_log_probs"],
+            t.get("rollout_log_probs"),
+            t["response_mask"],
+        )
+        if weights is None:
+            return batch, metrics
+        weights = np.asarray(weights, np.float32) * np.asarray(kept, np.float32)
+        return batch.union(Batch({"rollout_is_weights": weights})), metrics
 
     def train_step(self, prompts: Batch, step: int, epoch: int) -> dict[str, float]:
         """One PPO step on a batch of prompts; returns its metrics."""

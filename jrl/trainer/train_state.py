@@ -5,6 +5,11 @@ batches, accumulating gradients. Each micro-batch loss is already divided by the
 normaliser, so the sum over micro-batches (and devices) is exactly the mini-batch loss: splitting
 into micro-batches or devices never changes the gradient. Gradients are clipped by global norm as
 torch's ``clip_grad_norm_`` does, and a non-finite norm skips the update.
+
+Only the parameters that the `trainable` filter selects (all of them by default; the LoRA adapters
+when LoRA is on) are differentiated, updated and given optimizer state. The rest stay frozen: they
+are inputs of the update, never outputs or donated buffers, so other roles (the LoRA reference) may
+hold them.
 """
 
 from __future__ import annotations
@@ -30,29 +35,71 @@ LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[
 
 @dataclasses.dataclass
 class TrainState:
-    """Graph definition, sharded parameters and optimizer state of one trainable role."""
+    """Graph definition, sharded trainable and frozen parameters, and the optimizer state (of the
+    trainable part only) of one trainable role."""
 
     graphdef: Any
-    params: Any
+    trainable: Any
+    frozen: Any
     opt_state: Any
     tx: optax.GradientTransformation
     mesh: Mesh
-    param_shardings: Any
+    trainable_shardings: Any
+    frozen_shardings: Any
     opt_shardings: Any
     compiled: dict[Any, Any] = dataclasses.field(default_factory=dict)
 
     @classmethod
-    def create(cls, model: nnx.Module, tx: optax.GradientTransformation, mesh: Mesh) -> TrainState:
-        """Split `model`, place its parameters FSDP-sharded and initialise the optimizer there."""
-        graphdef, params = nnx.split(model)
-        params, placed = shard_params(params, mesh)
-        opt_shardings = param_shardings(jax.eval_shape(tx.init, params), mesh)
-        opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(params)
-        return cls(graphdef, params, opt_state, tx, mesh, placed, opt_shardings)
+    def create(
+        cls,
+        model: nnx.Module,
+        tx: optax.GradientTransformation,
+        mesh: Mesh,
+        trainable: Any = nnx.Param,
+    ) -> TrainState:
+        """Split `model` into the `trainable` variables (an NNX filter, e.g. `LoRAParam`) and the
+        frozen rest, place both FSDP-sharded and initialise the optimizer for the trainable part."""
+        graphdef, train_params, frozen = nnx.split(model, trainable, ...)
+        if not jax.tree.leaves(train_params):
+            raise ValueError(f"the model has no parameters that match the filter {trainable}")
+        train_params, train_shardings = shard_params(train_params, mesh)
+        frozen, frozen_shardings = shard_params(frozen, mesh)
+        opt_shardings = param_shardings(jax.eval_shape(tx.init, train_params), mesh)
+        opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(train_params)
+        return cls(
+            graphdef,
+            train_params,
+            frozen,
+            opt_state,
+            tx,
+            mesh,
+            train_shardings,
+            frozen_shardings,
+            opt_shardings,
+        )
+
+    @property
+    def params(self) -> Any:
+        """All parameters (trainable and frozen) as one state."""
+        return nnx.merge_state(self.trainable, self.frozen)
+
+    @property
+    def param_shardings(self) -> Any:
+        """Shardings of `params`."""
+        return nnx.merge_state(self.trainable_shardings, self.frozen_shardings)
 
     def model(self) -> nnx.Module:
         """The model with the current parameters (for host-side use)."""
-        return nnx.merge(self.graphdef, self.params)
+        return nnx.merge(self.graphdef, self.trainable, self.frozen)
+
+    def step(
+        self, update: Any, minibatch: dict[str, Any], normaliser: dict[str, Any], lr: float
+    ) -> dict[str, jax.Array]:
+        """Applies one `build_update` step in place; returns its metrics (on device)."""
+        self.trainable, self.opt_state, metrics = update(
+            self.trainable, self.frozen, self.opt_state, minibatch, normaliser, lr
+        )
+        return metrics
 
     def train(
         self,
@@ -79,9 +126,7 @@ class TrainState:
                 if key not in self.compiled:
                     self.compiled[key] = build_update(self, loss_fn, grad_clip, mb)
                 norm = normalisers(mb["response_mask"], loss_scale_factor)
-                self.params, self.opt_state, metrics = self.compiled[key](
-                    self.params, self.opt_state, mb, norm, lr
-                )
+                metrics = self.step(self.compiled[key], mb, norm, lr)
                 for k, v in jax.device_get(metrics).items():
                     history.setdefault(k, []).append(float(v))
         return history
@@ -102,18 +147,19 @@ def micro_batch_shardings(mesh: Mesh, minibatch: dict[str, Any]) -> dict[str, An
 
 
 def build_update(state: TrainState, loss_fn: LossFn, grad_clip: float, example: dict[str, Any]):
-    """Jitted ``update(params, opt_state, minibatch, normaliser, lr)``, returning the new params,
-    optimizer state and metrics."""
+    """Jitted ``update(trainable, frozen, opt_state, minibatch, normaliser, lr)``, returning the
+    new trainable params, optimizer state and metrics (`TrainState.step` calls it). The trainable
+    params and the optimizer state are donated; the frozen params are only read."""
     graphdef = state.graphdef
 
-    def micro_loss(params, micro, normaliser):
-        return loss_fn(nnx.merge(graphdef, params), micro, normaliser)
+    def micro_loss(params, frozen, micro, normaliser):
+        return loss_fn(nnx.merge(graphdef, params, frozen), micro, normaliser)
 
-    def update(params, opt_state, minibatch, normaliser, lr):
+    def update(params, frozen, opt_state, minibatch, normaliser, lr):
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
         def body(grads, micro):
-            (loss, aux), g = grad_fn(params, micro, normaliser)
+            (loss, aux), g = grad_fn(params, frozen, micro, normaliser)
             return jax.tree.map(jnp.add, grads, g), (loss, aux)
 
         zeros = jax.tree.map(jnp.zeros_like, params)
@@ -138,12 +184,13 @@ def build_update(state: TrainState, loss_fn: LossFn, grad_clip: float, example: 
     return jax.jit(
         update,
         in_shardings=(
-            state.param_shardings,
+            state.trainable_shardings,
+            state.frozen_shardings,
             state.opt_shardings,
             micro_batch_shardings(state.mesh, example),
             rep,
             rep,
         ),
-        out_shardings=(state.param_shardings, state.opt_shardings, rep),
-        donate_argnums=(0, 1),
+        out_shardings=(state.trainable_shardings, state.opt_shardings, rep),
+        donate_argnums=(0, 2),
     )
