@@ -80,12 +80,12 @@ def test_missing_data_file_exits_naming_it(tmp_path):
     assert "data.train_files" in result.stderr
 
 
-def _grpo_trainer(n_devices: int, tmp_path: Path) -> PPOTrainer:
+def _grpo_trainer(n_devices: int, tmp_path: Path, micro: int = 1) -> PPOTrainer:
     config, _ = load_config(
         [
             "--config=configs/gsm8k_grpo.py:tiny",
             f"trainer.n_gpus_per_node={n_devices}",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}",
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
             "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
             _run_dir(tmp_path),
@@ -95,9 +95,12 @@ def _grpo_trainer(n_devices: int, tmp_path: Path) -> PPOTrainer:
     return PPOTrainer(config)
 
 
-def test_grpo_step_same_on_one_and_eight_devices(tmp_path):
+def test_grpo_step_same_for_any_micro_batch_split_and_device_count(tmp_path):
+    """One mini-batch of 8 rows: 8, 4 or 2 micro-batches on one device, or 1 on eight devices."""
     assert len(jax.devices()) == 8
-    one, eight = _grpo_trainer(1, tmp_path), _grpo_trainer(8, tmp_path)
+    one = _grpo_trainer(1, tmp_path)
+    others = [_grpo_trainer(1, tmp_path, micro=2), _grpo_trainer(1, tmp_path, micro=4)]
+    eight = _grpo_trainer(8, tmp_path)
     assert eight.mesh.shape["fsdp"] == 8
     prompts = next(iter(one.train_loader.epoch(0)))
     batch = one.make_experience(prompts, 1, {}, {})
@@ -112,16 +115,18 @@ def test_grpo_step_same_on_one_and_eight_devices(tmp_path):
     ref_eight, _ = eight.actor.compute_log_prob(batch)
     np.testing.assert_allclose(ref_one, ref_eight, rtol=1e-5, atol=1e-5)
 
-    m1, m8 = one.actor.update(batch, 1), eight.actor.update(batch, 1)
-    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
-        np.testing.assert_allclose(m1[key], m8[key], rtol=1e-4, atol=1e-6, err_msg=key)
-    p1 = jax.tree.leaves(jax.device_get(one.actor.state.params))
-    p8 = jax.tree.leaves(jax.device_get(eight.actor.state.params))
     before = jax.tree.leaves(jax.device_get(one.ref.params))
+    m1 = one.actor.update(batch, 1)
+    p1 = jax.tree.leaves(jax.device_get(one.actor.state.params))
     assert any(not np.allclose(a, b) for a, b in zip(p1, before, strict=True))  # params moved
-    # Adam divides by sqrt(v): compare the updates as a whole, and each parameter loosely
     delta1 = np.concatenate([(a - b).ravel() for a, b in zip(p1, before, strict=True)])
-    delta8 = np.concatenate([(a - b).ravel() for a, b in zip(p8, before, strict=True)])
-    assert np.linalg.norm(delta1 - delta8) <= 1e-3 * np.linalg.norm(delta1)
-    for a, b in zip(p1, p8, strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)
+    for other in [*others, eight]:
+        m = other.actor.update(batch, 1)
+        for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+            np.testing.assert_allclose(m1[key], m[key], rtol=1e-4, atol=1e-6, err_msg=key)
+        p = jax.tree.leaves(jax.device_get(other.actor.state.params))
+        # Adam divides by sqrt(v): compare the updates as a whole, and each parameter loosely
+        delta = np.concatenate([(a - b).ravel() for a, b in zip(p, before, strict=True)])
+        assert np.linalg.norm(delta1 - delta) <= 1e-3 * np.linalg.norm(delta1)
+        for a, b in zip(p1, p, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=2e-5)

@@ -74,3 +74,31 @@ def test_minibatches_and_padding():
         list(minibatches(tensors, mini_rows=5, micro_rows=5))
     padded, rows = pad_rows(tensors, 8)
     assert rows == 12 and padded["x"].shape == (16, 2) and not padded["x"][12:].any()
+
+
+def test_train_state_shuffles_mini_batches_per_epoch_with_the_seed():
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from jrl.parallel import make_mesh
+    from jrl.trainer.train_state import TrainState
+
+    sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0)
+    state = TrainState.create(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), sgd, make_mesh(1))
+    x = np.arange(8, dtype=np.float32)[:, None]
+    tensors = {"x": x, "response_mask": np.ones((8, 2), np.float32)}
+
+    def loss_fn(model, micro, norm):
+        loss = jnp.sum(model(micro["x"])) / norm["tokens"]
+        return loss, {"rows": jnp.sum(micro["x"])}
+
+    common = dict(variant="t", grad_clip=1.0, mini_rows=4, micro_rows=2, epochs=2, lr=0.0)
+    plain = state.train(loss_fn, tensors, **common)["rows"]
+    assert plain == [6.0, 22.0, 6.0, 22.0]
+    shuffled = state.train(loss_fn, tensors, shuffle_seed=(42, 3), **common)["rows"]
+    expected = []
+    for epoch in range(2):
+        order = np.random.default_rng([42, 3, epoch]).permutation(8)
+        expected += [float(x[order[:4]].sum()), float(x[order[4:]].sum())]
+    assert shuffled == expected and shuffled != plain

@@ -15,7 +15,7 @@ hold them.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -113,15 +113,23 @@ class TrainState:
         epochs: int,
         lr: float,
         loss_scale_factor: float | None = None,
+        shuffle_seed: Sequence[int] | None = None,
     ) -> dict[str, list[float]]:
-        """`epochs` passes over consecutive mini-batches, one optimizer step each.
+        """`epochs` passes over mini-batches, one optimizer step each.
 
+        Mini-batches are consecutive rows (verl's split), or, with `shuffle_seed` (the `shuffle`
+        key), rows permuted afresh each epoch by a generator seeded with (*shuffle_seed, epoch).
         `variant` names the loss configuration for the compile cache. Returns every update's
         metrics as lists (one entry per mini-batch update).
         """
         history: dict[str, list[float]] = {}
-        for _ in range(epochs):
-            for mb in minibatches(tensors, mini_rows, micro_rows):
+        rows = next(iter(tensors.values())).shape[0]
+        for epoch in range(epochs):
+            epoch_tensors = tensors
+            if shuffle_seed is not None:
+                order = np.random.default_rng([*shuffle_seed, epoch]).permutation(rows)
+                epoch_tensors = {k: v[order] for k, v in tensors.items()}
+            for mb in minibatches(epoch_tensors, mini_rows, micro_rows):
                 key = (variant, tuple((k, v.shape) for k, v in mb.items()))
                 if key not in self.compiled:
                     self.compiled[key] = build_update(self, loss_fn, grad_clip, mb)
