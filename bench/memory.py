@@ -23,6 +23,9 @@ need to compile):
     python bench/memory.py --shape tiny
     python bench/memory.py --shape qwen2.5-0.5b     # batch 16 x (512 + 512) tokens, bf16
 
+The tiny shape uses eager attention; qwen2.5-0.5b asks for flash_attention_2 (cuDNN on a GPU,
+Pallas splash on a TPU, XLA's dot_product_attention elsewhere).
+
 Prints one JSON line per variant; `packed_rows` is the row count of the packed buffer (null for
 padded rows). On a CPU the offload variant warns and measures plain remat.
 """
@@ -92,6 +95,7 @@ SHAPES: dict[str, dict[str, Any]] = {
             "rope_theta": 1e6,
             "tie_word_embeddings": True,
             "max_position_embeddings": 32768,
+            "attn_implementation": "flash_attention_2",
         },
     },
 }

@@ -6,11 +6,13 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import math
+import warnings
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -20,8 +22,9 @@ from jrl.models import ModelConfig, init_random
 from jrl.models.decoder import host_offload_supported, set_memory_options
 from jrl.parallel import make_mesh, shard_batch, shard_params
 from jrl.trainer.critic import response_values
-from jrl.trainer.packing import PACK_START, pack, plan_packing, with_packing
+from jrl.trainer.packing import PACK_START, pack, packing_plan, plan_packing, with_packing
 from jrl.trainer.policy import Policy, memory_options, response_log_probs
+from jrl.trainer.train_state import TrainState
 
 ROOT = Path(__file__).resolve().parents[1]
 # Gemma 2: sliding-window and global layers, soft-capped attention and logits.
@@ -119,7 +122,9 @@ def test_activation_offload_on_cpu_warns_once_and_keeps_gradients(no_remat):
     with pytest.warns(UserWarning, match="enable_activation_offload.*'cpu'"):
         result = _loss_and_grads("full", offload=True)
     _assert_same(result, no_remat)
-    assert not host_offload_supported("cpu")  # cached: no second warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a second warning would raise
+        assert not host_offload_supported("cpu")
 
 
 def test_activation_offload_moves_layer_inputs_to_pinned_host_on_accelerators(monkeypatch):
@@ -235,6 +240,37 @@ def test_policy_log_probs_with_remove_padding_match_padded():
         out[remove_padding] = policy.compute_log_prob(batch)[0]
     mask = batch.tensors["response_mask"].astype(bool)
     np.testing.assert_allclose(out[True][mask], out[False][mask], atol=1e-5)
+
+
+def test_shuffled_training_with_packing_matches_padded():
+    """Packing is planned after the shuffle, so every micro-batch's plan is its own."""
+
+    def loss_fn(model, micro, norm, packing=None):
+        log_prob, _ = response_log_probs(model, micro, 0.8, packing)
+        return -jnp.sum(log_prob * micro["response_mask"]) / norm["tokens"], {}
+
+    tensors = _batch(PROMPT_LENS, RESPONSE_LENS)
+    mesh = make_mesh(1)
+    params = {}
+    for plan in (None, packing_plan(8, mesh)):
+        state = TrainState.create(_model(), optax.inject_hyperparams(optax.sgd)(0.5), mesh)
+        state.train(
+            loss_fn,
+            tensors,
+            variant="test",
+            grad_clip=1.0,
+            mini_rows=16,
+            micro_rows=8,
+            epochs=2,
+            lr=0.5,
+            shuffle_seed=(7, 1),
+            packing=plan,
+        )
+        params[plan is None] = jax.tree.leaves(jax.device_get(state.params))
+    before = jax.tree.leaves(nnx.state(_model()))
+    assert any(not np.allclose(a, b) for a, b in zip(params[True], before, strict=True))
+    for a, b in zip(params[False], params[True], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def _load_bench():

@@ -17,8 +17,8 @@ from jrl.config import n_gpus
 from jrl.parallel import batch_sharding
 from jrl.trainer.batching import chunked_forward
 from jrl.trainer.optim import lr_multiplier, make_optimizer
-from jrl.trainer.packing import PackLayout, response_window, with_packing
-from jrl.trainer.policy import load_model, micro_rows_per_device
+from jrl.trainer.packing import PackLayout, packing_plan, response_window, with_packing
+from jrl.trainer.policy import load_model, micro_rows_per_device, shuffle_seed
 from jrl.trainer.train_state import TrainState
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
@@ -97,17 +97,18 @@ class Critic:
             critic, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", self.world
         )
         tensors = {k: np.asarray(batch.tensors[k]) for k in (*FORWARD_KEYS, "values", "returns")}
-        tensors, packing = with_packing(tensors, micro_rows, self.mesh, self.remove_padding)
         lr = critic.optim.lr * lr_multiplier(critic.optim, step - 1, self.total_training_steps)
         history = self.state.train(
-            functools.partial(critic_loss, cfg=critic, packing=packing),
+            functools.partial(critic_loss, cfg=critic),
             tensors,
-            variant=("critic", packing),
+            variant="critic",
             grad_clip=critic.grad_clip,
             mini_rows=mini_rows,
             micro_rows=micro_rows,
             epochs=critic.ppo_epochs,
             lr=lr,
+            shuffle_seed=shuffle_seed(critic, step),
+            packing=packing_plan(micro_rows, self.mesh, self.remove_padding),
         )
         out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("critic/")}
         out["critic/grad_norm"] = float(np.mean(history["grad_norm"]))

@@ -12,6 +12,7 @@ few shapes are ever compiled.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -113,6 +114,14 @@ def with_packing(
         return tensors, None
     starts, layout = plan_packing(tensors["attention_mask"], group_rows, mesh)
     return {**tensors, PACK_START: starts}, layout
+
+
+def packing_plan(
+    group_rows: int, mesh: Mesh | None, enabled: bool = True
+) -> Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], PackLayout | None]] | None:
+    """The training loop's packing step (`with_packing` for micro-batches of `group_rows`,
+    applied to each epoch's rows once they are in order); None when packing is not `enabled`."""
+    return functools.partial(with_packing, group_rows=group_rows, mesh=mesh) if enabled else None
 
 
 def pack(

@@ -29,7 +29,7 @@ from jrl.parallel import batch_sharding, param_shardings, shard_params
 from jrl.rollout import make_rollout
 from jrl.trainer.batching import chunked_forward
 from jrl.trainer.optim import lr_multiplier, make_optimizer
-from jrl.trainer.packing import PackLayout, response_window, with_packing
+from jrl.trainer.packing import PackLayout, packing_plan, response_window, with_packing
 from jrl.trainer.train_state import TrainState
 from jrl_kernels import logprob_entropy
 
@@ -67,6 +67,14 @@ def response_log_probs(
         temperature,
         softcap=model.config.final_logit_softcapping,
     )
+
+
+def shuffle_seed(section: Any, step: int) -> tuple[int, int] | None:
+    """Seed of the per-epoch mini-batch shuffle when ``shuffle`` is on: (data_loader_seed, step)."""
+    if not section.get("shuffle"):
+        return None
+    seed = section.get("data_loader_seed")
+    return (0 if seed is None else int(seed), int(step))
 
 
 def micro_rows_per_device(section: Any, per_gpu_key: str, global_key: str, world: int) -> int:
@@ -251,7 +259,6 @@ class Policy:
         if "rollout_is_weights" in batch:
             keys.append("rollout_is_weights")
         tensors = {k: np.asarray(batch.tensors[k]) for k in keys}
-        tensors, packing = with_packing(tensors, micro_rows, self.mesh, self.remove_padding)
         on_policy = len(batch) == mini_rows and actor.ppo_epochs == 1
         lr = actor.optim.lr * lr_multiplier(actor.optim, step - 1, self.total_training_steps)
         loss_fn = functools.partial(
@@ -259,18 +266,19 @@ class Policy:
             cfg=actor,
             temperature=self.temperature,
             on_policy=on_policy,
-            packing=packing,
         )
         history = self.state.train(
             loss_fn,
             tensors,
-            variant=(on_policy, packing),
+            variant=on_policy,
             grad_clip=actor.grad_clip,
             mini_rows=mini_rows,
             micro_rows=micro_rows,
             epochs=actor.ppo_epochs,
             lr=lr,
             loss_scale_factor=actor.loss_scale_factor,
+            shuffle_seed=shuffle_seed(actor, step),
+            packing=packing_plan(micro_rows, self.mesh, self.remove_padding),
         )
         out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("actor/")}
         out["actor/pg_loss"] = float(np.sum(history["actor/pg_loss"]))

@@ -15,6 +15,7 @@ hold them.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -31,6 +32,8 @@ from jrl.trainer.batching import minibatches
 
 # loss_fn(model, micro_batch, normaliser) -> (loss, {metric_name: contribution})
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
+# packing(tensors) -> (tensors with their packing plan, static layout)
+PackingPlan = Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], Any]]
 
 
 @dataclasses.dataclass
@@ -114,11 +117,14 @@ class TrainState:
         lr: float,
         loss_scale_factor: float | None = None,
         shuffle_seed: Sequence[int] | None = None,
+        packing: PackingPlan | None = None,
     ) -> dict[str, list[float]]:
         """`epochs` passes over mini-batches, one optimizer step each.
 
         Mini-batches are consecutive rows (verl's split), or, with `shuffle_seed` (the `shuffle`
         key), rows permuted afresh each epoch by a generator seeded with (*shuffle_seed, epoch).
+        `packing` (packed sequences) plans each epoch's rows once they are in order, returning
+        them with their plan and the static layout that `loss_fn` then receives as `packing=`.
         `variant` names the loss configuration for the compile cache. Returns every update's
         metrics as lists (one entry per mini-batch update).
         """
@@ -129,10 +135,14 @@ class TrainState:
             if shuffle_seed is not None:
                 order = np.random.default_rng([*shuffle_seed, epoch]).permutation(rows)
                 epoch_tensors = {k: v[order] for k, v in tensors.items()}
+            epoch_loss, layout = loss_fn, None
+            if packing is not None:
+                epoch_tensors, layout = packing(epoch_tensors)
+                epoch_loss = functools.partial(loss_fn, packing=layout)
             for mb in minibatches(epoch_tensors, mini_rows, micro_rows):
-                key = (variant, tuple((k, v.shape) for k, v in mb.items()))
+                key = (variant, layout, tuple((k, v.shape) for k, v in mb.items()))
                 if key not in self.compiled:
-                    self.compiled[key] = build_update(self, loss_fn, grad_clip, mb)
+                    self.compiled[key] = build_update(self, epoch_loss, grad_clip, mb)
                 norm = normalisers(mb["response_mask"], loss_scale_factor)
                 metrics = self.step(self.compiled[key], mb, norm, lr)
                 for k, v in jax.device_get(metrics).items():
