@@ -1,9 +1,9 @@
-"""Data pipeline: tokenizers, RLDataset (template, truncation, padding), Grain loader, GSM8K CLI."""
+"""Tokenizers and RLDataset: files, template, truncation, padding, filtering, custom classes."""
 
-import subprocess
 import sys
 import warnings
 
+import fsspec
 import ml_collections
 import numpy as np
 import pyarrow as pa
@@ -11,19 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from jrl.assets import cache_dir
-from jrl.batch import Batch
-from jrl.data import DataLoader, RLDataset, collate, load_tokenizer, train_tiny_tokenizer
-from jrl.data.gsm8k import (
-    INSTRUCTION,
-    gsm8k_rows,
-    load_hub_records,
-    main,
-    make_offline_rows,
-    write_gsm8k,
-)
-from jrl.data.rl_dataset import truncate
-
-ROLE_TEXT = "user"
+from jrl.data import RLDataset, create_rl_dataset, load_tokenizer, train_tiny_tokenizer
+from jrl.data.gsm8k import INSTRUCTION, gsm8k_rows, make_offline_rows
+from jrl.data.prompts import truncate
 
 
 @pytest.fixture(scope="session")
@@ -33,18 +23,29 @@ def tokenizer(tmp_path_factory):
     return train_tiny_tokenizer(texts, tmp_path_factory.mktemp("tok") / "tiny", vocab_size=512)
 
 
-def data_config(**overrides):
-    base = dict(
-        prompt_key="prompt",
-        max_prompt_length=64,
-        truncation="error",
-        filter_overlong_prompts=False,
-        return_raw_chat=False,
-        return_full_prompt=False,
-        shuffle=True,
-        seed=7,
-    )
-    return ml_collections.ConfigDict({**base, **overrides})
+@pytest.fixture
+def cfg(tmp_path):
+    """A data config factory whose remote-file cache lives in the test's folder."""
+
+    def make(**overrides):
+        base = dict(
+            prompt_key="prompt",
+            max_prompt_length=64,
+            truncation="error",
+            filter_overlong_prompts=False,
+            filter_overlong_prompts_workers=1,
+            return_raw_input_ids=False,
+            return_raw_chat=False,
+            return_full_prompt=False,
+            shuffle=True,
+            seed=7,
+            image_key="images",
+            cache_dir=str(tmp_path / "cache"),
+            custom_cls={"path": None, "name": None},
+        )
+        return ml_collections.ConfigDict({**base, **overrides})
+
+    return make
 
 
 def write_rows(path, questions):
@@ -55,13 +56,15 @@ def write_rows(path, questions):
     return str(path)
 
 
-def template_ids(tokenizer, question):
+def template_ids(tokenizer, content):
     text = tokenizer.apply_chat_template(
-        [{"role": ROLE_TEXT, "content": question + " " + INSTRUCTION}],
-        add_generation_prompt=True,
-        tokenize=False,
+        [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
     )
     return text, tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def questions_of(dataset):
+    return [dataset[i]["extra_info"]["question"] for i in range(len(dataset))]
 
 
 # ---------------------------------------------------------------- tokenizer
@@ -116,7 +119,7 @@ def test_load_tokenizer_from_gguf():
     )
 
 
-# ---------------------------------------------------------------- dataset
+# ---------------------------------------------------------------- prompts and truncation
 
 
 def test_truncate_modes_exact():
@@ -126,14 +129,21 @@ def test_truncate_modes_exact():
     assert truncate(ids, 4, "middle") == [1, 2, 9, 10]
     assert truncate(ids, 5, "middle") == [1, 2, 8, 9, 10]
     assert truncate(ids, 10, "left") == ids
+    assert truncate(ids, 4, "error") == ids
 
 
-def test_left_padding_position_ids_and_fields(tokenizer, tmp_path):
+def test_left_padding_position_ids_and_fields(tokenizer, tmp_path, cfg):
     question = "Tom has 3 apples and gets 5 more. How many apples does Tom have?"
-    text, ids = template_ids(tokenizer, question)
+    content = question + " " + INSTRUCTION
+    text, ids = template_ids(tokenizer, content)
     length = len(ids) + 3
-    cfg = data_config(max_prompt_length=length, return_raw_chat=True, return_full_prompt=True)
-    row = RLDataset(write_rows(tmp_path / "d.parquet", [question]), tokenizer, cfg)[0]
+    config = cfg(
+        max_prompt_length=length,
+        return_raw_chat=True,
+        return_full_prompt=True,
+        return_raw_input_ids=True,
+    )
+    row = RLDataset(write_rows(tmp_path / "d.parquet", [question]), tokenizer, config)[0]
     pad = tokenizer.pad_token_id
     assert row["input_ids"].dtype == np.int32 and row["input_ids"].shape == (length,)
     np.testing.assert_array_equal(row["input_ids"], [pad] * 3 + ids)
@@ -141,264 +151,259 @@ def test_left_padding_position_ids_and_fields(tokenizer, tmp_path):
     np.testing.assert_array_equal(row["position_ids"], [0, 0, 0] + list(range(len(ids))))
     assert row["raw_prompt_ids"] == ids
     assert row["full_prompts"] == text
-    assert row["raw_prompt"] == [{"role": "user", "content": question + " " + INSTRUCTION}]
+    assert row["raw_prompt"] == [{"role": "user", "content": content}]
+    assert row["raw_input_ids"] == tokenizer(content, add_special_tokens=False)["input_ids"]
+    assert len(row["raw_input_ids"]) < len(ids)  # no template tokens
     assert row["index"] == 0 and row["data_source"] == "openai/gsm8k"
     assert row["reward_model"] == {"style": "rule", "ground_truth": "0"}
+    assert row["extra_info"]["question"] == question  # every other column is carried through
     assert "prompt" not in row  # the messages move to raw_prompt, as verl
 
 
+def test_optional_fields_are_off_by_default(tokenizer, tmp_path, cfg):
+    row = RLDataset(write_rows(tmp_path / "d.parquet", ["hi"]), tokenizer, cfg())[0]
+    assert not {"raw_prompt", "full_prompts", "raw_input_ids"} & set(row)
+
+
 @pytest.mark.parametrize("mode", ["left", "right", "middle"])
-def test_truncation_token_level(tokenizer, tmp_path, mode):
+def test_truncation_token_level(tokenizer, tmp_path, cfg, mode):
     question = "Ana has 9 books and gives away 4. How many books are left?"
-    _, ids = template_ids(tokenizer, question)
+    _, ids = template_ids(tokenizer, question + " " + INSTRUCTION)
     limit = len(ids) - 5
     expected = {
         "left": ids[-limit:],
         "right": ids[:limit],
         "middle": ids[: limit // 2] + ids[-(limit - limit // 2) :],
     }[mode]
-    cfg = data_config(max_prompt_length=limit, truncation=mode)
-    row = RLDataset(write_rows(tmp_path / "d.parquet", [question]), tokenizer, cfg)[0]
+    config = cfg(max_prompt_length=limit, truncation=mode)
+    row = RLDataset(write_rows(tmp_path / "d.parquet", [question]), tokenizer, config)[0]
     np.testing.assert_array_equal(row["input_ids"], expected)
     assert row["raw_prompt_ids"] == expected
     assert row["attention_mask"].sum() == limit
 
 
-def test_too_long_prompt_with_truncation_error(tokenizer, tmp_path):
+def test_too_long_prompt_with_truncation_error(tokenizer, tmp_path, cfg):
     path = write_rows(tmp_path / "d.parquet", ["short", "a much longer question " * 10])
-    dataset = RLDataset(path, tokenizer, data_config(max_prompt_length=40))
+    dataset = RLDataset(path, tokenizer, cfg(max_prompt_length=40))
     dataset[0]
     with pytest.raises(ValueError, match=r"d.parquet row 1 has a prompt of \d+ tokens.*=40"):
         dataset[1]
 
 
-def test_filter_overlong_prompts(tokenizer, tmp_path):
-    questions = ["a much longer question " * 10, "short", "long again " * 20]
-    path = write_rows(tmp_path / "d.parquet", questions)
-    dataset = RLDataset(path, tokenizer, data_config(filter_overlong_prompts=True))
-    assert len(dataset) == 1
-    assert dataset[0]["extra_info"]["question"] == "short"
-    with pytest.raises(ValueError, match="no rows left"):
-        RLDataset(path, tokenizer, data_config(max_prompt_length=5, filter_overlong_prompts=True))
+def test_plain_string_prompts_become_one_user_message(tokenizer, tmp_path, cfg):
+    pq.write_table(pa.table({"question": ["What is 2 + 2?"]}), tmp_path / "s.parquet")
+    config = cfg(prompt_key="question", return_raw_chat=True)
+    row = RLDataset(str(tmp_path / "s.parquet"), tokenizer, config)[0]
+    assert row["raw_prompt"] == [{"role": "user", "content": "What is 2 + 2?"}]
+    _, ids = template_ids(tokenizer, "What is 2 + 2?")
+    assert row["raw_prompt_ids"] == ids
 
 
-def test_max_samples_and_file_lists(tokenizer, tmp_path):
-    first = write_rows(tmp_path / "a.parquet", [f"q{i}" for i in range(6)])
-    second = write_rows(tmp_path / "b.parquet", [f"r{i}" for i in range(4)])
-    questions = [f"q{i}" for i in range(6)] + [f"r{i}" for i in range(4)]
-
-    def picked(dataset):
-        return [dataset[i]["extra_info"]["question"] for i in range(len(dataset))]
-
-    assert picked(RLDataset([first, second], tokenizer, data_config())) == questions
-    head = RLDataset([first, second], tokenizer, data_config(shuffle=False), max_samples=3)
-    assert picked(head) == questions[:3]
-    subset = RLDataset([first, second], tokenizer, data_config(seed=3), max_samples=4)
-    chosen = np.random.default_rng(3).choice(10, size=4, replace=False)
-    assert picked(subset) == [questions[i] for i in chosen]
-
-
-def test_chat_template_kwargs(tokenizer, tmp_path):
-    cfg = data_config(
+def test_chat_template_kwargs(tokenizer, tmp_path, cfg):
+    config = cfg(
         return_full_prompt=True,
         apply_chat_template_kwargs={"chat_template": "Q: {{ messages[0]['content'] }}"},
     )
-    row = RLDataset(write_rows(tmp_path / "d.parquet", ["hi"]), tokenizer, cfg)[0]
+    row = RLDataset(write_rows(tmp_path / "d.parquet", ["hi"]), tokenizer, config)[0]
     assert row["full_prompts"] == "Q: hi " + INSTRUCTION
 
 
-def test_dataset_errors(tokenizer, tmp_path):
-    path = write_rows(tmp_path / "d.parquet", ["hi"])
-    with pytest.raises(KeyError, match=r"no column 'question'.*data_source, prompt, ability"):
-        RLDataset(path, tokenizer, data_config(prompt_key="question"))
-    with pytest.raises(FileNotFoundError, match=r"data.val_files.*nope.parquet.*jrl.data.gsm8k"):
-        RLDataset(
-            str(tmp_path / "nope.parquet"), tokenizer, data_config(), config_key="data.val_files"
+# ---------------------------------------------------------------- filtering and sampling
+
+
+def test_filter_overlong_prompts(tokenizer, tmp_path, cfg):
+    questions = ["a much longer question " * 10, "short", "long again " * 20]
+    path = write_rows(tmp_path / "d.parquet", questions)
+    dataset = RLDataset(path, tokenizer, cfg(filter_overlong_prompts=True))
+    assert questions_of(dataset) == ["short"]
+    with pytest.raises(ValueError, match=r"every prompt in .*d.parquet is longer than .*=5"):
+        RLDataset(path, tokenizer, cfg(max_prompt_length=5, filter_overlong_prompts=True))
+
+
+def test_filter_with_two_workers_matches_one(tokenizer, tmp_path, cfg):
+    rng = np.random.default_rng(0)
+    questions = [" ".join(["word"] * int(n)) for n in rng.integers(1, 40, size=40)]
+    path = write_rows(tmp_path / "d.parquet", questions)
+    limit = len(template_ids(tokenizer, questions[0] + " " + INSTRUCTION)[1]) + 5
+    kept = {}
+    for workers in (1, 2):
+        config = cfg(
+            max_prompt_length=limit,
+            filter_overlong_prompts=True,
+            filter_overlong_prompts_workers=workers,
         )
+        kept[workers] = questions_of(RLDataset(path, tokenizer, config))
+    assert kept[1] == kept[2]
+    expected = [
+        q for q in questions if len(template_ids(tokenizer, q + " " + INSTRUCTION)[1]) <= limit
+    ]
+    assert kept[1] == expected and 0 < len(expected) < len(questions)
+
+
+def test_max_samples_and_file_lists(tokenizer, tmp_path, cfg):
+    first = write_rows(tmp_path / "a.parquet", [f"q{i}" for i in range(6)])
+    second = write_rows(tmp_path / "b.parquet", [f"r{i}" for i in range(4)])
+    questions = [f"q{i}" for i in range(6)] + [f"r{i}" for i in range(4)]
+    assert questions_of(RLDataset([first, second], tokenizer, cfg())) == questions
+    # Any sequence of paths works (a tuple here), as does one path.
+    assert questions_of(RLDataset((first,), tokenizer, cfg())) == questions[:6]
+    assert questions_of(RLDataset(first, tokenizer, cfg())) == questions[:6]
+    head = RLDataset([first, second], tokenizer, cfg(shuffle=False), max_samples=3)
+    assert questions_of(head) == questions[:3]
+    subset = RLDataset([first, second], tokenizer, cfg(seed=3), max_samples=4)
+    chosen = np.random.default_rng(3).choice(10, size=4, replace=False)
+    assert questions_of(subset) == [questions[i] for i in chosen]
+    assert len(RLDataset([first, second], tokenizer, cfg(), max_samples=-1)) == 10
+
+
+# ---------------------------------------------------------------- remote files
+
+
+def test_remote_files_through_fsspec_are_cached_locally(tokenizer, tmp_path, cfg):
+    local = write_rows(tmp_path / "d.parquet", ["remote one", "remote two"])
+    url = "memory://bucket/jrl-test/train.parquet"
+    fs = fsspec.filesystem("memory")
+    fs.put_file(local, "/bucket/jrl-test/train.parquet")
+    try:
+        dataset = RLDataset([url, local], tokenizer, cfg(), config_key="data.val_files")
+        assert questions_of(dataset) == ["remote one", "remote two"] * 2
+        copies = list((tmp_path / "cache").rglob("train.parquet"))
+        assert len(copies) == 1
+        # A changed remote file is fetched again; an unchanged one reuses the copy.
+        write_rows(tmp_path / "e.parquet", ["changed"])
+        fs.put_file(str(tmp_path / "e.parquet"), "/bucket/jrl-test/train.parquet")
+        assert questions_of(RLDataset(url, tokenizer, cfg())) == ["changed"]
+        assert questions_of(RLDataset(url, tokenizer, cfg())) == ["changed"]
+        assert len(list((tmp_path / "cache").rglob("train.parquet"))) == 2
+        with pytest.raises(FileNotFoundError, match=r"data.val_files: remote file .*nope"):
+            RLDataset("memory://bucket/nope.parquet", tokenizer, cfg(), config_key="data.val_files")
+    finally:
+        fs.rm("/bucket", recursive=True)
+
+
+def test_unknown_protocol_names_the_backend(tokenizer, cfg):
+    with pytest.raises(
+        ImportError, match=r"data.train_files: cannot open 'nosuch://x/train.parquet'.*gcsfs"
+    ):
+        RLDataset("nosuch://x/train.parquet", tokenizer, cfg())
+
+
+# ---------------------------------------------------------------- bad input
+
+
+def test_dataset_errors_name_file_column_and_row(tokenizer, tmp_path, cfg):
+    path = write_rows(tmp_path / "d.parquet", ["hi"])
+    with pytest.raises(KeyError, match=r"d.parquet has no column 'question'.*data_source, prompt"):
+        RLDataset(path, tokenizer, cfg(prompt_key="question"))
+    with pytest.raises(FileNotFoundError, match=r"data.val_files.*nope.parquet.*jrl.data.gsm8k"):
+        RLDataset(str(tmp_path / "nope.parquet"), tokenizer, cfg(), config_key="data.val_files")
     with pytest.raises(ValueError, match="data.truncation='sideways'"):
-        RLDataset(path, tokenizer, data_config(truncation="sideways"))
+        RLDataset(path, tokenizer, cfg(truncation="sideways"))
+    with pytest.raises(ValueError, match="data.train_files is empty"):
+        RLDataset([], tokenizer, cfg())
+    with pytest.raises(TypeError, match=r"data.train_files\[1\] must be a path"):
+        RLDataset([path, 3], tokenizer, cfg())
+
+
+def test_empty_and_non_parquet_files(tokenizer, tmp_path, cfg):
+    path = write_rows(tmp_path / "d.parquet", ["hi"])
     empty = tmp_path / "empty.parquet"
     pq.write_table(pa.Table.from_pylist([], schema=pq.read_schema(path)), empty)
-    with pytest.raises(ValueError, match="no rows left"):
-        RLDataset(str(empty), tokenizer, data_config())
-    pq.write_table(pa.table({"prompt": ["plain text"]}), tmp_path / "text.parquet")
-    with pytest.raises(TypeError, match="text.parquet row 0: column 'prompt' must hold chat"):
-        RLDataset(str(tmp_path / "text.parquet"), tokenizer, data_config())[0]
+    with pytest.raises(ValueError, match=r"data.train_files: .*empty.parquet has no rows"):
+        RLDataset([path, str(empty)], tokenizer, cfg())
+    text = tmp_path / "rows.json"
+    text.write_text('[{"prompt": "hi"}]')
+    with pytest.raises(ValueError, match=r"rows.json is not a readable parquet file"):
+        RLDataset(str(text), tokenizer, cfg())
 
 
-# ---------------------------------------------------------------- loader
+@pytest.mark.parametrize(
+    "prompt, problem",
+    [
+        ([{"role": "user"}], "message 0"),
+        ([{"role": "user", "content": "ok"}, {"content": "no role"}], "message 1"),
+        ([], "got list"),
+        (None, "got NoneType"),
+    ],
+)
+def test_malformed_chat_messages_name_the_row(tokenizer, tmp_path, cfg, prompt, problem):
+    rows = [{"prompt": [{"role": "user", "content": "fine"}]}, {"prompt": prompt}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chat.parquet")
+    with pytest.raises(TypeError, match=rf"chat.parquet row 1: column 'prompt'.*{problem}"):
+        RLDataset(str(tmp_path / "chat.parquet"), tokenizer, cfg())
 
 
-def toy_rows(n):
-    return [
-        {
-            "input_ids": np.full(3, i),
-            "attention_mask": np.ones(3, int),
-            "position_ids": np.arange(3),
-            "uid": f"u{i}",
-        }
-        for i in range(n)
+def test_images_on_a_text_only_model(tokenizer, tmp_path, cfg):
+    rows = [
+        {"prompt": "no image", "images": []},
+        {"prompt": "with image", "images": [{"bytes": b"\x89PNG", "path": "a.png"}]},
     ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "mm.parquet")
+    with pytest.raises(ValueError, match=r"mm.parquet row 1 has images in column 'images'"):
+        RLDataset(str(tmp_path / "mm.parquet"), tokenizer, cfg())
+    # With image_key pointing elsewhere, or no images in any row, the column is just carried.
+    pq.write_table(pa.Table.from_pylist(rows[:1]), tmp_path / "text.parquet")
+    assert RLDataset(str(tmp_path / "text.parquet"), tokenizer, cfg())[0]["images"] == []
 
 
-def epoch_ids(loader, epoch):
-    return [batch["input_ids"][:, 0].tolist() for batch in loader.epoch(epoch)]
+# ---------------------------------------------------------------- custom dataset classes
+
+CUSTOM_DATASET = '''
+from jrl.data.rl_dataset import RLDataset
 
 
-def test_collate():
-    batch = collate(toy_rows(2))
-    assert isinstance(batch, Batch) and len(batch) == 2
-    assert batch["input_ids"].dtype == np.int32 and batch["input_ids"].shape == (2, 3)
-    assert batch.meta["uid"].dtype == object and list(batch.meta["uid"]) == ["u0", "u1"]
-    rows = toy_rows(2)
-    del rows[1]["uid"]
-    with pytest.raises(KeyError, match="row 1 has fields"):
-        collate(rows)
+class Reversed(RLDataset):
+    """Rows in reverse order."""
+
+    def __getitem__(self, index):
+        return super().__getitem__(len(self) - 1 - index)
 
 
-def test_loader_length_order_and_reshuffle():
-    rows = toy_rows(10)
-    assert len(DataLoader(rows, 4, shuffle=True, seed=1)) == 2
-    assert len(DataLoader(rows, 4, shuffle=True, seed=1, drop_last=False)) == 3
-    assert epoch_ids(DataLoader(rows, 5, shuffle=False, seed=1), 3) == [
-        [0, 1, 2, 3, 4],
-        [5, 6, 7, 8, 9],
-    ]
-    full = DataLoader(rows, 4, shuffle=True, seed=1, drop_last=False)
-    epochs = [sum(epoch_ids(full, e), []) for e in range(3)]
-    assert all(sorted(e) == list(range(10)) for e in epochs)
-    assert epochs[0] != epochs[1] and epochs[1] != epochs[2]
-    again = DataLoader(rows, 4, shuffle=True, seed=1, drop_last=False)
-    assert sum(epoch_ids(again, 1), []) == epochs[1]
-    other_seed = DataLoader(rows, 4, shuffle=True, seed=2, drop_last=False)
-    assert sum(epoch_ids(other_seed, 0), []) != epochs[0]
-    assert [len(b) for b in epoch_ids(DataLoader(rows, 4, shuffle=True, seed=1), 0)] == [4, 4]
-    with pytest.raises(ValueError, match="larger than the dataset"):
-        DataLoader(rows, 11, shuffle=True, seed=1)
+class Plain:
+    def __init__(self, data_files, tokenizer, config, max_samples):
+        self.args = (data_files, config.max_prompt_length, max_samples)
+
+    def __len__(self):
+        return 1
+
+    def __getitem__(self, index):
+        return {"args": self.args}
 
 
-def test_loader_state_round_trip():
-    rows = toy_rows(12)
-    reference = epoch_ids(DataLoader(rows, 3, shuffle=True, seed=5), 1)
-    loader = DataLoader(rows, 3, shuffle=True, seed=5)
-    assert loader.get_state() == {"epoch": 0, "position": 0}
-    stream = loader.epoch(1)
-    seen = [next(stream)["input_ids"][:, 0].tolist() for _ in range(2)]
-    state = loader.get_state()
-    assert state == {"epoch": 1, "position": 2}
-    resumed = DataLoader(rows, 3, shuffle=True, seed=5)
-    resumed.set_state(state)
-    assert seen + epoch_ids(resumed, 1) == reference
-    assert resumed.get_state() == {"epoch": 2, "position": 0}
-    assert len(epoch_ids(resumed, 2)) == 4
+def not_a_dataset(**kwargs):
+    return 42
+'''
 
 
-def test_loader_over_rl_dataset(tokenizer, tmp_path):
-    path = write_rows(tmp_path / "d.parquet", [f"q{i}" for i in range(5)])
-    dataset = RLDataset(path, tokenizer, data_config(return_raw_chat=True))
-    (batch,) = list(DataLoader(dataset, 4, shuffle=True, seed=0).epoch(0))
-    assert sorted(batch.tensors) == ["attention_mask", "input_ids", "position_ids"]
-    assert batch["input_ids"].shape == (4, 64) and batch["input_ids"].dtype == np.int32
-    assert {"raw_prompt", "raw_prompt_ids", "reward_model", "extra_info", "index"} <= set(
-        batch.meta
+def test_custom_dataset_class(tokenizer, tmp_path, cfg, monkeypatch):
+    path = write_rows(tmp_path / "d.parquet", ["q0", "q1", "q2"])
+    module = tmp_path / "my_data.py"
+    module.write_text(CUSTOM_DATASET)
+    reversed_set = create_rl_dataset(
+        path, tokenizer, cfg(custom_cls={"path": str(module), "name": "Reversed"})
     )
-    assert sorted(batch.meta["index"]) != [0, 1, 2, 3] or len(set(batch.meta["index"])) == 4
-    row = batch.meta["index"][0]
-    np.testing.assert_array_equal(batch["input_ids"][0], dataset[row]["input_ids"])
-
-
-# ---------------------------------------------------------------- gsm8k
-
-
-def test_gsm8k_rows_from_hub_style_records():
-    records = [
-        {"question": "Q one?", "answer": "Work <<48/2=24>>24.\n#### 72"},
-        {"question": "Q two?", "answer": "Big.\n#### 1,234"},
-    ]
-    rows = gsm8k_rows(records, "test")
-    assert rows[0] == {
-        "data_source": "openai/gsm8k",
-        "prompt": [{"role": "user", "content": "Q one? " + INSTRUCTION}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": "72"},
-        "extra_info": {
-            "split": "test",
-            "index": 0,
-            "answer": records[0]["answer"],
-            "question": "Q one?",
-        },
-    }
-    assert rows[1]["reward_model"]["ground_truth"] == "1234"
-    with pytest.raises(ValueError, match="no '#### <number>'"):
-        gsm8k_rows([{"question": "q", "answer": "no final answer"}], "train")
-
-
-def test_hub_path_needs_datasets():
-    try:
-        import datasets  # noqa: F401
-    except ImportError:
-        with pytest.raises(ImportError, match="pip install datasets"):
-            load_hub_records("train", 2)
-    else:
-        pytest.skip("datasets is installed; the hub path would need the network")
-
-
-def test_offline_rows_are_seeded_short_and_correct(tokenizer):
-    rows = make_offline_rows(50, seed=4, split="train")
-    assert rows == make_offline_rows(50, seed=4, split="train")
-    assert rows != make_offline_rows(50, seed=4, split="test")
-    assert rows != make_offline_rows(50, seed=5, split="train")
-    for row in rows:
-        answer = row["extra_info"]["answer"]
-        expression = answer.split(".\n####")[0].split(", ")[-1]
-        left, right = expression.split(" = ")
-        assert eval(left) == int(right) == int(row["reward_model"]["ground_truth"])
-        _, ids = template_ids(tokenizer, row["extra_info"]["question"])
-        assert len(ids) <= 100
-
-
-def test_gsm8k_cli_offline_writes_verl_schema(tmp_path):
-    paths = main(
-        ["--local_dir", str(tmp_path), "--offline", "--train_size", "20", "--test_size", "5"]
+    assert questions_of(reversed_set) == ["q2", "q1", "q0"]
+    monkeypatch.syspath_prepend(str(tmp_path))
+    plain = create_rl_dataset(
+        [path], tokenizer, cfg(custom_cls={"path": "pkg://my_data", "name": "Plain"}), 2
     )
-    assert [p.name for p in paths] == ["train.parquet", "test.parquet"]
-    table = pq.read_table(tmp_path / "train.parquet")
-    assert table.column_names == ["data_source", "prompt", "ability", "reward_model", "extra_info"]
-    assert table.num_rows == 20 and pq.read_table(tmp_path / "test.parquet").num_rows == 5
-    row = table.to_pylist()[3]
-    assert row["data_source"] == "openai/gsm8k" and row["ability"] == "math"
-    assert row["prompt"][0]["content"].endswith(" " + INSTRUCTION)
-    assert row["extra_info"]["split"] == "train" and row["extra_info"]["index"] == 3
-    assert row["extra_info"]["answer"].endswith("#### " + row["reward_model"]["ground_truth"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["test.parquet", "train.parquet"]
-    # The module entry point writes the same files for the same seed.
-    out = tmp_path / "cli"
-    command = [sys.executable, "-m", "jrl.data.gsm8k", "--local_dir", str(out), "--offline"]
-    command += ["--train_size", "20", "--test_size", "5"]
-    result = subprocess.run(command, capture_output=True, text=True, check=True)
-    assert str(out / "train.parquet") in result.stdout
-    assert pq.read_table(out / "train.parquet").equals(table)
+    assert plain[0] == {"args": ([path], 64, 2)}
+    assert type(create_rl_dataset(path, tokenizer, cfg())) is RLDataset
+    sys.modules.pop("my_data", None)
 
 
-def test_gsm8k_cli_gsm_symbolic_generator(tmp_path):
-    pytest.importorskip("reasoning_gym", reason="reasoning-gym is in the test extra")
-    args = ["--local_dir", str(tmp_path), "--offline", "--generator", "gsm_symbolic"]
-    main([*args, "--train_size", "6", "--test_size", "3"])
-    rows = pq.read_table(tmp_path / "train.parquet").to_pylist()
-    test_rows = pq.read_table(tmp_path / "test.parquet").to_pylist()
-    assert len(rows) == 6 and len(test_rows) == 3
-    assert rows[0]["extra_info"]["question"] != test_rows[0]["extra_info"]["question"]
-    for row in rows:
-        truth = row["reward_model"]["ground_truth"]
-        assert truth.lstrip("-").isdigit()
-        assert row["extra_info"]["answer"] == f"#### {truth}"
-        assert row["prompt"][0]["content"].endswith(" " + INSTRUCTION)
-    main([*args, "--train_size", "6", "--test_size", "3", "--local_dir", str(tmp_path / "b")])
-    assert pq.read_table(tmp_path / "b" / "train.parquet").to_pylist() == rows
-
-
-def test_write_gsm8k_replaces_existing_file(tmp_path):
-    write_gsm8k(tmp_path, {"train": make_offline_rows(3, 0, "train")})
-    write_gsm8k(tmp_path, {"train": make_offline_rows(2, 0, "train")})
-    assert pq.read_table(tmp_path / "train.parquet").num_rows == 2
-    assert [p.name for p in tmp_path.iterdir()] == ["train.parquet"]
+def test_custom_dataset_errors(tokenizer, tmp_path, cfg):
+    path = write_rows(tmp_path / "d.parquet", ["q0"])
+    module = tmp_path / "my_data.py"
+    module.write_text(CUSTOM_DATASET)
+    cases = [
+        ({"path": str(tmp_path / "missing.py"), "name": "X"}, FileNotFoundError, "does not"),
+        ({"path": str(module), "name": None}, ValueError, "data.custom_cls.name is not set"),
+        ({"path": None, "name": "Plain"}, ValueError, "data.custom_cls.path is not set"),
+        ({"path": str(module), "name": "Nope"}, AttributeError, "defines Reversed, Plain"),
+        ({"path": "pkg://no_such_module_here", "name": "X"}, ModuleNotFoundError, "cannot be"),
+        ({"path": str(module), "name": "not_a_dataset"}, TypeError, "lacks __len__"),
+    ]
+    for custom_cls, error, message in cases:
+        with pytest.raises(error, match=message):
+            create_rl_dataset(path, tokenizer, cfg(custom_cls=custom_cls))

@@ -60,8 +60,15 @@ def test_compute_score_values():
 def test_default_compute_score_dispatch():
     score = default_compute_score("openai/gsm8k", "#### 5", "5")
     assert score == 1.0 and isinstance(score, float)
-    with pytest.raises(NotImplementedError, match="lighteval/MATH.*verl has one.*custom_reward"):
-        default_compute_score("lighteval/MATH", "x", "1")
+    for source in (
+        "lighteval/MATH",
+        "DigitalLearningGmbH/MATH-lighteval",
+        "HuggingFaceH4/MATH-500",
+    ):
+        assert default_compute_score(source, "so $\\boxed{\\dfrac12}$", "\\frac{1}{2}") == 1.0
+        assert default_compute_score(source, "so $\\boxed{3}$", "4") == 0.0
+    with pytest.raises(NotImplementedError, match="math_dapo.*verl has one.*custom_reward"):
+        default_compute_score("math_dapo", "x", "1")
     with pytest.raises(NotImplementedError, match="aime2024"):
         default_compute_score("aime2024", "x", "1")
     with pytest.raises(NotImplementedError, match="my/data.*custom_reward_function.path"):
@@ -195,5 +202,20 @@ def test_load_reward_manager_errors(tokenizer, tmp_path):
     broken.write_text("import not_a_module_anywhere\n")
     with pytest.raises(RuntimeError, match="failed to import"):
         load_reward_manager(config(str(broken)), tokenizer, 0)
-    with pytest.raises(ValueError, match="reward_manager='prime'.*naive"):
-        load_reward_manager(config(manager="prime"), tokenizer, 0)
+    with pytest.raises(ValueError, match="reward_manager='ppo'.*naive, prime, batch, dapo"):
+        load_reward_manager(config(manager="ppo"), tokenizer, 0)
+
+
+def test_custom_reward_that_raises_names_the_row(tokenizer, tmp_path):
+    file = tmp_path / "r.py"
+    file.write_text(
+        "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    if solution_str.endswith('8'):\n"
+        "        raise ValueError('cannot grade this')\n"
+        "    return 1.0\n"
+    )
+    manager = load_reward_manager(config(str(file)), tokenizer, 0)
+    batch = make_batch(tokenizer, ["#### 7", "#### 8"])
+    batch.meta["source"] = batch.meta["data_source"]
+    with pytest.raises(RuntimeError, match=r"r.py.*failed on row 1 .*ValueError: cannot grade"):
+        manager(batch)

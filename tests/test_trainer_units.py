@@ -102,3 +102,37 @@ def test_train_state_shuffles_mini_batches_per_epoch_with_the_seed():
         order = np.random.default_rng([42, 3, epoch]).permutation(8)
         expected += [float(x[order[:4]].sum()), float(x[order[4:]].sum())]
     assert shuffled == expected and shuffled != plain
+
+
+def test_non_finite_gradient_skips_the_update_and_is_counted():
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from jrl.parallel import make_mesh
+    from jrl.trainer.train_state import TrainState
+
+    sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
+    state = TrainState.create(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), sgd, make_mesh(1))
+    before = jax.device_get(state.params)
+    tensors = {"x": np.ones((4, 1), np.float32), "response_mask": np.ones((4, 2), np.float32)}
+
+    def loss_fn(model, micro, norm):
+        return jnp.sum(model(micro["x"]) * jnp.log(micro["x"] - 1.0)) / norm["tokens"], {}
+
+    common = dict(grad_clip=1.0, mini_rows=2, micro_rows=2, epochs=1, lr=0.1)
+    history = state.train(loss_fn, tensors, variant="nan", **common)
+    assert history["skipped"] == [1.0, 1.0]
+    assert not np.isfinite(history["grad_norm"]).any()
+    after = jax.tree.leaves(jax.device_get(state.params))
+    for a, b in zip(jax.tree.leaves(before), after, strict=True):
+        np.testing.assert_array_equal(a, b)
+    history = state.train(
+        lambda m, mb, n: (jnp.sum(m(mb["x"])) / n["tokens"], {}), tensors, variant="ok", **common
+    )
+    assert history["skipped"] == [0.0, 0.0]
+    moved = jax.tree.leaves(jax.device_get(state.params))
+    assert any(
+        not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), moved, strict=True)
+    )

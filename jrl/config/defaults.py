@@ -374,6 +374,7 @@ def _reward_model() -> ConfigDict:
         use_dynamic_bsz="${critic.use_dynamic_bsz}",
         forward_max_token_len_per_gpu="${critic.forward_max_token_len_per_gpu}",
         reward_manager="naive",
+        overlong_buffer=_section(enable=False, len=0, penalty_factor=1.0, log=False),
         reward_loop_source="register",
         reward_loop_module_path=placeholder(str),
         reward_loop_class_name=placeholder(str),

@@ -1,7 +1,7 @@
 """Data: tokenizers, parquet prompt datasets, the Grain loader and dataset preprocessors.
 
-Names are imported on first use, so that `python -m jrl.data.gsm8k` starts without JAX or
-transformers.
+Names are imported on first use, so that `python -m jrl.data.gsm8k` (or `jrl.data.math`) starts
+without JAX or transformers.
 """
 
 import importlib
@@ -11,6 +11,7 @@ _EXPORTS = {
     "DataLoader": "jrl.data.loader",
     "collate": "jrl.data.loader",
     "RLDataset": "jrl.data.rl_dataset",
+    "create_rl_dataset": "jrl.data.rl_dataset",
     "load_tokenizer": "jrl.data.tokenizer",
     "train_tiny_tokenizer": "jrl.data.tokenizer",
 }

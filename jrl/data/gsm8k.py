@@ -23,10 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from jrl.data.atomic import atomic_file
+from jrl.data.splits import load_hub_split
+from jrl.data.splits import write_splits as write_gsm8k
 
 DATA_SOURCE = "openai/gsm8k"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
@@ -129,30 +128,8 @@ def gsm_symbolic_records(n: int, seed: int, split: str) -> list[dict[str, str]]:
 
 def load_hub_records(split: str, size: int | None) -> list[dict[str, str]]:
     """The raw records of openai/gsm8k ("main") for `split` (the first `size` if given)."""
-    try:
-        import datasets
-    except ImportError as err:
-        raise ImportError(
-            "reading openai/gsm8k from the Hugging Face hub needs the `datasets` package: "
-            "`pip install datasets` (or `pip install jrl[hub]`); or pass --offline"
-        ) from err
-    data = datasets.load_dataset(DATA_SOURCE, "main", split=split)
-    if size is not None:
-        data = data.select(range(min(size, len(data))))
-    return [{"question": r["question"], "answer": r["answer"]} for r in data]
-
-
-def write_gsm8k(local_dir: str | Path, rows_by_split: Mapping[str, Sequence[dict]]) -> list[Path]:
-    """Writes ``<split>.parquet`` under `local_dir` per split, each file replaced atomically."""
-    out = Path(local_dir).expanduser()
-    paths = []
-    for split, rows in rows_by_split.items():
-        path = out / f"{split}.parquet"
-        with atomic_file(path) as tmp:
-            pq.write_table(pa.Table.from_pylist(list(rows)), tmp)
-        print(f"jrl: wrote {len(rows)} rows to {path}", flush=True)
-        paths.append(path)
-    return paths
+    records = load_hub_split(DATA_SOURCE, split, size, name="main")
+    return [{"question": r["question"], "answer": r["answer"]} for r in records]
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:

@@ -6,6 +6,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import grain
+import jax
 import numpy as np
 
 from jrl.batch import Batch
@@ -32,9 +33,16 @@ def collate(rows: Sequence[dict[str, Any]]) -> Batch:
 class DataLoader:
     """Batches of a random-access dataset, reshuffled each epoch, resumable mid-epoch.
 
-    The order of epoch ``e`` is a Grain global shuffle seeded by ``seed`` and ``e``, so it is the
-    same on every run and on every host. `get_state` / `set_state` carry the epoch and the number of
-    batches already handed out, so a resumed run continues with the next batch.
+    The order of epoch ``e`` is a Grain global shuffle of the row indices seeded by `seed` (a
+    fresh permutation per epoch), so it is the same on every run and on every host. Each global
+    batch of `batch_size` rows is split over the JAX processes: process ``p`` of ``P`` reads and
+    returns rows ``[p * B // P, (p + 1) * B // P)`` of a batch of ``B`` rows: equal slices when
+    ``drop_last`` (the batch size must then be a multiple of ``P``); with ``drop_last=False`` a
+    batch that ``P`` does not divide is split as evenly as possible. With one process nothing is
+    split.
+
+    `get_state` / `set_state` carry the epoch and the number of batches already handed out, so a
+    resumed run continues with exactly the batches that were still to come.
     """
 
     def __init__(
@@ -45,20 +53,34 @@ class DataLoader:
         shuffle: bool,
         seed: int,
         drop_last: bool = True,
+        process_index: int | None = None,
+        process_count: int | None = None,
     ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
+        self.dataset = dataset
         self.rows = len(dataset)
         self.batch_size = batch_size
         self.drop_last = drop_last
-        source = grain.MapDataset.source(dataset)
-        # Shuffle then repeat: position e * N + i is row i of epoch e, shuffled with seed + e.
-        self._stream = (source.shuffle(seed=seed) if shuffle else source).repeat()
+        self.process_count = jax.process_count() if process_count is None else process_count
+        self.process_index = jax.process_index() if process_index is None else process_index
+        if not 0 <= self.process_index < self.process_count:
+            raise ValueError(
+                f"process_index {self.process_index} is outside [0, {self.process_count})"
+            )
+        if drop_last and batch_size % self.process_count:
+            raise ValueError(
+                f"batch size {batch_size} does not split evenly over {self.process_count} "
+                "processes; make the batch size a multiple of the process count"
+            )
         if len(self) == 0:
             raise ValueError(
                 f"batch size {batch_size} is larger than the dataset ({self.rows} rows) with "
                 "drop_last, so an epoch has no batch; lower the batch size or add data"
             )
+        indices = grain.MapDataset.range(self.rows)
+        # Shuffle then repeat: position e * N + i is row i of epoch e's permutation.
+        self._order = (indices.shuffle(seed=seed) if shuffle else indices).repeat()
         self._state = {"epoch": 0, "position": 0}
 
     def __len__(self) -> int:
@@ -66,14 +88,27 @@ class DataLoader:
         full, rest = divmod(self.rows, self.batch_size)
         return full + (1 if rest and not self.drop_last else 0)
 
+    def _local_batch(self, global_indices: np.ndarray) -> Batch:
+        """This process's slice of one global batch, read and collated."""
+        n, p = len(global_indices), self.process_index
+        mine = global_indices[p * n // self.process_count : (p + 1) * n // self.process_count]
+        return collate([self.dataset[int(i)] for i in mine])
+
     def epoch(self, epoch_index: int) -> Iterator[Batch]:
         """The batches of epoch `epoch_index`, starting after the saved position for that epoch."""
-        rows = self._stream[epoch_index * self.rows : (epoch_index + 1) * self.rows]
-        batches = rows.batch(self.batch_size, drop_remainder=self.drop_last, batch_fn=collate)
+        order = self._order[epoch_index * self.rows : (epoch_index + 1) * self.rows]
+        batches = order.batch(self.batch_size, drop_remainder=self.drop_last).map(self._local_batch)
         start = self._state["position"] if self._state["epoch"] == epoch_index else 0
+        if start > len(batches):
+            raise ValueError(
+                f"the data loader state resumes epoch {epoch_index} at batch {start}, but an "
+                f"epoch has only {len(batches)} batches; the dataset or batch size changed since "
+                "the state was saved"
+            )
         for position in range(start, len(batches)):
+            batch = batches[position]
             self._state = {"epoch": epoch_index, "position": position + 1}
-            yield batches[position]
+            yield batch
         self._state = {"epoch": epoch_index + 1, "position": 0}
 
     def get_state(self) -> dict[str, int]:

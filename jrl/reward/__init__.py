@@ -1,11 +1,28 @@
-"""Rewards: rule scorers per data source and the reward managers that apply them to a batch."""
+"""Rewards: rule scorers per data source and the reward managers that apply them to a batch.
 
-from jrl.reward.default import default_compute_score
-from jrl.reward.manager import NaiveRewardManager, load_custom_reward_fn, load_reward_manager
+Names are imported on first use, so that a reward worker process starts without JAX or
+transformers.
+"""
 
-__all__ = [
-    "NaiveRewardManager",
-    "default_compute_score",
-    "load_custom_reward_fn",
-    "load_reward_manager",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "default_compute_score": "jrl.reward.default",
+    "RewardManager": "jrl.reward.base",
+    "NaiveRewardManager": "jrl.reward.naive",
+    "PrimeRewardManager": "jrl.reward.prime",
+    "BatchRewardManager": "jrl.reward.batch",
+    "DAPORewardManager": "jrl.reward.dapo",
+    "REWARD_MANAGERS": "jrl.reward.manager",
+    "load_reward_manager": "jrl.reward.manager",
+    "load_custom_reward_fn": "jrl.reward.custom",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'jrl.reward' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

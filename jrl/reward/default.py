@@ -4,15 +4,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from jrl.reward import gsm8k
+from jrl.reward import gsm8k, math
 
-_SCORERS = {"openai/gsm8k": gsm8k.compute_score}
+_SCORERS = {
+    "openai/gsm8k": gsm8k.compute_score,
+    "lighteval/MATH": math.compute_score,
+    "DigitalLearningGmbH/MATH-lighteval": math.compute_score,
+    "HuggingFaceH4/MATH-500": math.compute_score,
+}
 
 # Data sources verl scores with rules that jrl does not ship yet.
 _NOT_BUILT_IN = (
-    "lighteval/MATH",
-    "DigitalLearningGmbH/MATH-lighteval",
-    "HuggingFaceH4/MATH-500",
     "math_dapo",
     "math",
     "math_dapo_reasoning",
@@ -40,8 +42,9 @@ def default_compute_score(
 ) -> float | dict[str, Any]:
     """The rule score of `solution_str` for `data_source`: a float, or a dict with a "score" key.
 
-    openai/gsm8k uses the GSM8K scorer. Other sources raise NotImplementedError; score them with
-    custom_reward_function.path / custom_reward_function.name.
+    openai/gsm8k uses the GSM8K scorer; lighteval/MATH, DigitalLearningGmbH/MATH-lighteval and
+    HuggingFaceH4/MATH-500 the boxed-answer MATH scorer. Other sources raise
+    NotImplementedError; score them with custom_reward_function.path / custom_reward_function.name.
     """
     scorer = _SCORERS.get(data_source)
     if scorer is None:

@@ -19,7 +19,7 @@ from jrl import algos
 from jrl.batch import Batch
 from jrl.config import n_gpus, to_yaml, uses_critic, uses_reference
 from jrl.data.loader import DataLoader
-from jrl.data.rl_dataset import RLDataset
+from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import make_mesh
 from jrl.reward.manager import load_reward_manager
@@ -90,10 +90,10 @@ class PPOTrainer:
         except (FileNotFoundError, OSError) as err:
             raise FileNotFoundError(f"actor_rollout_ref.model.{tokenizer_key}: {err}") from err
         data = config.data
-        self.train_dataset = RLDataset(
+        self.train_dataset = create_rl_dataset(
             data.train_files, self.tokenizer, data, max_samples=data.train_max_samples
         )
-        self.val_dataset = RLDataset(
+        self.val_dataset = create_rl_dataset(
             data.val_files,
             self.tokenizer,
             data,

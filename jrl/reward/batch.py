@@ -1,0 +1,74 @@
+"""`batch` reward manager: the whole batch scored by one call of the reward function."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from jrl.reward.base import RewardManager, Scored, ScoreFn, scored
+from jrl.reward.default import default_compute_score
+from jrl.reward.rows import ScoringRows
+
+
+def score_each(
+    data_sources: Sequence[Any],
+    solution_strs: Sequence[str],
+    ground_truths: Sequence[Any],
+    extra_infos: Sequence[dict[str, Any]],
+    **kwargs: Any,
+) -> list[Any]:
+    """`default_compute_score` row by row, with the batch signature (the batch default)."""
+    return [
+        default_compute_score(source, solution, truth, info, **kwargs)
+        for source, solution, truth, info in zip(
+            data_sources, solution_strs, ground_truths, extra_infos, strict=True
+        )
+    ]
+
+
+class BatchRewardManager(RewardManager):
+    """Calls ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=,
+    **reward_kwargs)`` once; it returns one float or dict (with "score") per row.
+
+    `reward_kwargs` are reward_model.reward_kwargs, passed to every call.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        num_examine: int,
+        compute_score: ScoreFn | None = None,
+        reward_fn_key: str = "data_source",
+        **reward_kwargs: Any,
+    ):
+        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
+        self.reward_kwargs = reward_kwargs
+
+    @staticmethod
+    def default_compute_score() -> ScoreFn:
+        """`score_each`: the built-in scorers applied row by row."""
+        return score_each
+
+    def score(self, rows: ScoringRows) -> list[Scored]:
+        """One call for all rows."""
+        try:
+            results = list(
+                self.compute_score(
+                    data_sources=rows.data_sources,
+                    solution_strs=rows.responses,
+                    ground_truths=rows.ground_truths,
+                    extra_infos=rows.extra_infos,
+                    **self.reward_kwargs,
+                )
+            )
+        except Exception as err:
+            raise RuntimeError(
+                f"the batch reward function {getattr(self.compute_score, '__name__', '')!r} "
+                f"failed on a batch of {len(rows)} rows: {type(err).__name__}: {err}"
+            ) from err
+        if len(results) != len(rows):
+            raise ValueError(
+                f"the batch reward function returned {len(results)} scores for {len(rows)} rows; "
+                "it must return one score (a float or a dict with 'score') per row"
+            )
+        return [scored(r, i, rows.data_sources[i]) for i, r in enumerate(results)]
