@@ -27,6 +27,7 @@ from jrl.rollout import SamplingParams
 from jrl.trainer.critic import Critic
 from jrl.trainer.metrics import data_metrics, throughput_metrics, timer
 from jrl.trainer.policy import Policy, build_rollout
+from jrl.trainer.reward_model import RewardModelScorer
 from jrl.trainer.tracking import Tracking
 from jrl.trainer.validation import validation_metrics
 
@@ -51,7 +52,6 @@ def unsupported_keys(config: Any) -> list[str]:
         "trainer.save_freq": config.trainer.save_freq > 0,
         "trainer.resume_mode=resume_path": config.trainer.resume_mode == "resume_path",
         "actor_rollout_ref.actor.use_dynamic_bsz": config.actor_rollout_ref.actor.use_dynamic_bsz,
-        "reward_model.enable": bool(config.reward_model.enable),
         "actor_rollout_ref.model.lora_adapter_path": bool(
             config.actor_rollout_ref.model.get("lora_adapter_path")
         ),
@@ -129,6 +129,11 @@ class PPOTrainer:
             pad_token_id=self.tokenizer.pad_token_id,
             validate=True,
         )
+        self.reward_model = (
+            RewardModelScorer(config, self.mesh, self.tokenizer)
+            if config.reward_model.enable
+            else None
+        )
         self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
         self.kl_ctrl = (
@@ -193,6 +198,8 @@ class PPOTrainer:
                 baselines = self.greedy_baselines(prompts)
                 batch = batch.union(Batch({"reward_baselines": baselines}))
         with timer("reward", timing):
+            if self.reward_model is not None:
+                batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
             reward = self.reward_fn(batch, return_dict=True)
             batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
         with timer("old_log_prob", timing):
@@ -277,6 +284,9 @@ class PPOTrainer:
             drop_last=False,
         )
         prompts = next(iter(loader.epoch(0)))
+        styles = {(info or {}).get("style") for info in prompts.meta.get("reward_model", [])}
+        if self.reward_model is not None and "model" in styles:
+            return {}  # as verl: validation scores rule-based rows only
         key = jax.random.fold_in(self.rng, 1)
         batch = self.rollout.generate(prompts, self.val_sampling, key).to_numpy()
         scores = self.val_reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1)

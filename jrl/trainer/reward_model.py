@@ -1,0 +1,94 @@
+"""Model-based reward (``reward_model.enable``): a classification head scores each response.
+
+As in verl, the score lands on the last valid response token as ``rm_scores``, which the reward
+manager then returns unchanged (the rule-based score is not computed for that batch). With
+``reward_model.model.input_tokenizer`` set, each row is decoded with the policy's tokenizer and
+re-encoded with the reward model's own chat template (prompt as the user turn, response as the
+assistant turn), right-padded or truncated to ``reward_model.max_length`` (default: prompt +
+response length); otherwise the reward model reads the policy's tokens as they are.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jrl.batch import Batch
+from jrl.config import n_gpus
+from jrl.data.tokenizer import load_tokenizer
+from jrl.parallel import batch_sharding
+from jrl.trainer.batching import chunked_forward
+from jrl.trainer.policy import load_model, micro_rows_per_device
+
+
+class RewardModelScorer:
+    """Scores a generated batch with the reward model on the mesh."""
+
+    def __init__(self, config: Any, mesh: Mesh, policy_tokenizer: Any):
+        rm = config.reward_model
+        self.mesh = mesh
+        fsdp = rm.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
+        model = load_model(rm.model, fsdp, mesh, kind="reward")
+        self.graphdef, self.params = nnx.split(model)
+        self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
+        world = n_gpus(config)
+        per_device = micro_rows_per_device(
+            rm, "micro_batch_size_per_gpu", "micro_batch_size", world
+        )
+        self.forward_rows = per_device * world
+        self.policy_tokenizer = policy_tokenizer
+        self.retemplate = rm.model.get("input_tokenizer") is not None
+        self.tokenizer = (
+            load_tokenizer(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
+            if self.retemplate
+            else None
+        )
+        self.max_length = rm.get("max_length")
+        self._forward = jax.jit(
+            self._forward_fn,
+            in_shardings=(self.param_shardings, batch_sharding(mesh, 2)),
+            out_shardings=batch_sharding(mesh, 1),
+        )
+
+    def _forward_fn(self, params, tensors):
+        model = nnx.merge(self.graphdef, params)
+        return model(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
+
+    def rm_scores(self, batch: Batch) -> np.ndarray:
+        """[B, R] float32: each row's reward at its last valid response token, zero elsewhere."""
+        inputs = self._inputs(batch)
+        scores = chunked_forward(
+            functools.partial(self._forward, self.params), inputs, self.forward_rows, self.mesh
+        )
+        mask = np.asarray(batch.tensors["response_mask"])
+        out = np.zeros(mask.shape, np.float32)
+        lengths = mask.sum(-1).astype(int)
+        rows = np.flatnonzero(lengths > 0)
+        out[rows, lengths[rows] - 1] = scores[rows]
+        return out
+
+    def _inputs(self, batch: Batch) -> dict[str, np.ndarray]:
+        t = batch.tensors
+        if not self.retemplate:
+            return {k: np.asarray(t[k]) for k in ("input_ids", "attention_mask", "position_ids")}
+        prompts, responses = np.asarray(t["prompts"]), np.asarray(t["responses"])
+        prompt_mask = np.asarray(t["attention_mask"])[:, : prompts.shape[1]]
+        response_mask = np.asarray(t["response_mask"])
+        length = self.max_length or prompts.shape[1] + responses.shape[1]
+        ids = np.full((len(batch), length), self.tokenizer.pad_token_id, np.int32)
+        mask = np.zeros((len(batch), length), np.int32)
+        for i in range(len(batch)):
+            decode = self.policy_tokenizer.decode
+            prompt = decode(prompts[i][prompt_mask[i] > 0], skip_special_tokens=True)
+            response = decode(responses[i][response_mask[i] > 0], skip_special_tokens=True)
+            chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
+            text = self.tokenizer.apply_chat_template(chat, tokenize=False)
+            row = self.tokenizer(text, add_special_tokens=False)["input_ids"][:length]
+            ids[i, : len(row)], mask[i, : len(row)] = row, 1
+        positions = np.clip(np.cumsum(mask, -1) - 1, 0, None).astype(np.int32)
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": positions}
