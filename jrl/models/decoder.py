@@ -192,6 +192,14 @@ class _DecoderModel(nnx.Module):
         self.param_dtype = param_dtype
         self.model = Decoder(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
 
+    def _score(self, hidden: jax.Array) -> jax.Array:
+        """The one-output `score` head at every position: [B, T] float32."""
+        kernel = self.score.kernel[...].astype(self.dtype)
+        out = jnp.dot(hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32)[..., 0]
+        if self.score.bias is not None:
+            out = out + self.score.bias[...].astype(jnp.float32)[0]
+        return out
+
     def _head(self, features: int, use_bias: bool, rngs: nnx.Rngs) -> nnx.Module:
         """An output projection from the hidden size, initialised as HF does."""
         return dense(
@@ -327,10 +335,7 @@ class ValueModel(_DecoderModel):
     ) -> jax.Array:
         """Per-token values [B, T] in float32 (of packed rows when `segment_ids` is given)."""
         hidden = self.hidden(input_ids, attention_mask, position_ids, segment_ids)
-        hidden = hidden.astype(self.dtype)
-        kernel = self.score.kernel[...].astype(self.dtype)
-        values = jnp.dot(hidden, kernel, preferred_element_type=jnp.float32)
-        return values[..., 0] + self.score.bias[...].astype(jnp.float32)[0]
+        return self._score(hidden)
 
 
 def model_class(kind: str) -> type[CausalLM] | type[ValueModel] | type[RewardModel]:
@@ -388,9 +393,7 @@ class RewardModel(_DecoderModel):
         position_ids: jax.Array | None = None,
     ) -> jax.Array:
         """The head's output at every position [B, T] in float32."""
-        hidden = self.hidden(input_ids, attention_mask, position_ids).astype(self.dtype)
-        kernel = self.score.kernel[...].astype(self.dtype)
-        return jnp.dot(hidden, kernel, preferred_element_type=jnp.float32)[..., 0]
+        return self._score(self.hidden(input_ids, attention_mask, position_ids))
 
     def __call__(
         self,
