@@ -7,7 +7,7 @@ stored [in, out] here and [out, in] in HF files, so they are transposed on the w
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -72,37 +72,6 @@ def hf_tensor_specs(model: nnx.Module) -> list[TensorSpec]:
             )
         )
     return specs
-
-
-def load_params(abstract_model: nnx.Module, tensors: Mapping[str, Any], where: str) -> nnx.Module:
-    """Fills an abstract model (from `nnx.eval_shape`) with HF-layout tensors from `tensors`.
-
-    Each array is cast to the parameter dtype of the abstract model. Raises KeyError naming every
-    missing tensor and ValueError on a shape mismatch; `where` names the checkpoint in messages.
-    """
-    graphdef, state = nnx.split(abstract_model)
-    leaves = list(nnx.to_flat_state(state))
-    missing = [hf_name(path) for path, _ in leaves if hf_name(path) not in tensors]
-    if missing:
-        shown = ", ".join(missing[:8]) + (
-            f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""
-        )
-        raise KeyError(
-            f"{where}: the checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}. "
-            "Check that config.json matches the weights (e.g. tie_word_embeddings, attention_bias)."
-        )
-    filled = []
-    for path, var in leaves:
-        name, expected = hf_name(path), var.get_value()
-        array = np.asarray(tensors[name])
-        if array.shape != _hf_shape(path, expected.shape):
-            raise ValueError(
-                f"{where}: tensor {name} has shape {array.shape}, but config.json implies "
-                f"{_hf_shape(path, expected.shape)}"
-            )
-        array = jnp.asarray(_to_hf_layout(path, array), dtype=expected.dtype)
-        filled.append((path, var.replace(array)))
-    return nnx.merge(graphdef, nnx.from_flat_state(filled))
 
 
 def initial_score_head(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:
