@@ -17,6 +17,7 @@ LOSS_AGG_MODES = (
 ROLLOUT_NAMES = ("jax", "vllm")
 TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
+CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
 _GPUS = "trainer.nnodes * trainer.n_gpus_per_node"
 _N = "actor_rollout_ref.rollout.n"
 
@@ -157,9 +158,30 @@ def _devices(config: ConfigDict, num_devices: int | None) -> Iterator[str]:
         )
 
 
+def _checkpoints(config: ConfigDict) -> Iterator[str]:
+    """Item names of ``checkpoint.save_contents``/``load_contents``, and ``resume_from_path``."""
+    sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
+    for prefix in sections:
+        for key in ("save_contents", "load_contents"):
+            items = config[f"{prefix}.checkpoint.{key}"]
+            items = [items] if isinstance(items, str) else list(items or [])
+            unknown = [item for item in items if item not in CHECKPOINT_ITEMS]
+            if unknown:
+                yield (
+                    f"{prefix}.checkpoint.{key}: unknown {unknown}; use items from "
+                    f"{', '.join(CHECKPOINT_ITEMS)}"
+                )
+    trainer = config.trainer
+    if trainer.resume_mode == "resume_path" and not trainer.resume_from_path:
+        yield (
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N> "
+            "(or use trainer.resume_mode=auto)"
+        )
+
+
 def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     """Raise ConfigError listing every broken rule; `num_devices` is the visible device count."""
-    problems = [*_choices(config), *_devices(config, num_devices)]
+    problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config)]
     if n_gpus(config) > 0:
         problems += _batches(config, n_gpus(config))
     if problems:

@@ -199,7 +199,8 @@ def _write_hf_folder(
     with atomic_directory(path) as tmp:
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(generation, indent=2))
-        write_safetensors(tmp, specs, max_shard_bytes)
+        if specs:
+            write_safetensors(tmp, specs, max_shard_bytes)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
 
@@ -210,9 +211,11 @@ def save_pretrained(
     tokenizer: Any = None,
     *,
     max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    weights: bool = True,
 ) -> None:
     """Writes an HF folder that transformers loads (config.json, generation_config.json,
-    safetensors weights in the parameter dtype, and the tokenizer if given).
+    safetensors weights in the parameter dtype, and the tokenizer if given). With
+    ``weights=False`` only the configs and the tokenizer are written.
 
     Parameters (sharded over a mesh or not) are gathered to host and written one at a time; LoRA
     adapters are merged into their base kernels, so the folder is a plain model. The folder is
@@ -220,7 +223,8 @@ def save_pretrained(
     """
     kinds = {ValueModel: "value", RewardModel: "reward"}
     kind = kinds.get(type(model), "causal_lm")
-    _write_hf_folder(path, model.config, kind, hf_tensor_specs(model), tokenizer, max_shard_bytes)
+    specs = hf_tensor_specs(model) if weights else []
+    _write_hf_folder(path, model.config, kind, specs, tokenizer, max_shard_bytes)
 
 
 def gguf_to_hf_folder(gguf_path: str | os.PathLike, out_dir: str | os.PathLike) -> Path:

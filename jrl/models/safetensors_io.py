@@ -211,11 +211,17 @@ def atomic_directory(path: str | os.PathLike) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    replace_directory(tmp, target)
+
+
+def replace_directory(source: Path, target: Path) -> None:
+    """Renames the finished folder `source` to `target`; an existing `target` is moved aside
+    first and deleted only after the new folder is in place."""
     old = None
     if target.exists():
         old = target.with_name(f".{target.name}.old-{uuid.uuid4().hex[:8]}")
         os.replace(target, old)
-    os.replace(tmp, target)
+    os.replace(source, target)
     if old is not None and old.is_dir():
         shutil.rmtree(old)
     elif old is not None:

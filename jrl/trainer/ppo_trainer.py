@@ -8,10 +8,13 @@ validation before training is logged at step 0.
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from tqdm.auto import tqdm
 
@@ -24,9 +27,16 @@ from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import make_mesh
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import SamplingParams
+from jrl.trainer.checkpoint import (
+    CheckpointManager,
+    RoleSnapshot,
+    find_resume_dir,
+    restore_role,
+    step_of,
+)
 from jrl.trainer.critic import Critic
 from jrl.trainer.metrics import data_metrics, throughput_metrics, timer
-from jrl.trainer.policy import Policy, build_rollout
+from jrl.trainer.policy import Policy, build_rollout, lora_settings
 from jrl.trainer.reward_model import RewardModelScorer
 from jrl.trainer.tracking import Tracking
 from jrl.trainer.validation import validation_metrics
@@ -46,11 +56,23 @@ def check_device(config: Any) -> None:
         )
 
 
+def retention(trainer: Any) -> dict[str, int | None]:
+    """Checkpoints to keep per role: ``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``
+    (None: all), or 1 each with the deprecated ``remove_previous_ckpt_in_save``."""
+    if trainer.remove_previous_ckpt_in_save:
+        warnings.warn(
+            "trainer.remove_previous_ckpt_in_save is deprecated; set "
+            "trainer.max_actor_ckpt_to_keep=1 and trainer.max_critic_ckpt_to_keep=1 instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return {"actor": 1, "critic": 1}
+    return {"actor": trainer.max_actor_ckpt_to_keep, "critic": trainer.max_critic_ckpt_to_keep}
+
+
 def unsupported_keys(config: Any) -> list[str]:
     """Keys whose non-default values this version does not implement yet."""
     checks = {
-        "trainer.save_freq": config.trainer.save_freq > 0,
-        "trainer.resume_mode=resume_path": config.trainer.resume_mode == "resume_path",
         "actor_rollout_ref.actor.use_dynamic_bsz": config.actor_rollout_ref.actor.use_dynamic_bsz,
         "actor_rollout_ref.model.lora_adapter_path": bool(
             config.actor_rollout_ref.model.get("lora_adapter_path")
@@ -142,6 +164,12 @@ class PPOTrainer:
             else None
         )
         self.rng = jax.random.key(self.seed)
+        self.checkpoints = CheckpointManager(
+            config.trainer.default_local_dir,
+            max_to_keep=retention(config.trainer),
+            remote_dir=config.trainer.get("default_hdfs_dir"),
+            tokenizer=self.tokenizer,
+        )
 
     # -- one training step ------------------------------------------------------------------
     def generate(self, prompts: Batch, step: int) -> Batch:
@@ -264,10 +292,15 @@ class PPOTrainer:
                     metrics.update(self.actor.update(batch, step))
                 with timer("update_weights", timing):
                     self.rollout.update_weights(self.actor.state.params)
+            last_step = step >= self.total_training_steps
             freq = config.trainer.test_freq
-            if freq > 0 and (step >= self.total_training_steps or step % freq == 0):
+            if freq > 0 and (last_step or step % freq == 0):
                 with timer("testing", timing):
                     metrics.update(self.validate())
+            freq = config.trainer.save_freq
+            if freq > 0 and (last_step or step % freq == 0):
+                with timer("save_checkpoint", timing):
+                    self.save_checkpoint(step)
         metrics.update(data_metrics(batch, self.use_critic))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         metrics.update(throughput_metrics(batch, timing, self.n_gpus))
@@ -293,6 +326,70 @@ class PPOTrainer:
         source_key = self.config.data.reward_fn_key
         return validation_metrics(batch.meta[source_key], scores, self.val_sampling.n)
 
+    # -- checkpoints ------------------------------------------------------------------------------
+    def save_checkpoint(self, step: int) -> None:
+        """Starts writing ``global_step_<step>`` (actor, critic) in the background."""
+        arr = self.config.actor_rollout_ref
+        actor_extra = {
+            "global_step": step,
+            "lr_step": step,
+            "rng_key": np.asarray(jax.random.key_data(self.rng)).tolist(),
+            "data_loader": self.train_loader.get_state(),
+            "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
+        }
+        roles = {
+            "actor": RoleSnapshot(
+                self.actor.state,
+                list(arr.actor.checkpoint.save_contents),
+                actor_extra,
+                lora=lora_settings(arr.model),
+            )
+        }
+        if self.critic is not None:
+            roles["critic"] = RoleSnapshot(
+                self.critic.state,
+                list(self.config.critic.checkpoint.save_contents),
+                {"global_step": step, "lr_step": step},
+                kind="value",
+            )
+        self.checkpoints.save(step, roles)
+
+    def load_checkpoint(self) -> int:
+        """Restores the checkpoint that ``trainer.resume_mode`` selects; returns its global step
+        (0 when training starts from scratch)."""
+        config = self.config
+        roles = ["actor"] + (["critic"] if self.critic is not None else [])
+        folder = find_resume_dir(config.trainer, roles)
+        if folder is None:
+            return 0
+        step = step_of(folder)
+        arr = config.actor_rollout_ref
+        actor_items = arr.actor.checkpoint.load_contents
+        extra = restore_role(folder / "actor", self.actor.state, actor_items)
+        if self.critic is not None:
+            critic_items = config.critic.checkpoint.load_contents
+            restore_role(folder / "critic", self.critic.state, critic_items)
+        if extra:
+            if extra.get("global_step") != step:
+                raise ValueError(
+                    f"{folder}/actor/extra records global step {extra.get('global_step')}, not "
+                    f"{step}; the folder was renamed or mixed with another checkpoint"
+                )
+            self.rng = jax.random.wrap_key_data(jnp.asarray(extra["rng_key"], jnp.uint32))
+            self.train_loader.set_state(extra["data_loader"])
+            if self.kl_ctrl is not None and extra.get("kl_coef") is not None:
+                self.kl_ctrl.value = float(extra["kl_coef"])
+        else:  # one batch per step: the position follows from the step
+            batches = len(self.train_loader)
+            self.train_loader.set_state({"epoch": step // batches, "position": step % batches})
+        if self.ref is not None and lora_settings(arr.model) is not None:
+            self.ref = Policy.reference(config, self.mesh, self.actor)
+        self.rollout.update_weights(self.actor.state.params)
+        if config.trainer.del_local_ckpt_after_load:
+            shutil.rmtree(folder)
+        print(f"jrl: resumed from {folder} at global step {step}", flush=True)
+        return step
+
     # -- the loop -------------------------------------------------------------------------------
     def fit(self) -> dict[str, float]:
         """Train for `total_training_steps`; returns the last step's metrics."""
@@ -307,14 +404,23 @@ class PPOTrainer:
         )
         last: dict[str, float] = {}
         try:
+            start = self.load_checkpoint()
             if trainer.val_before_train:
                 last = self.validate()
-                tracking.log(last, step=0)
+                tracking.log(last, step=start)
                 if trainer.val_only:
                     return last
-            step = 1
-            progress = tqdm(total=self.total_training_steps, desc="Training Progress", unit="step")
-            for epoch in range(int(trainer.total_epochs) or 1):
+            step = start + 1
+            if step > self.total_training_steps:
+                return last
+            progress = tqdm(
+                total=self.total_training_steps,
+                initial=start,
+                desc="Training Progress",
+                unit="step",
+            )
+            first_epoch = self.train_loader.get_state()["epoch"]
+            for epoch in range(first_epoch, int(trainer.total_epochs) or 1):
                 for prompts in self.train_loader.epoch(epoch):
                     last = self.train_step(prompts, step, epoch)
                     tracking.log(last, step=step)
@@ -327,6 +433,7 @@ class PPOTrainer:
             return last
         finally:
             tracking.close()
+            self.checkpoints.close()
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""

@@ -1,0 +1,440 @@
+"""Checkpoints in verl's layout, written by Orbax asynchronously and atomically.
+
+Layout under ``trainer.default_local_dir``::
+
+    global_step_N/
+      checkpoint.json               manifest: roles, their items, every file and its size
+      actor/  model/ optimizer/ extra/   Orbax items named by ``checkpoint.save_contents``
+              huggingface/               config, tokenizer (+ safetensors with ``hf_model``)
+      critic/ ...
+    latest_checkpointed_iteration.txt   the bare integer N
+
+A save copies the arrays to host and returns; Orbax writes them in the background into a hidden
+``.global_step_N.tmp-*`` folder. When every role is written, a finisher thread writes the
+manifest, renames the folder to ``global_step_N``, then moves the tracker file, drops checkpoints
+beyond ``max_*_ckpt_to_keep`` and copies the step to ``default_hdfs_dir``. A crash at any moment
+leaves the tracker on the last complete step; a step folder is complete when its manifest
+lists files that are all present with their recorded sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import re
+import shutil
+import threading
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+from flax import nnx, traverse_util
+
+from jrl.config.validate import CHECKPOINT_ITEMS as ITEMS
+from jrl.models import save_pretrained
+from jrl.models.safetensors_io import replace_directory
+from jrl.trainer.train_state import TrainState
+
+log = logging.getLogger(__name__)
+
+TRACKER_FILE = "latest_checkpointed_iteration.txt"
+MANIFEST_FILE = "checkpoint.json"
+HF_FOLDER = "huggingface"
+ORBAX_ITEMS = ("model", "optimizer", "extra")
+_STEP_DIR = re.compile(r"^global_step_(\d+)$")
+_TMP_DIR = re.compile(r"^\.global_step_\d+\.tmp-[0-9a-f]+$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be written or read as asked."""
+
+
+@dataclasses.dataclass
+class RoleSnapshot:
+    """What one role (actor, critic) puts into a checkpoint."""
+
+    state: TrainState
+    items: Sequence[str]
+    extra: dict[str, Any]
+    kind: str = "causal_lm"
+    lora: dict[str, Any] | None = None
+
+
+def step_dir(root: str | os.PathLike, step: int) -> Path:
+    """``root/global_step_<step>``."""
+    return Path(root).absolute() / f"global_step_{int(step)}"
+
+
+def step_of(path: str | os.PathLike) -> int:
+    """The N of a ``…/global_step_N`` path (verl's rule: the integer after 'global_step_')."""
+    name = Path(path).name
+    match = _STEP_DIR.match(name)
+    if not match:
+        raise CheckpointError(
+            f"{path}: a checkpoint folder is named global_step_<N> (as written under "
+            "trainer.default_local_dir)"
+        )
+    return int(match.group(1))
+
+
+def read_tracker(root: str | os.PathLike) -> int | None:
+    """The step in ``latest_checkpointed_iteration.txt``, or None when there is none."""
+    path = Path(root) / TRACKER_FILE
+    if not path.exists():
+        return None
+    text = path.read_text().strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{path} should hold a step number, found {text[:40]!r}")
+    return int(text)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Writes `text` to a sibling temp file and renames it onto `path`."""
+    tmp = path.with_name(f".{path.name}.tmp-{uuid.uuid4().hex[:8]}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+    """The manifest of a step folder (raises CheckpointError when it is missing or unreadable)."""
+    path = Path(folder) / MANIFEST_FILE
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(
+            f"{folder} has no {MANIFEST_FILE}: the save did not finish (or the folder was not "
+            "written by jrl)"
+        ) from None
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path} is damaged: {err}") from None
+
+
+def problems(folder: str | os.PathLike, roles: Iterable[str] = ()) -> list[str]:
+    """Why `folder` is not a complete checkpoint holding `roles` (empty when it is)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return [f"{folder} does not exist"]
+    try:
+        manifest = read_manifest(folder)
+    except CheckpointError as err:
+        return [str(err)]
+    found = []
+    for role in roles:
+        if role not in manifest.get("roles", {}):
+            found.append(f"{folder} holds no {role!r} checkpoint")
+    for rel, size in manifest.get("files", {}).items():
+        path = folder / rel
+        if not path.is_file():
+            found.append(f"{path} is missing")
+        elif path.stat().st_size != size:
+            found.append(f"{path} has {path.stat().st_size} bytes, {size} were written")
+    return found
+
+
+def complete_steps(root: str | os.PathLike, roles: Iterable[str] = ()) -> list[int]:
+    """Steps under `root` with a complete checkpoint holding `roles`, newest first."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    steps = [int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
+    roles = list(roles)
+    return sorted((s for s in steps if not problems(step_dir(root, s), roles)), reverse=True)
+
+
+def find_resume_dir(trainer_cfg: Any, roles: Sequence[str]) -> Path | None:
+    """The checkpoint to resume from under verl's ``trainer.resume_mode``, or None.
+
+    ``disable``: none. ``resume_path``: ``resume_from_path`` (relative to the working directory),
+    which must be complete. ``auto``: the step in ``default_local_dir``'s tracker file; when that
+    step is incomplete (or the tracker is missing), the newest complete step, with a warning; None
+    when there is no complete step.
+    """
+    mode = trainer_cfg.resume_mode
+    if mode == "disable":
+        return None
+    if mode == "resume_path":
+        given = trainer_cfg.get("resume_from_path")
+        if not given:
+            raise CheckpointError(
+                "trainer.resume_mode=resume_path needs trainer.resume_from_path=<…/global_step_N>"
+            )
+        path = Path(given).expanduser().absolute()
+        if "global_step_" not in path.name:
+            raise CheckpointError(
+                f"trainer.resume_from_path={given!r} must point at a global_step_<N> folder"
+            )
+        found = problems(path, roles)
+        if found:
+            raise CheckpointError(
+                f"trainer.resume_from_path={given!r} is not a usable checkpoint: "
+                + "; ".join(found[:5])
+            )
+        return path
+    root = Path(trainer_cfg.default_local_dir).absolute()
+    tracked = read_tracker(root)
+    if tracked is not None:
+        found = problems(step_dir(root, tracked), roles)
+        if not found:
+            return step_dir(root, tracked)
+    steps = complete_steps(root, roles)
+    if tracked is not None:
+        fallback = f"global_step_{steps[0]}" if steps else "scratch"
+        log.warning(
+            "%s names global_step_%d, which is incomplete (%s); resuming from %s instead",
+            root / TRACKER_FILE,
+            tracked,
+            "; ".join(found[:3]),
+            fallback,
+        )
+    elif steps:
+        log.warning("%s is missing; resuming from the newest complete step", root / TRACKER_FILE)
+    return step_dir(root, steps[0]) if steps else None
+
+
+def _abstract(tree: Any) -> Any:
+    """Shape, dtype and sharding of every array (the restore target)."""
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _flat_shapes(tree: Any) -> dict[str, tuple[int, ...]]:
+    flat = traverse_util.flatten_dict(tree)
+    return {".".join(map(str, k)): tuple(v.shape) for k, v in flat.items()}
+
+
+def _check_model_shapes(role_dir: Path, saved_tree: Any, target: dict[str, Any]) -> None:
+    """Fails with the mismatching parameter names when the checkpoint's model is not the
+    configured one."""
+    saved = _flat_shapes(saved_tree)
+    wanted = _flat_shapes(target)
+    lines = [
+        f"{name}: {saved[name]} in the checkpoint, {wanted[name]} in the config"
+        for name in sorted(saved.keys() & wanted.keys())
+        if saved[name] != wanted[name]
+    ]
+    lines += [f"{name}: only in the config" for name in sorted(wanted.keys() - saved.keys())]
+    lines += [f"{name}: only in the checkpoint" for name in sorted(saved.keys() - wanted.keys())]
+    if lines:
+        more = f" (and {len(lines) - 6} more)" if len(lines) > 6 else ""
+        raise CheckpointError(
+            f"{role_dir / 'model'} does not match the configured model: "
+            + "; ".join(lines[:6])
+            + more
+            + ". Resume with the model settings the checkpoint was saved with, or set "
+            "trainer.resume_mode=disable"
+        )
+
+
+def _fill(state: nnx.State, values: dict[str, Any]) -> nnx.State:
+    """A copy of `state` with each array replaced by the one at the same path in `values`."""
+    flat = traverse_util.flatten_dict(values)
+    paths = traverse_util.flatten_dict(state.to_pure_dict())
+    out = jax.tree.map(lambda x: x, state)
+    out.replace_by_pure_dict(traverse_util.unflatten_dict({k: flat[k] for k in paths}))
+    return out
+
+
+def _composite_handler() -> ocp.CompositeCheckpointHandler:
+    """Orbax handlers of a role folder's items (the ``huggingface`` folder is not one)."""
+    return ocp.CompositeCheckpointHandler(
+        model=ocp.StandardCheckpointHandler(),
+        optimizer=ocp.StandardCheckpointHandler(),
+        extra=ocp.JsonCheckpointHandler(),
+    )
+
+
+def restore_role(role_dir: str | os.PathLike, state: TrainState, items: Sequence[str]) -> dict:
+    """Loads the Orbax `items` of a role folder into `state` in place, resharded onto the
+    state's mesh; returns the role's ``extra`` ({} when not loaded)."""
+    role_dir = Path(role_dir)
+    wanted = [item for item in items if item in ORBAX_ITEMS]
+    if not wanted:
+        return {}
+    manifest = read_manifest(role_dir.parent)
+    saved = manifest["roles"].get(role_dir.name, {}).get("items", [])
+    missing = [item for item in wanted if item not in saved]
+    if missing:
+        raise CheckpointError(
+            f"{role_dir} has no {missing} (it holds {saved}); remove them from "
+            "checkpoint.load_contents"
+        )
+    checkpointer = ocp.Checkpointer(_composite_handler())
+    args: dict[str, Any] = {}
+    if "model" in wanted:
+        metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(role_dir / "model"))
+        params = state.params.to_pure_dict()
+        _check_model_shapes(role_dir, metadata.tree, params)
+        args["model"] = ocp.args.StandardRestore(_abstract(params))
+    if "optimizer" in wanted:
+        args["optimizer"] = ocp.args.StandardRestore(_abstract(state.opt_state))
+    if "extra" in wanted:
+        args["extra"] = ocp.args.JsonRestore()
+    try:
+        restored = checkpointer.restore(role_dir, args=ocp.args.Composite(**args))
+    except (ValueError, KeyError, FileNotFoundError, OSError) as err:
+        raise CheckpointError(
+            f"could not read {role_dir}: {str(err).splitlines()[0][:300]}; the checkpoint is "
+            "damaged or was saved with a different model or optimizer"
+        ) from err
+    if "model" in wanted:
+        state.trainable = _fill(state.trainable, restored["model"])
+        state.frozen = _fill(state.frozen, restored["model"])
+    if "optimizer" in wanted:
+        state.opt_state = restored["optimizer"]
+    return dict(restored["extra"]) if "extra" in wanted else {}
+
+
+def _files(folder: Path) -> dict[str, int]:
+    return {
+        str(path.relative_to(folder)): path.stat().st_size
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
+    }
+
+
+class CheckpointManager:
+    """Writes ``global_step_N`` folders under `root` in the background, one save at a time.
+
+    `max_to_keep` maps a role to the number of its newest checkpoints to keep (None or 0: all);
+    `remote_dir` (any fsspec URL) receives a copy of each finished step and the tracker file.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike,
+        *,
+        max_to_keep: dict[str, int | None] | None = None,
+        remote_dir: str | None = None,
+        tokenizer: Any = None,
+    ):
+        self.root = Path(root).expanduser().absolute()
+        self.max_to_keep = dict(max_to_keep or {})
+        self.remote_dir = remote_dir
+        self.tokenizer = tokenizer
+        self.primary = jax.process_index() == 0
+        self._checkpointers: dict[str, ocp.AsyncCheckpointer] = {}
+        self._finisher: threading.Thread | None = None
+        self._error: BaseException | None = None
+        if self.primary and self.root.is_dir():
+            for stale in self.root.iterdir():
+                if _TMP_DIR.match(stale.name):
+                    shutil.rmtree(stale, ignore_errors=True)
+
+    def save(self, step: int, roles: dict[str, RoleSnapshot]) -> None:
+        """Starts saving `roles` as ``global_step_<step>``; returns once the arrays are copied."""
+        self.wait()
+        tmp = self.root / f".global_step_{step}.tmp-{uuid.uuid4().hex[:8]}"
+        if self.primary:
+            tmp.mkdir(parents=True)
+        used = []
+        for name, role in roles.items():
+            unknown = set(role.items) - set(ITEMS)
+            if unknown:
+                raise CheckpointError(
+                    f"checkpoint.save_contents of {name}: unknown {sorted(unknown)}; use "
+                    f"{', '.join(ITEMS)}"
+                )
+            args = {}
+            if "model" in role.items:
+                args["model"] = ocp.args.StandardSave(role.state.params.to_pure_dict())
+            if "optimizer" in role.items:
+                args["optimizer"] = ocp.args.StandardSave(role.state.opt_state)
+            if "extra" in role.items:
+                args["extra"] = ocp.args.JsonSave(role.extra)
+            if args:
+                checkpointer = self._checkpointers.setdefault(
+                    name, ocp.AsyncCheckpointer(_composite_handler())
+                )
+                checkpointer.save(tmp / name, args=ocp.args.Composite(**args))
+                used.append(checkpointer)
+            elif self.primary:
+                (tmp / name).mkdir()
+            if self.primary:
+                save_pretrained(
+                    role.state.model(),
+                    tmp / f".{name}.{HF_FOLDER}",
+                    self.tokenizer,
+                    weights="hf_model" in role.items,
+                )
+        manifest = {
+            "global_step": step,
+            "roles": {
+                name: {"items": list(role.items), "kind": role.kind, "lora": role.lora}
+                for name, role in roles.items()
+            },
+        }
+        self._error = None
+        self._finisher = threading.Thread(
+            target=self._finish, args=(step, tmp, manifest, used), daemon=False
+        )
+        self._finisher.start()
+
+    def _finish(self, step: int, tmp: Path, manifest: dict, used: list) -> None:
+        try:
+            for checkpointer in used:
+                checkpointer.wait_until_finished()
+            if not self.primary:
+                return
+            for name in manifest["roles"]:
+                os.replace(tmp / f".{name}.{HF_FOLDER}", tmp / name / HF_FOLDER)
+            manifest["files"] = _files(tmp)
+            write_atomic(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1))
+            replace_directory(tmp, step_dir(self.root, step))
+            write_atomic(self.root / TRACKER_FILE, str(step))
+            self._rotate(step)
+            if self.remote_dir:
+                self._copy_to_remote(step)
+        except BaseException as err:  # reported by the next save or wait
+            self._error = err
+
+    def _rotate(self, newest: int) -> None:
+        """Drops each role's checkpoints beyond its `max_to_keep`, oldest first."""
+        for role, keep in self.max_to_keep.items():
+            if not keep or keep < 1:
+                continue
+            steps = [s for s in complete_steps(self.root, [role]) if s <= newest]
+            for old in steps[keep:]:
+                folder = step_dir(self.root, old)
+                manifest = read_manifest(folder)
+                manifest["roles"].pop(role, None)
+                prefix = role + os.sep
+                manifest["files"] = {
+                    k: v for k, v in manifest["files"].items() if not k.startswith(prefix)
+                }
+                if not manifest["roles"]:
+                    shutil.rmtree(folder)
+                    continue
+                write_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=1))
+                shutil.rmtree(folder / role)
+
+    def _copy_to_remote(self, step: int) -> None:
+        import fsspec
+
+        fs, remote_root = fsspec.core.url_to_fs(self.remote_dir)
+        target = f"{remote_root.rstrip('/')}/global_step_{step}"
+        fs.makedirs(target, exist_ok=True)
+        fs.put(str(step_dir(self.root, step)) + "/", target, recursive=True)
+        fs.pipe(f"{remote_root.rstrip('/')}/{TRACKER_FILE}", str(step).encode())
+
+    def wait(self) -> None:
+        """Blocks until the last save is complete; raises its error if it failed."""
+        if self._finisher is not None:
+            self._finisher.join()
+            self._finisher = None
+        if self._error is not None:
+            err, self._error = self._error, None
+            raise CheckpointError(f"saving a checkpoint under {self.root} failed: {err}") from err
+
+    def close(self) -> None:
+        """Waits for the last save and releases Orbax's background workers."""
+        try:
+            self.wait()
+        finally:
+            for checkpointer in self._checkpointers.values():
+                checkpointer.close()
+            self._checkpointers.clear()
