@@ -13,6 +13,16 @@ CPU). Their assets are built on first use under ``~/.cache/jrl`` (``$JRL_CACHE``
 config is printed at start-up; metrics print once per step as ``step:N - name:value - ...``.
 Loggers: ``trainer.logger`` takes console, file (JSON lines in ``default_local_dir``),
 tensorboard and wandb.
+
+Checkpoints: ``trainer.save_freq=N`` writes ``default_local_dir/global_step_N/{actor,critic}``
+every N steps and at the last one; ``trainer.resume_mode=auto`` (default) continues from the latest
+complete one, ``resume_path`` from ``trainer.resume_from_path``. ``python -m jrl.merge`` turns a
+checkpoint into a Hugging Face folder. SIGINT/SIGTERM end the run after the current step with a
+checkpoint (exit status 0); a NaN or infinite loss stops it before that step is saved (status 1).
+
+Compiled programs are cached under ``~/.cache/jrl/jax_compilation`` (``$JRL_COMPILATION_CACHE``
+sets another folder; ``off`` disables it), so a repeated run starts faster. The time to the
+first step is printed.
 """
 
 from __future__ import annotations
@@ -21,7 +31,9 @@ import sys
 import time
 
 from jrl.assets import prepare_for
+from jrl.compile_cache import enable_compilation_cache
 from jrl.config import ConfigError, load_config
+from jrl.trainer.stopping import NonFiniteLossError
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -31,6 +43,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(__doc__)
         return {}
     config, _ = load_config(argv)
+    enable_compilation_cache()
     prepare_for(config)
     from jrl.trainer.ppo_trainer import PPOTrainer
 
@@ -49,6 +62,9 @@ def cli() -> int:
     except (ConfigError, FileNotFoundError, ImportError, ValueError, NotImplementedError) as err:
         print(f"jrl.train: error: {err}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as err:
+        print(f"jrl.train: error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

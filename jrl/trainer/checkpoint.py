@@ -233,9 +233,9 @@ def _check_model_shapes(role_dir: Path, saved_tree: Any, target: dict[str, Any])
 def _fill(state: nnx.State, values: dict[str, Any]) -> nnx.State:
     """A copy of `state` with each array replaced by the one at the same path in `values`."""
     flat = traverse_util.flatten_dict(values)
-    paths = traverse_util.flatten_dict(state.to_pure_dict())
+    paths = traverse_util.flatten_dict(nnx.to_pure_dict(state))
     out = jax.tree.map(lambda x: x, state)
-    out.replace_by_pure_dict(traverse_util.unflatten_dict({k: flat[k] for k in paths}))
+    nnx.replace_by_pure_dict(out, traverse_util.unflatten_dict({k: flat[k] for k in paths}))
     return out
 
 
@@ -267,7 +267,7 @@ def restore_role(role_dir: str | os.PathLike, state: TrainState, items: Sequence
     args: dict[str, Any] = {}
     if "model" in wanted:
         metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(role_dir / "model"))
-        params = state.params.to_pure_dict()
+        params = nnx.to_pure_dict(state.params)
         _check_model_shapes(role_dir, metadata.tree, params)
         args["model"] = ocp.args.StandardRestore(_abstract(params))
     if "optimizer" in wanted:
@@ -341,7 +341,7 @@ class CheckpointManager:
                 )
             args = {}
             if "model" in role.items:
-                args["model"] = ocp.args.StandardSave(role.state.params.to_pure_dict())
+                args["model"] = ocp.args.StandardSave(nnx.to_pure_dict(role.state.params))
             if "optimizer" in role.items:
                 args["optimizer"] = ocp.args.StandardSave(role.state.opt_state)
             if "extra" in role.items:

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import time
 import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ from jrl.trainer.checkpoint import (
     CheckpointManager,
     RoleSnapshot,
     find_resume_dir,
+    read_tracker,
     restore_role,
     step_of,
 )
@@ -38,6 +41,7 @@ from jrl.trainer.critic import Critic
 from jrl.trainer.metrics import data_metrics, throughput_metrics, timer
 from jrl.trainer.policy import Policy, build_rollout, lora_settings
 from jrl.trainer.reward_model import RewardModelScorer
+from jrl.trainer.stopping import StopRequest, check_losses_finite
 from jrl.trainer.tracking import Tracking
 from jrl.trainer.validation import validation_metrics
 
@@ -89,6 +93,7 @@ class PPOTrainer:
     """Builds every role from the config and runs verl's fit loop."""
 
     def __init__(self, config: Any):
+        self.created_at = time.perf_counter()
         check_device(config)
         missing = unsupported_keys(config)
         if missing:
@@ -292,13 +297,13 @@ class PPOTrainer:
                     metrics.update(self.actor.update(batch, step))
                 with timer("update_weights", timing):
                     self.rollout.update_weights(self.actor.state.params)
+            check_losses_finite(metrics, step, self.last_checkpoint)
             last_step = step >= self.total_training_steps
             freq = config.trainer.test_freq
             if freq > 0 and (last_step or step % freq == 0):
                 with timer("testing", timing):
                     metrics.update(self.validate())
-            freq = config.trainer.save_freq
-            if freq > 0 and (last_step or step % freq == 0):
+            if self.saves_at(step):
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint(step)
         metrics.update(data_metrics(batch, self.use_critic))
@@ -327,6 +332,18 @@ class PPOTrainer:
         return validation_metrics(batch.meta[source_key], scores, self.val_sampling.n)
 
     # -- checkpoints ------------------------------------------------------------------------------
+    def saves_at(self, step: int) -> bool:
+        """verl's rule: ``save_freq`` > 0 and the step is a multiple of it or the last one."""
+        freq = self.config.trainer.save_freq
+        return freq > 0 and (step >= self.total_training_steps or step % freq == 0)
+
+    def last_checkpoint(self) -> str:
+        """The newest complete checkpoint (after any save in progress), for messages."""
+        self.checkpoints.wait()
+        root = Path(self.config.trainer.default_local_dir).absolute()
+        step = read_tracker(root)
+        return "none" if step is None else str(root / f"global_step_{step}")
+
     def save_checkpoint(self, step: int) -> None:
         """Starts writing ``global_step_<step>`` (actor, critic) in the background."""
         arr = self.config.actor_rollout_ref
@@ -391,6 +408,23 @@ class PPOTrainer:
         return step
 
     # -- the loop -------------------------------------------------------------------------------
+    def batches(self) -> Iterator[tuple[int, Batch]]:
+        """(epoch, prompts) for the rest of training, from the data loader's position."""
+        first_epoch = self.train_loader.get_state()["epoch"]
+        for epoch in range(first_epoch, int(self.config.trainer.total_epochs) or 1):
+            for prompts in self.train_loader.epoch(epoch):
+                yield epoch, prompts
+
+    def stop_after(self, step: int, reason: str) -> None:
+        """Ends a run early: makes sure `step` is checkpointed and the save is complete."""
+        if not self.saves_at(step):
+            self.save_checkpoint(step)
+        self.checkpoints.wait()
+        print(
+            f"jrl: stopped after step {step} on {reason}; checkpoint: {self.last_checkpoint()}",
+            flush=True,
+        )
+
     def fit(self) -> dict[str, float]:
         """Train for `total_training_steps`; returns the last step's metrics."""
         trainer = self.config.trainer
@@ -419,15 +453,19 @@ class PPOTrainer:
                 desc="Training Progress",
                 unit="step",
             )
-            first_epoch = self.train_loader.get_state()["epoch"]
-            for epoch in range(first_epoch, int(trainer.total_epochs) or 1):
-                for prompts in self.train_loader.epoch(epoch):
+            with StopRequest() as stop:
+                for epoch, prompts in self.batches():
                     last = self.train_step(prompts, step, epoch)
                     tracking.log(last, step=step)
                     progress.update(1)
+                    if step == start + 1:
+                        elapsed = time.perf_counter() - self.created_at
+                        print(f"jrl: time to first step: {elapsed:.1f}s", flush=True)
                     if step >= self.total_training_steps:
-                        progress.close()
-                        return last
+                        break
+                    if stop.requested:
+                        self.stop_after(step, stop.signal_name)
+                        break
                     step += 1
             progress.close()
             return last
