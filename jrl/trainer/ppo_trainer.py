@@ -8,6 +8,7 @@ validation before training is logged at step 0.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import shutil
 import time
 import warnings
@@ -26,9 +27,10 @@ from jrl.config import n_gpus, to_yaml, uses_critic, uses_reference
 from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import load_tokenizer
-from jrl.parallel import make_mesh
+from jrl.parallel import batch_axes, make_mesh
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import SamplingParams
+from jrl.trainer.balance import balance_batch
 from jrl.trainer.checkpoint import (
     CheckpointManager,
     RoleSnapshot,
@@ -43,7 +45,7 @@ from jrl.trainer.policy import Policy, build_rollout, lora_settings
 from jrl.trainer.reward_model import RewardModelScorer
 from jrl.trainer.stopping import StopRequest, check_losses_finite
 from jrl.trainer.tracking import Tracking
-from jrl.trainer.validation import validation_metrics
+from jrl.trainer.validation import select_val_generations, validation_metrics
 
 BACKENDS = {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}
 
@@ -77,7 +79,6 @@ def retention(trainer: Any) -> dict[str, int | None]:
 def unsupported_keys(config: Any) -> list[str]:
     """Keys whose non-default values this version does not implement yet."""
     checks = {
-        "actor_rollout_ref.actor.use_dynamic_bsz": config.actor_rollout_ref.actor.use_dynamic_bsz,
         "actor_rollout_ref.model.lora_adapter_path": bool(
             config.actor_rollout_ref.model.get("lora_adapter_path")
         ),
@@ -169,6 +170,7 @@ class PPOTrainer:
             else None
         )
         self.rng = jax.random.key(self.seed)
+        self.val_generations: list[dict[str, Any]] = []
         self.checkpoints = CheckpointManager(
             config.trainer.default_local_dir,
             max_to_keep=retention(config.trainer),
@@ -230,6 +232,10 @@ class PPOTrainer:
             with timer("gen_max", timing):
                 baselines = self.greedy_baselines(prompts)
                 batch = batch.union(Batch({"reward_baselines": baselines}))
+        if config.trainer.balance_batch:
+            dp_size = int(np.prod([self.mesh.shape[axis] for axis in batch_axes()]))
+            batch, balance = balance_batch(batch, dp_size)
+            metrics.update(balance)
         with timer("reward", timing):
             if self.reward_model is not None:
                 batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
@@ -302,7 +308,7 @@ class PPOTrainer:
             freq = config.trainer.test_freq
             if freq > 0 and (last_step or step % freq == 0):
                 with timer("testing", timing):
-                    metrics.update(self.validate())
+                    metrics.update(self.validate(step))
             if self.saves_at(step):
                 with timer("save_checkpoint", timing):
                     self.save_checkpoint(step)
@@ -312,8 +318,10 @@ class PPOTrainer:
         metrics.update({"training/global_step": step, "training/epoch": epoch})
         return metrics
 
-    def validate(self) -> dict[str, float]:
-        """Greedy (val_kwargs) generation on the validation set, scored per data source."""
+    def validate(self, step: int) -> dict[str, float]:
+        """Greedy (val_kwargs) generation on the validation set, scored per data source, with
+        verl's ``val-core``/``val-aux`` metrics; keeps ``log_val_generations`` samples in
+        `val_generations`."""
         loader = DataLoader(
             self.val_dataset,
             len(self.val_dataset),
@@ -325,11 +333,25 @@ class PPOTrainer:
         styles = {(info or {}).get("style") for info in prompts.meta.get("reward_model", [])}
         if self.reward_model is not None and "model" in styles:
             return {}  # as verl: validation scores rule-based rows only
+        uids = np.array([f"val-{i}" for i in range(len(prompts))], dtype=object)
+        prompts = prompts.union(Batch(meta={"uid": uids}))
         key = jax.random.fold_in(self.rng, 1)
         batch = self.rollout.generate(prompts, self.val_sampling, key).to_numpy()
-        scores = self.val_reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1)
-        source_key = self.config.data.reward_fn_key
-        return validation_metrics(batch.meta[source_key], scores, self.val_sampling.n)
+        reward = self.val_reward_fn(batch, return_dict=True)
+        scores = reward["reward_tensor"].sum(-1)
+        infos = {**reward["reward_extra_info"], "reward": scores.tolist()}
+        sources = batch.meta.get("data_source", np.full(len(batch), "unknown", dtype=object))
+        count = int(self.config.trainer.log_val_generations)
+        if count:
+            decode = functools.partial(self.tokenizer.batch_decode, skip_special_tokens=True)
+            self.val_generations = select_val_generations(
+                decode(batch.tensors["prompts"]),
+                decode(batch.tensors["responses"]),
+                scores.tolist(),
+                step,
+                count,
+            )
+        return validation_metrics(sources, batch.meta["uid"], infos)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def saves_at(self, step: int) -> bool:
@@ -440,7 +462,7 @@ class PPOTrainer:
         try:
             start = self.load_checkpoint()
             if trainer.val_before_train:
-                last = self.validate()
+                last = self.validate(start)
                 tracking.log(last, step=start)
                 if trainer.val_only:
                     return last

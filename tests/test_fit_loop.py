@@ -1,0 +1,90 @@
+"""verl's loop keys in a real run: total_training_steps derived from the data, val_before_train and
+test_freq (1-based, plus the last step), critic_warmup, and the LR schedule injected at run time;
+AdamW's betas and weight decay against the closed form."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ml_collections import ConfigDict
+
+from jrl import train
+from jrl.trainer.optim import lr_multiplier, make_optimizer, set_learning_rate
+
+
+def test_loop_keys_follow_verls_rules(tmp_path):
+    run_dir = tmp_path / "run"
+    lr = 1e-4
+    train.main(
+        [
+            "--config=configs/gsm8k_grpo.py:tiny",
+            f"trainer.default_local_dir={run_dir}",
+            "trainer.logger=['file']",
+            "trainer.total_training_steps=null",  # derived: 20 rows // batch 4 * 1 epoch = 5
+            "data.train_max_samples=20",
+            "trainer.total_epochs=1",
+            "trainer.test_freq=2",
+            "trainer.val_before_train=true",
+            "trainer.critic_warmup=2",
+            f"actor_rollout_ref.actor.optim.lr={lr}",
+            "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.4",
+            "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
+            "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
+        ]
+    )
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    by_step = {row["step"]: row["data"] for row in rows}
+    val_key = "val-core/openai/gsm8k/reward/mean@1"
+    assert sorted(by_step) == [0, 1, 2, 3, 4, 5]
+    assert [s for s in sorted(by_step) if val_key in by_step[s]] == [0, 2, 4, 5]
+    assert "actor/pg_loss" not in by_step[1]  # critic_warmup=2: the actor waits one step
+    optim = ConfigDict(
+        dict(
+            lr_warmup_steps=-1,
+            lr_warmup_steps_ratio=0.4,
+            lr_scheduler_type="cosine",
+            min_lr_ratio=0.1,
+            num_cycles=0.5,
+        )
+    )
+    for step in range(2, 6):
+        expected = lr * lr_multiplier(optim, step - 1, 5)
+        assert by_step[step]["actor/lr"] == pytest.approx(expected, rel=1e-6), step
+    # warmup 2 steps over 5: factors 0.5 (step 2), then cosine from 1.0 down towards 0.1
+    assert by_step[2]["actor/lr"] == pytest.approx(0.5 * lr)
+    assert by_step[3]["actor/lr"] == pytest.approx(lr)
+
+
+def test_cosine_with_cycles_closed_form():
+    optim = ConfigDict(
+        dict(lr_warmup_steps=0, lr_scheduler_type="cosine", min_lr_ratio=0.0, num_cycles=1.0)
+    )
+    # one full cycle: down to 0 at the middle, back to 1 at the end
+    assert lr_multiplier(optim, 0, 8) == pytest.approx(1.0)
+    assert lr_multiplier(optim, 4, 8) == pytest.approx(0.0, abs=1e-12)
+    assert lr_multiplier(optim, 2, 8) == pytest.approx(0.5)
+    assert lr_multiplier(optim, 8, 8) == pytest.approx(1.0)
+
+
+def test_adamw_betas_and_weight_decay_closed_form():
+    optim = ConfigDict(dict(lr=0.1, betas=(0.8, 0.9), weight_decay=0.5, optimizer="AdamW"))
+    tx = make_optimizer(optim)
+    params = {"w": jnp.array([1.0, -2.0])}
+    grads = [np.array([0.5, 0.25]), np.array([-1.0, 0.5])]
+    state = tx.init(params)
+    w, m, v = np.array([1.0, -2.0]), np.zeros(2), np.zeros(2)
+    for t, g in enumerate(grads, start=1):
+        lr_t = 0.1 * (0.5 if t == 2 else 1.0)  # the injected rate changes between steps
+        state = set_learning_rate(state, lr_t)
+        updates, state = tx.update({"w": jnp.asarray(g)}, state, params)
+        params = {"w": params["w"] + updates["w"]}
+        m = 0.8 * m + 0.2 * g
+        v = 0.9 * v + 0.1 * g**2
+        m_hat, v_hat = m / (1 - 0.8**t), v / (1 - 0.9**t)
+        w = w - lr_t * (m_hat / (np.sqrt(v_hat) + 1e-8) + 0.5 * w)
+        np.testing.assert_allclose(np.asarray(params["w"]), w, rtol=1e-6)
+    assert math.isfinite(float(params["w"][0]))
