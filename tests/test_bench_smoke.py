@@ -1,4 +1,4 @@
-"""Smoke run of bench/train_step.py at the tiny shape: both implementations report sane JSON."""
+"""Smoke runs of the bench scripts at the tiny shape: each reports sane JSON."""
 
 import json
 import math
@@ -39,3 +39,46 @@ def test_train_step_bench_tiny_reports_both_implementations():
     jrl, torch = by_impl["jrl"], by_impl["torch"]
     assert math.isclose(ratio["tokens_per_s_ratio"], jrl["tokens_per_s"] / torch["tokens_per_s"])
     assert math.isclose(ratio["peak_memory_ratio"], jrl["peak_memory_gb"] / torch["peak_memory_gb"])
+
+
+def test_checkpoint_bench_tiny_round_trips_and_sizes():
+    cmd = [sys.executable, "bench/checkpoint.py", "--shape", "tiny", "--hf-model"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.strip()]
+    by_key = {(r["impl"], r["measure"]): r for r in lines}
+    assert list(by_key) == [
+        ("jrl", "save_return"),
+        ("jrl", "save_complete"),
+        ("jrl", "size"),
+        ("numpy", "save"),
+        ("numpy", "size"),
+        ("jrl", "restore"),
+        ("numpy", "load"),
+        ("jrl/numpy", "ratio"),
+    ]
+    assert {(r["shape"], r["devices"]) for r in lines} == {("tiny", 8)}  # conftest's 8 devices
+    for key in (("jrl", "restore"), ("numpy", "load")):
+        assert by_key[key]["equal"] is True and by_key[key]["optimizer_equal"] is True
+    save_return, save_complete = (
+        by_key[("jrl", m)]["seconds"] for m in ("save_return", "save_complete")
+    )
+    assert 0 < save_return <= save_complete
+
+    # fp32 parameters and two fp32 AdamW moments: the .npy files hold 12 bytes per parameter
+    # plus headers; Orbax's compression saves a little on random weights, never most of it.
+    raw = 12 * lines[0]["params"]
+    numpy_bytes = by_key[("numpy", "size")]["bytes"]
+    jrl_size = by_key[("jrl", "size")]
+    assert raw < numpy_bytes < raw * 1.05
+    assert jrl_size["bytes"] == jrl_size["model_bytes"] + jrl_size["optimizer_bytes"]
+    assert 0.5 * raw < jrl_size["bytes"] < 1.1 * raw
+    assert jrl_size["hf_model_bytes"] >= 4 * lines[0]["params"]  # safetensors in fp32
+    assert jrl_size["step_folder_bytes"] > jrl_size["bytes"] + jrl_size["hf_model_bytes"]
+
+    ratio = by_key[("jrl/numpy", "ratio")]
+    assert math.isclose(ratio["size_ratio"], jrl_size["bytes"] / numpy_bytes)
+    numpy_save = by_key[("numpy", "save")]["seconds"]
+    assert math.isclose(ratio["save_complete_ratio"], save_complete / numpy_save)
+    restore, load = by_key[("jrl", "restore")]["seconds"], by_key[("numpy", "load")]["seconds"]
+    assert math.isclose(ratio["restore_ratio"], restore / load)
