@@ -11,8 +11,13 @@ Config files: ``configs/gsm8k_ppo.py`` (PPO with a GAE critic) and ``configs/gsm
 presets ``:tiny`` (tiny random model, for smoke runs) and ``:quickstart`` (SmolLM2-135M-Instruct on
 CPU). Their assets are built on first use under ``~/.cache/jrl`` (``$JRL_CACHE``). The resolved
 config is printed at start-up; metrics print once per step as ``step:N - name:value - ...``.
-Loggers: ``trainer.logger`` takes console, file (JSON lines in ``default_local_dir``),
-tensorboard and wandb.
+Loggers: ``trainer.logger`` takes console, file, tensorboard, wandb (offline without an API key),
+mlflow (a file store under the run directory unless ``MLFLOW_TRACKING_URI`` is set) and swanlab.
+Every step's metrics are also appended to ``<default_local_dir>/metrics.jsonl``; at the end of a
+run PNG plots of reward, response length, KL, entropy and validation scores are written to
+``<default_local_dir>/plots`` (again any time with ``python -m jrl.plot RUN_DIR``).
+``trainer.log_val_generations=N`` keeps N validation samples per validation in
+``val_generations.jsonl`` (and as a wandb table / tensorboard text).
 
 Checkpoints: ``trainer.save_freq=N`` writes ``default_local_dir/global_step_N/{actor,critic}``
 every N steps and at the last one; ``trainer.resume_mode=auto`` (default) continues from the latest
@@ -33,6 +38,7 @@ import time
 from jrl.assets import prepare_for
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config import ConfigError, load_config
+from jrl.plot import plot_after_training
 from jrl.trainer.stopping import NonFiniteLossError
 
 
@@ -50,7 +56,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     start = time.perf_counter()
     trainer = PPOTrainer(config)
     print(trainer.describe(), flush=True)
-    metrics = trainer.fit()
+    try:
+        metrics = trainer.fit()
+    finally:
+        plot_after_training(config.trainer.default_local_dir)
     print(f"jrl: training finished in {time.perf_counter() - start:.1f}s", flush=True)
     return metrics
 

@@ -1,5 +1,6 @@
 """verl's loop keys in a real run: total_training_steps derived from the data, val_before_train and
-test_freq (1-based, plus the last step), critic_warmup, and the LR schedule injected at run time;
+test_freq (1-based, plus the last step), critic_warmup, the LR schedule injected at run time,
+log_val_generations and the end-of-run plots;
 AdamW's betas and weight decay against the closed form."""
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ def test_loop_keys_follow_verls_rules(tmp_path):
             "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio=0.4",
             "actor_rollout_ref.actor.optim.lr_scheduler_type=cosine",
             "actor_rollout_ref.actor.optim.min_lr_ratio=0.1",
+            "trainer.log_val_generations=2",
         ]
     )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -57,6 +59,11 @@ def test_loop_keys_follow_verls_rules(tmp_path):
     # warmup 2 steps over 5: factors 0.5 (step 2), then cosine from 1.0 down towards 0.1
     assert by_step[2]["actor/lr"] == pytest.approx(0.5 * lr)
     assert by_step[3]["actor/lr"] == pytest.approx(lr)
+    # two validation samples kept per validation, and the end-of-run plots
+    samples = [json.loads(x) for x in (run_dir / "val_generations.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in samples] == [0, 0, 2, 2, 4, 4, 5, 5]
+    assert all(isinstance(row["output"], str) and "score" in row for row in samples)
+    assert (run_dir / "plots" / "reward.png").stat().st_size > 0
 
 
 def test_cosine_with_cycles_closed_form():

@@ -3,13 +3,18 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import jax
 import numpy as np
 
 from jrl.batch import Batch
+from jrl.models.config import ModelConfig
+from jrl.trainer.flops import peak_flops, train_flops
+
+GB = 1024**3
 
 
 def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
@@ -63,6 +68,43 @@ def throughput_metrics(batch: Batch, timing: dict[str, float], n_gpus: int) -> d
     for name in ("ref", "values", "adv", "update_critic", "update_actor"):
         if name in timing and total_tokens:
             out[f"timing_per_token_ms/{name}"] = 1000.0 * timing[name] / total_tokens
+    return out
+
+
+def mfu_metrics(
+    model_config: ModelConfig,
+    seqlens: Sequence[int] | np.ndarray,
+    seconds: float,
+    *,
+    epochs: int,
+    world_size: int,
+    role: str = "actor",
+    device_kind: str | None = None,
+) -> dict[str, float]:
+    """``perf/mfu/<role>``: the FLOPs of `epochs` passes over sequences of `seqlens` tokens (the
+    rows' attention-mask sums) in `seconds`, over the peak of `world_size` devices of
+    `device_kind` (default: that of ``jax.devices()[0]``). Empty where the peak is unknown (CPU)."""
+    kind = jax.devices()[0].device_kind if device_kind is None else device_kind
+    peak = peak_flops(kind)
+    if peak is None or seconds <= 0:
+        return {}
+    flops = train_flops(model_config, seqlens) * epochs
+    return {f"perf/mfu/{role}": flops / (seconds * peak * world_size)}
+
+
+def memory_metrics(devices: Sequence[Any] | None = None) -> dict[str, float]:
+    """``perf/max_memory_allocated_gb`` (peak bytes in use) and ``perf/max_memory_reserved_gb``
+    (peak bytes held by the allocator's pool), the largest over `devices` (default: this process's),
+    in GiB. Keys the backend does not report are absent; CPUs report none."""
+    stats = [s for s in (d.memory_stats() for d in devices or jax.local_devices()) if s]
+    out = {}
+    allocated = [s["peak_bytes_in_use"] for s in stats if "peak_bytes_in_use" in s]
+    if allocated:
+        out["perf/max_memory_allocated_gb"] = max(allocated) / GB
+    reserved = [s.get("peak_pool_bytes") or s.get("peak_bytes_reserved") for s in stats]
+    reserved = [r for r in reserved if r]
+    if reserved:
+        out["perf/max_memory_reserved_gb"] = max(reserved) / GB
     return out
 
 

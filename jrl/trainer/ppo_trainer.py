@@ -40,7 +40,13 @@ from jrl.trainer.checkpoint import (
     step_of,
 )
 from jrl.trainer.critic import Critic
-from jrl.trainer.metrics import data_metrics, throughput_metrics, timer
+from jrl.trainer.metrics import (
+    data_metrics,
+    memory_metrics,
+    mfu_metrics,
+    throughput_metrics,
+    timer,
+)
 from jrl.trainer.policy import Policy, build_rollout, lora_settings
 from jrl.trainer.reward_model import RewardModelScorer
 from jrl.trainer.stopping import StopRequest, check_losses_finite
@@ -142,6 +148,9 @@ class PPOTrainer:
             Critic(config, self.mesh, self.total_training_steps) if self.use_critic else None
         )
         self.rollout = build_rollout(config, self.actor, self.tokenizer)
+        self.model_configs = {"actor": self.actor.state.model().config}
+        if self.critic is not None:
+            self.model_configs["critic"] = self.critic.state.model().config
         eos = self.rollout.eos_token_ids
         response_length = config.data.max_response_length
         self.sampling = SamplingParams.from_rollout_config(
@@ -315,8 +324,30 @@ class PPOTrainer:
         metrics.update(data_metrics(batch, self.use_critic))
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
         metrics.update(throughput_metrics(batch, timing, self.n_gpus))
+        metrics.update(self.mfu(batch, timing))
+        metrics.update(memory_metrics())
         metrics.update({"training/global_step": step, "training/epoch": epoch})
         return metrics
+
+    def mfu(self, batch: Batch, timing: dict[str, float]) -> dict[str, float]:
+        """``perf/mfu/actor`` (and ``/critic``) of this step's updates (none on CPU)."""
+        seqlens = np.asarray(batch.tensors["attention_mask"]).sum(-1)
+        out: dict[str, float] = {}
+        sections = {"actor": self.config.actor_rollout_ref.actor, "critic": self.config.critic}
+        for role, model_config in self.model_configs.items():
+            seconds = timing.get(f"update_{role}")
+            if seconds:
+                out.update(
+                    mfu_metrics(
+                        model_config,
+                        seqlens,
+                        seconds,
+                        epochs=sections[role].ppo_epochs,
+                        world_size=self.n_gpus,
+                        role=role,
+                    )
+                )
+        return out
 
     def validate(self, step: int) -> dict[str, float]:
         """Greedy (val_kwargs) generation on the validation set, scored per data source, with
@@ -463,7 +494,7 @@ class PPOTrainer:
             start = self.load_checkpoint()
             if trainer.val_before_train:
                 last = self.validate(start)
-                tracking.log(last, step=start)
+                self.log(tracking, last, start)
                 if trainer.val_only:
                     return last
             step = start + 1
@@ -478,7 +509,7 @@ class PPOTrainer:
             with StopRequest() as stop:
                 for epoch, prompts in self.batches():
                     last = self.train_step(prompts, step, epoch)
-                    tracking.log(last, step=step)
+                    self.log(tracking, last, step)
                     progress.update(1)
                     if step == start + 1:
                         elapsed = time.perf_counter() - self.created_at
@@ -494,6 +525,12 @@ class PPOTrainer:
         finally:
             tracking.close()
             self.checkpoints.close()
+
+    def log(self, tracking: Tracking, metrics: dict[str, float], step: int) -> None:
+        """One step's metrics, and the validation samples kept since the last call."""
+        tracking.log(metrics, step=step)
+        tracking.log_generations(self.val_generations, step)
+        self.val_generations = []
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""

@@ -1,0 +1,126 @@
+"""python -m jrl.plot: PNGs from metrics.jsonl, skipped figures, errors, graceful degradation."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from jrl import plot
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _write(run_dir: Path, rows: list[tuple[int, dict]]) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps({"step": step, "data": data}) for step, data in rows]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+
+
+def _train_row(step: int, **extra) -> tuple[int, dict]:
+    data = {
+        "critic/score/mean": 0.1 * step,
+        "critic/score/min": 0.0,
+        "critic/score/max": 1.0,
+        "response_length/mean": 10.0 + step,
+        "actor/kl_loss": 0.01 * step,
+        "actor/ppo_kl": "nan",
+        "actor/entropy": 2.0 - 0.1 * step,
+        "training/global_step": step,
+        **extra,
+    }
+    return step, data
+
+
+def _is_png(path: Path) -> bool:
+    data = path.read_bytes()
+    return data.startswith(PNG_SIGNATURE) and len(data) > 1000
+
+
+def test_plots_every_figure_with_data(tmp_path):
+    val = {"val-core/openai/gsm8k/reward/mean@1": 0.2, "val-core/math/acc/mean@1": 0.1}
+    rows = [(0, val), _train_row(1), _train_row(2), _train_row(3), (3, val)]
+    _write(tmp_path, rows)
+    paths = plot.plot_run(tmp_path)
+    assert [p.name for p in paths] == [
+        "reward.png",
+        "response_length.png",
+        "kl.png",
+        "entropy.png",
+        "validation.png",
+    ]
+    assert all(p.parent == tmp_path / "plots" and _is_png(p) for p in paths)
+    assert not list((tmp_path / "plots").glob(".*"))  # no temporary files left
+
+
+def test_resumed_steps_keep_the_last_row_and_text_values_parse(tmp_path):
+    _write(tmp_path, [_train_row(1), _train_row(2), (2, {"actor/entropy": 9.0}), _train_row(3)])
+    series = plot.read_metrics(tmp_path / "metrics.jsonl")
+    assert series["actor/entropy"] == [(1, 1.9), (2, 9.0), (3, 1.7)]
+    assert [s for s, _ in series["actor/ppo_kl"]] == [1, 2, 3]  # "nan" kept as NaN
+
+
+def test_figures_without_data_are_skipped(tmp_path):
+    _write(tmp_path, [(1, {"critic/score/mean": 0.5, "actor/ppo_kl": "nan"})])
+    paths = plot.plot_run(tmp_path)
+    assert [p.name for p in paths] == ["reward.png"]  # an all-NaN KL curve is no data
+
+
+def test_cli_errors_name_the_file(tmp_path, capsys):
+    assert plot.main([str(tmp_path)]) == 2
+    assert str(tmp_path / "metrics.jsonl") in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text("")
+    assert plot.main([str(tmp_path)]) == 2
+    assert "empty" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    assert plot.main([str(tmp_path)]) == 2
+    assert "metrics.jsonl:1" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1, "data": {}}\n{"step": 2, "data": [1]}\n')
+    assert plot.main([str(tmp_path)]) == 2
+    assert "metrics.jsonl:2" in capsys.readouterr().err
+
+
+def test_module_entry_point(tmp_path):
+    _write(tmp_path, [_train_row(1), _train_row(2)])
+    done = subprocess.run(
+        [sys.executable, "-m", "jrl.plot", str(tmp_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert str(tmp_path / "plots" / "reward.png") in done.stdout.splitlines()
+    helped = subprocess.run(
+        [sys.executable, "-m", "jrl.plot", "--help"], cwd=REPO, capture_output=True, text=True
+    )
+    assert helped.returncode == 0 and "RUN_DIR" in helped.stdout
+
+
+def test_after_training_degrades_without_matplotlib(tmp_path, monkeypatch, capsys):
+    _write(tmp_path, [_train_row(1)])
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "matplotlib" else real_find_spec(name, *a),
+    )
+    with pytest.raises(ImportError, match=r"jrl\[plot\]"):
+        plot.plot_run(tmp_path)
+    assert plot.plot_after_training(tmp_path) == []
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 1 and "plots skipped" in lines[0] and 'pip install "jrl[plot]"' in lines[0]
+    assert not (tmp_path / "plots").exists()
+
+
+def test_after_training_reports_where_plots_went(tmp_path, capsys):
+    _write(tmp_path, [_train_row(1)])
+    assert len(plot.plot_after_training(tmp_path)) == 4
+    assert capsys.readouterr().out.strip() == f"jrl: 4 plots written to {tmp_path / 'plots'}"
+    assert plot.plot_after_training(tmp_path / "missing") == []
+    assert "plots skipped" in capsys.readouterr().out
