@@ -112,6 +112,8 @@ def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
     if per_rank <= 0:
         yield f"{how} = {mini}*{n}//{ranks} is 0; raise {prefix}.ppo_mini_batch_size to >= {ranks}"
         return
+    if role.use_dynamic_bsz:  # micro-batches by token budget: the micro-batch keys are unused
+        return
     micro_key, micro = f"{prefix}.ppo_micro_batch_size_per_gpu", role.ppo_micro_batch_size_per_gpu
     if micro is None and role.ppo_micro_batch_size is not None:
         micro_key = f"{prefix}.ppo_micro_batch_size // {ranks} ranks"
@@ -145,6 +147,36 @@ def _batches(config: ConfigDict, gpus: int) -> Iterator[str]:
             yield from _one_of(config, prefix, "log_prob_micro_batch_size")
     if config.reward_model.enable and not config.reward_model.use_dynamic_bsz:
         yield from _one_of(config, "reward_model", "micro_batch_size")
+    yield from _token_budgets(config)
+
+
+def _token_budgets(config: ConfigDict) -> Iterator[str]:
+    """With dynamic batch sizes, every per-device token budget holds a whole padded sequence."""
+    data = config.data
+    padded = (
+        data.max_prompt_length + data.max_response_length,
+        "data.max_prompt_length + data.max_response_length",
+    )
+    arr = "actor_rollout_ref"
+    checks = [(f"{arr}.actor.use_dynamic_bsz", f"{arr}.actor.ppo_max_token_len_per_gpu", padded)]
+    for role in ["rollout"] + (["ref"] if uses_reference(config) else []):
+        prefix = f"{arr}.{role}.log_prob_"
+        checks.append((f"{prefix}use_dynamic_bsz", f"{prefix}max_token_len_per_gpu", padded))
+    if uses_critic(config):
+        for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
+            checks.append(("critic.use_dynamic_bsz", f"critic.{key}", padded))
+    if config.reward_model.enable:
+        rm = config.reward_model
+        length = (rm.max_length, "reward_model.max_length") if rm.max_length else padded
+        checks.append(
+            ("reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu", length)
+        )
+    for flag, key, (needed, source) in checks:
+        if config[flag] and not (config[key] is not None and config[key] >= needed):
+            yield (
+                f"{key}={config[key]} must be >= the padded sequence length {needed} ({source}) "
+                f"when {flag}=True; raise {key} to at least {needed}"
+            )
 
 
 def _devices(config: ConfigDict, num_devices: int | None) -> Iterator[str]:

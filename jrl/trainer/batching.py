@@ -1,4 +1,5 @@
-"""Host-side batching: padding rows to a multiple, forward chunks and PPO mini/micro-batches."""
+"""Host-side batching: padding rows to a multiple, forward chunks and PPO mini/micro-batches,
+by row counts or by token budget (`jrl.trainer.dynamic_batching`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,13 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jrl.parallel import shard_batch
+from jrl.trainer.dynamic_batching import TokenBudget, budget_forward
+from jrl.trainer.packing import PackLayout, with_packing
+
+# forward(micro_batch, packed layout or None) -> per-row outputs
+Forward = Callable[[dict[str, jax.Array], PackLayout | None], Any]
+# packing(tensors) -> (tensors with their packing plan, static layout)
+PackingPlan = Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], Any]]
 
 
 def pad_rows(tensors: dict[str, np.ndarray], multiple: int) -> tuple[dict[str, np.ndarray], int]:
@@ -38,6 +46,36 @@ def chunked_forward(
         chunk = {k: v[start : start + chunk_rows] for k, v in padded.items()}
         outputs.append(jax.device_get(fn(shard_batch(chunk, mesh))))
     return jax.tree.map(lambda *xs: np.concatenate(xs)[:rows], *outputs)
+
+
+def forward_pass(
+    fn: Forward,
+    tensors: dict[str, np.ndarray],
+    mesh: Mesh,
+    *,
+    rows: int | None,
+    remove_padding: bool = False,
+    budget: TokenBudget | None = None,
+) -> Any:
+    """Per-row outputs of the jitted ``fn(micro_batch, layout)`` over the whole batch: micro
+    batches under the token `budget` when one is given (packed as it says), else chunks of `rows`
+    (packed when `remove_padding`)."""
+    if budget is not None:
+        return budget_forward(fn, tensors, budget, mesh)
+    tensors, layout = with_packing(tensors, rows, mesh, remove_padding)
+    return chunked_forward(lambda chunk: fn(chunk, layout), tensors, rows, mesh)
+
+
+def fixed_minibatches(
+    tensors: dict[str, np.ndarray], mini_rows: int, micro_rows: int, packing: PackingPlan | None
+) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
+    """`minibatches` of the rows planned once by `packing` (when given), each with the packed
+    layout (None without packing)."""
+    layout = None
+    if packing is not None:
+        tensors, layout = packing(tensors)
+    for minibatch in minibatches(tensors, mini_rows, micro_rows):
+        yield minibatch, layout
 
 
 def minibatches(

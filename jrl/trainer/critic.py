@@ -15,10 +15,10 @@ from jrl import algos
 from jrl.batch import Batch
 from jrl.config import n_gpus
 from jrl.parallel import batch_sharding
-from jrl.trainer.batching import chunked_forward
+from jrl.trainer.batching import forward_pass
 from jrl.trainer.optim import lr_multiplier, make_optimizer
-from jrl.trainer.packing import PackLayout, packing_plan, response_window, with_packing
-from jrl.trainer.policy import load_model, micro_rows_per_device, shuffle_seed
+from jrl.trainer.packing import PackLayout, response_window
+from jrl.trainer.policy import forward_split, load_model, shuffle_seed, update_split
 from jrl.trainer.train_state import TrainState
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
@@ -60,12 +60,17 @@ class Critic:
         fsdp = critic.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
         model = load_model(critic.model, fsdp, mesh, kind="value")
         self.state = TrainState.create(model, make_optimizer(critic.optim), mesh)
-        world = n_gpus(config)
-        self.world = world
-        self.forward_rows = world * micro_rows_per_device(
-            critic, "forward_micro_batch_size_per_gpu", "forward_micro_batch_size", world
-        )
+        self.world = n_gpus(config)
         self.remove_padding = bool(critic.model.use_remove_padding)
+        self.forward_rows, self.forward_budget = forward_split(
+            critic,
+            "critic",
+            self.world,
+            self.remove_padding,
+            flag_key="use_dynamic_bsz",
+            limit_key="forward_max_token_len_per_gpu",
+            micro_key="forward_micro_batch_size",
+        )
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
         self._forward = jax.jit(
             self._forward_fn,
@@ -80,12 +85,13 @@ class Critic:
     def compute_values(self, batch: Batch) -> np.ndarray:
         """Values [B, R] for the batch's responses."""
         tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
-        tensors, packing = with_packing(tensors, self.forward_rows, self.mesh, self.remove_padding)
-        return chunked_forward(
-            lambda chunk: self._forward(self.state.params, chunk, packing),
+        return forward_pass(
+            functools.partial(self._forward, self.state.params),
             tensors,
-            self.forward_rows,
             self.mesh,
+            rows=self.forward_rows,
+            remove_padding=self.remove_padding,
+            budget=self.forward_budget,
         )
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
@@ -93,9 +99,6 @@ class Critic:
         critic = self.config.critic
         n = self.config.actor_rollout_ref.rollout.n
         mini_rows = critic.ppo_mini_batch_size * n
-        micro_rows = self.world * micro_rows_per_device(
-            critic, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", self.world
-        )
         tensors = {k: np.asarray(batch.tensors[k]) for k in (*FORWARD_KEYS, "values", "returns")}
         lr = critic.optim.lr * lr_multiplier(critic.optim, step - 1, self.total_training_steps)
         history = self.state.train(
@@ -104,11 +107,10 @@ class Critic:
             variant="critic",
             grad_clip=critic.grad_clip,
             mini_rows=mini_rows,
-            micro_rows=micro_rows,
             epochs=critic.ppo_epochs,
             lr=lr,
             shuffle_seed=shuffle_seed(critic, step),
-            packing=packing_plan(micro_rows, self.mesh, self.remove_padding),
+            **update_split(critic, "critic", self.world, self.mesh, self.remove_padding),
         )
         out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("critic/")}
         out["critic/grad_norm"] = float(np.mean(history["grad_norm"]))

@@ -52,7 +52,7 @@ class Packed(NamedTuple):
     index: jax.Array
 
 
-def _first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
+def first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
     """First-fit decreasing: each sequence's first flat slot in rows of `capacity`, and the rows
     used (at least one)."""
     room: list[int] = []
@@ -65,6 +65,16 @@ def _first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
         starts[i] = row * capacity + capacity - room[row]
         room[row] -= need
     return starts, max(len(room), 1)
+
+
+def batch_shards(mesh: Mesh | None) -> int:
+    """How many ways the batch rows are split on `mesh` (1 without a mesh)."""
+    return 1 if mesh is None else math.prod(mesh.shape[axis] for axis in batch_axes())
+
+
+def packed_sharding(mesh: Mesh | None) -> NamedSharding | None:
+    """The sharding of packed rows on `mesh`: rows split over the batch axes."""
+    return None if mesh is None else batch_sharding(mesh, 2)
 
 
 def _bucket(rows: int, group_rows: int, multiple: int) -> int:
@@ -96,12 +106,10 @@ def plan_packing(
     width = mask.shape[1]
     starts, rows = [], 1
     for first in range(0, len(mask), group_rows):
-        group_starts, group_used = _first_fit(lengths[first : first + group_rows], width)
+        group_starts, group_used = first_fit(lengths[first : first + group_rows], width)
         starts.append(group_starts)
         rows = max(rows, group_used)
-    multiple = 1 if mesh is None else math.prod(mesh.shape[axis] for axis in batch_axes())
-    sharding = None if mesh is None else batch_sharding(mesh, 2)
-    layout = PackLayout(_bucket(rows, group_rows, multiple), width, sharding)
+    layout = PackLayout(_bucket(rows, group_rows, batch_shards(mesh)), width, packed_sharding(mesh))
     return np.concatenate(starts) if starts else np.zeros(0, np.int32), layout
 
 

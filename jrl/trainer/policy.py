@@ -27,9 +27,10 @@ from jrl.models.decoder import set_memory_options
 from jrl.models.lora import remove_adapters
 from jrl.parallel import batch_sharding, param_shardings, shard_params
 from jrl.rollout import make_rollout
-from jrl.trainer.batching import chunked_forward
+from jrl.trainer.batching import forward_pass
+from jrl.trainer.dynamic_batching import TokenBudget
 from jrl.trainer.optim import lr_multiplier, make_optimizer
-from jrl.trainer.packing import PackLayout, packing_plan, response_window, with_packing
+from jrl.trainer.packing import PackLayout, packing_plan, response_window
 from jrl.trainer.train_state import TrainState
 from jrl_kernels import logprob_entropy
 
@@ -85,6 +86,48 @@ def micro_rows_per_device(section: Any, per_gpu_key: str, global_key: str, world
     return max(1, int(section[global_key]) // world)
 
 
+def token_budget(
+    section: Any, prefix: str, flag_key: str, limit_key: str, packed: bool
+) -> TokenBudget | None:
+    """The per-device token budget `limit_key` of the role section at `prefix` when its
+    `flag_key` (``use_dynamic_bsz`` or ``log_prob_use_dynamic_bsz``) is on, else None."""
+    if not section.get(flag_key):
+        return None
+    return TokenBudget(int(section[limit_key]), f"{prefix}.{limit_key}", packed)
+
+
+def forward_split(
+    section: Any,
+    prefix: str,
+    world: int,
+    packed: bool,
+    *,
+    flag_key: str,
+    limit_key: str,
+    micro_key: str,
+) -> tuple[int | None, TokenBudget | None]:
+    """How a forward-only pass splits its rows: ``(None, budget)`` with dynamic batch sizes,
+    else ``(rows per chunk, None)`` from `micro_key` (``*_per_gpu``, or the deprecated global
+    key)."""
+    budget = token_budget(section, prefix, flag_key, limit_key, packed)
+    if budget is not None:
+        return None, budget
+    return world * micro_rows_per_device(section, f"{micro_key}_per_gpu", micro_key, world), None
+
+
+def update_split(section: Any, prefix: str, world: int, mesh: Mesh, packed: bool) -> dict[str, Any]:
+    """`TrainState.train` keyword arguments for the micro-batches of a trained role: a token
+    budget (``ppo_max_token_len_per_gpu``) with ``use_dynamic_bsz``, else rows per micro-batch
+    (``ppo_micro_batch_size_per_gpu`` per device) and their packing plan."""
+    budget = token_budget(section, prefix, "use_dynamic_bsz", "ppo_max_token_len_per_gpu", packed)
+    if budget is not None:
+        return {"token_budget": budget}
+    rows = world * micro_rows_per_device(
+        section, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", world
+    )
+    return {"micro_rows": rows, "packing": packing_plan(rows, mesh, packed)}
+
+
 def actor_loss(model, micro, norm, *, cfg, temperature: float, on_policy: bool, packing=None):
     """Actor objective of one micro-batch, already divided by the mini-batch normaliser."""
     log_prob, entropy = response_log_probs(model, micro, temperature, packing)
@@ -131,9 +174,10 @@ class Policy:
         mesh: Mesh,
         *,
         temperature: float,
-        forward_rows: int,
+        forward_rows: int | None,
         state: TrainState | None = None,
         remove_padding: bool = False,
+        forward_budget: TokenBudget | None = None,
     ):
         self.graphdef = graphdef
         self._frozen_params = None if state is not None else params
@@ -143,6 +187,7 @@ class Policy:
         self.forward_rows = forward_rows
         self.state = state
         self.remove_padding = remove_padding
+        self.forward_budget = forward_budget
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
         self._forward = jax.jit(
             self._forward_fn,
@@ -168,10 +213,8 @@ class Policy:
                 apply_lora(model, seed=int(seed if seed is not None else 0), **lora)
             except ValueError as err:
                 raise ValueError(f"actor_rollout_ref.model: {err}") from err
-        world = n_gpus(config)
-        forward = micro_rows_per_device(
-            arr.rollout, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
-        )
+        remove_padding = bool(arr.model.use_remove_padding)
+        rows, budget = _log_prob_split(config, "rollout", remove_padding)
         trainable = nnx.Param if lora is None else LoRAParam
         state = TrainState.create(model, make_optimizer(arr.actor.optim), mesh, trainable)
         policy = cls(
@@ -180,9 +223,10 @@ class Policy:
             state.param_shardings,
             mesh,
             temperature=arr.rollout.temperature,
-            forward_rows=forward * world,
+            forward_rows=rows,
             state=state,
-            remove_padding=bool(arr.model.use_remove_padding),
+            remove_padding=remove_padding,
+            forward_budget=budget,
         )
         policy.config = config
         policy.total_training_steps = total_training_steps
@@ -196,10 +240,8 @@ class Policy:
         arrays the actor keeps frozen. Without LoRA the weights are loaded again.
         """
         arr = config.actor_rollout_ref
-        world = n_gpus(config)
-        forward = micro_rows_per_device(
-            arr.ref, "log_prob_micro_batch_size_per_gpu", "log_prob_micro_batch_size", world
-        )
+        remove_padding = bool(arr.model.use_remove_padding)
+        rows, budget = _log_prob_split(config, "ref", remove_padding)
         if lora_settings(arr.model) is None:
             fsdp = arr.ref.get("fsdp_config") or arr.actor.fsdp_config
             graphdef, params = nnx.split(load_model(arr.model, fsdp, mesh))
@@ -218,8 +260,9 @@ class Policy:
             shardings,
             mesh,
             temperature=arr.rollout.temperature,
-            forward_rows=forward * world,
-            remove_padding=bool(arr.model.use_remove_padding),
+            forward_rows=rows,
+            remove_padding=remove_padding,
+            forward_budget=budget,
         )
 
     def _forward_fn(self, params, tensors, packing):
@@ -231,12 +274,13 @@ class Policy:
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Log-probs [B, R] of the batch's responses (and entropy when asked)."""
         tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
-        tensors, packing = with_packing(tensors, self.forward_rows, self.mesh, self.remove_padding)
-        log_prob, entropy = chunked_forward(
-            lambda chunk: self._forward(self.params, chunk, packing),
+        log_prob, entropy = forward_pass(
+            functools.partial(self._forward, self.params),
             tensors,
-            self.forward_rows,
             self.mesh,
+            rows=self.forward_rows,
+            remove_padding=self.remove_padding,
+            budget=self.forward_budget,
         )
         return log_prob, (entropy if calculate_entropy else None)
 
@@ -245,14 +289,7 @@ class Policy:
         config = self.config
         actor = config.actor_rollout_ref.actor
         n = config.actor_rollout_ref.rollout.n
-        world = n_gpus(config)
         mini_rows = actor.ppo_mini_batch_size * n
-        micro_rows = (
-            micro_rows_per_device(
-                actor, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", world
-            )
-            * world
-        )
         keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
         if actor.use_kl_loss:
             keys.append("ref_log_prob")
@@ -273,12 +310,13 @@ class Policy:
             variant=on_policy,
             grad_clip=actor.grad_clip,
             mini_rows=mini_rows,
-            micro_rows=micro_rows,
             epochs=actor.ppo_epochs,
             lr=lr,
             loss_scale_factor=actor.loss_scale_factor,
             shuffle_seed=shuffle_seed(actor, step),
-            packing=packing_plan(micro_rows, self.mesh, self.remove_padding),
+            **update_split(
+                actor, "actor_rollout_ref.actor", n_gpus(config), self.mesh, self.remove_padding
+            ),
         )
         out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("actor/")}
         out["actor/pg_loss"] = float(np.sum(history["actor/pg_loss"]))
@@ -289,6 +327,19 @@ class Policy:
         out["actor/lr"] = float(lr)
         out["actor/skipped_steps"] = float(np.sum(history["skipped"]))
         return out
+
+
+def _log_prob_split(config: Any, role: str, packed: bool) -> tuple[int | None, TokenBudget | None]:
+    """`forward_split` of the log-prob pass of ``actor_rollout_ref.{role}`` (rollout or ref)."""
+    return forward_split(
+        config.actor_rollout_ref[role],
+        f"actor_rollout_ref.{role}",
+        n_gpus(config),
+        packed,
+        flag_key="log_prob_use_dynamic_bsz",
+        limit_key="log_prob_max_token_len_per_gpu",
+        micro_key="log_prob_micro_batch_size",
+    )
 
 
 def load_model(model_cfg: Any, fsdp_cfg: Any, mesh: Mesh, kind: str = "causal_lm") -> Any:

@@ -10,7 +10,6 @@ response length); otherwise the reward model reads the policy's tokens as they a
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import jax
@@ -22,8 +21,8 @@ from jrl.batch import Batch
 from jrl.config import n_gpus
 from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import batch_sharding
-from jrl.trainer.batching import chunked_forward
-from jrl.trainer.policy import load_model, micro_rows_per_device
+from jrl.trainer.batching import forward_pass
+from jrl.trainer.policy import forward_split, load_model
 
 
 class RewardModelScorer:
@@ -36,11 +35,15 @@ class RewardModelScorer:
         model = load_model(rm.model, fsdp, mesh, kind="reward")
         self.graphdef, self.params = nnx.split(model)
         self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
-        world = n_gpus(config)
-        per_device = micro_rows_per_device(
-            rm, "micro_batch_size_per_gpu", "micro_batch_size", world
+        self.forward_rows, self.forward_budget = forward_split(
+            rm,
+            "reward_model",
+            n_gpus(config),
+            False,
+            flag_key="use_dynamic_bsz",
+            limit_key="forward_max_token_len_per_gpu",
+            micro_key="micro_batch_size",
         )
-        self.forward_rows = per_device * world
         self.policy_tokenizer = policy_tokenizer
         self.retemplate = rm.model.get("input_tokenizer") is not None
         self.tokenizer = (
@@ -62,8 +65,12 @@ class RewardModelScorer:
     def rm_scores(self, batch: Batch) -> np.ndarray:
         """[B, R] float32: each row's reward at its last valid response token, zero elsewhere."""
         inputs = self._inputs(batch)
-        scores = chunked_forward(
-            functools.partial(self._forward, self.params), inputs, self.forward_rows, self.mesh
+        scores = forward_pass(
+            lambda chunk, _: self._forward(self.params, chunk),
+            inputs,
+            self.mesh,
+            rows=self.forward_rows,
+            budget=self.forward_budget,
         )
         mask = np.asarray(batch.tensors["response_mask"])
         out = np.zeros(mask.shape, np.float32)

@@ -3,7 +3,9 @@
 The update takes one mini-batch laid out as ``[n_micro, micro_rows, ...]`` and scans over the micro
 batches, accumulating gradients. Each micro-batch loss is already divided by the mini-batch's global
 normaliser, so the sum over micro-batches (and devices) is exactly the mini-batch loss: splitting
-into micro-batches or devices never changes the gradient. Gradients are clipped by global norm as
+into micro-batches or devices never changes the gradient. Micro-batches come in fixed row counts or
+by token budget (``use_dynamic_bsz``); a micro-batch without response tokens (padding of the scan)
+is skipped. Gradients are clipped by global norm as
 torch's ``clip_grad_norm_`` does, and a non-finite norm skips the update.
 
 Only the parameters that the `trainable` filter selects (all of them by default; the LoRA adapters
@@ -28,12 +30,11 @@ from jax.sharding import Mesh
 
 from jrl.algos import LOSS_AGG_MODES, global_denominator
 from jrl.parallel import batch_sharding, param_shardings, replicated, shard_params
-from jrl.trainer.batching import minibatches
+from jrl.trainer.batching import PackingPlan, fixed_minibatches
+from jrl.trainer.dynamic_batching import TokenBudget, token_minibatches
 
 # loss_fn(model, micro_batch, normaliser) -> (loss, {metric_name: contribution})
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
-# packing(tensors) -> (tensors with their packing plan, static layout)
-PackingPlan = Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], Any]]
 
 
 @dataclasses.dataclass
@@ -112,9 +113,10 @@ class TrainState:
         variant: Any,
         grad_clip: float,
         mini_rows: int,
-        micro_rows: int,
         epochs: int,
         lr: float,
+        micro_rows: int | None = None,
+        token_budget: TokenBudget | None = None,
         loss_scale_factor: float | None = None,
         shuffle_seed: Sequence[int] | None = None,
         packing: PackingPlan | None = None,
@@ -123,11 +125,16 @@ class TrainState:
 
         Mini-batches are consecutive rows (verl's split), or, with `shuffle_seed` (the `shuffle`
         key), rows permuted afresh each epoch by a generator seeded with (*shuffle_seed, epoch).
-        `packing` (packed sequences) plans each epoch's rows once they are in order, returning
-        them with their plan and the static layout that `loss_fn` then receives as `packing=`.
-        `variant` names the loss configuration for the compile cache. Returns every update's
-        metrics as lists (one entry per mini-batch update).
+        Each is split into micro-batches of `micro_rows`, or under `token_budget` (which then
+        also says whether they are packed). `packing` (packed sequences, with `micro_rows`)
+        plans each epoch's rows once they are in order, returning them with their plan and the
+        static layout. `loss_fn` receives a packed layout as `packing=`. `variant` names the
+        loss configuration for the compile cache. Returns every update's metrics as lists (one
+        entry per mini-batch update).
         """
+        dynamic = token_budget is not None
+        if (micro_rows is None) != dynamic:
+            raise ValueError("TrainState.train needs exactly one of micro_rows and token_budget")
         history: dict[str, list[float]] = {}
         rows = next(iter(tensors.values())).shape[0]
         for epoch in range(epochs):
@@ -135,14 +142,19 @@ class TrainState:
             if shuffle_seed is not None:
                 order = np.random.default_rng([*shuffle_seed, epoch]).permutation(rows)
                 epoch_tensors = {k: v[order] for k, v in tensors.items()}
-            epoch_loss, layout = loss_fn, None
-            if packing is not None:
-                epoch_tensors, layout = packing(epoch_tensors)
-                epoch_loss = functools.partial(loss_fn, packing=layout)
-            for mb in minibatches(epoch_tensors, mini_rows, micro_rows):
-                key = (variant, layout, tuple((k, v.shape) for k, v in mb.items()))
+            if dynamic:
+                split = token_minibatches(epoch_tensors, mini_rows, token_budget, self.mesh)
+            else:
+                split = fixed_minibatches(epoch_tensors, mini_rows, micro_rows, packing)
+            for mb, layout in split:
+                key = (variant, layout, dynamic, tuple((k, v.shape) for k, v in mb.items()))
                 if key not in self.compiled:
-                    self.compiled[key] = build_update(self, epoch_loss, grad_clip, mb)
+                    micro_loss = loss_fn
+                    if layout is not None:
+                        micro_loss = functools.partial(loss_fn, packing=layout)
+                    self.compiled[key] = build_update(
+                        self, micro_loss, grad_clip, mb, skip_empty=dynamic
+                    )
                 norm = normalisers(mb["response_mask"], loss_scale_factor)
                 metrics = self.step(self.compiled[key], mb, norm, lr)
                 for k, v in jax.device_get(metrics).items():
@@ -164,10 +176,17 @@ def micro_batch_shardings(mesh: Mesh, minibatch: dict[str, Any]) -> dict[str, An
     return {k: batch_sharding(mesh, jnp.ndim(v), row_axis=1) for k, v in minibatch.items()}
 
 
-def build_update(state: TrainState, loss_fn: LossFn, grad_clip: float, example: dict[str, Any]):
+def build_update(
+    state: TrainState,
+    loss_fn: LossFn,
+    grad_clip: float,
+    example: dict[str, Any],
+    skip_empty: bool = False,
+):
     """Jitted ``update(trainable, frozen, opt_state, minibatch, normaliser, lr)``, returning the
     new trainable params, optimizer state and metrics (`TrainState.step` calls it). The trainable
-    params and the optimizer state are donated; the frozen params are only read."""
+    params and the optimizer state are donated; the frozen params are only read. With
+    `skip_empty`, micro-batches whose ``response_mask`` is all zero are not computed."""
     graphdef = state.graphdef
 
     def micro_loss(params, frozen, micro, normaliser):
@@ -176,9 +195,17 @@ def build_update(state: TrainState, loss_fn: LossFn, grad_clip: float, example: 
     def update(params, frozen, opt_state, minibatch, normaliser, lr):
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
-        def body(grads, micro):
+        def accumulate(grads, micro):
             (loss, aux), g = grad_fn(params, frozen, micro, normaliser)
             return jax.tree.map(jnp.add, grads, g), (loss, aux)
+
+        def body(grads, micro):
+            if not skip_empty:
+                return accumulate(grads, micro)
+            outputs = jax.eval_shape(accumulate, grads, micro)[1]
+            nothing = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), outputs)
+            active = jnp.any(micro["response_mask"] != 0)
+            return jax.lax.cond(active, accumulate, lambda g, _: (g, nothing), grads, micro)
 
         zeros = jax.tree.map(jnp.zeros_like, params)
         grads, (losses, aux) = jax.lax.scan(body, zeros, minibatch)
