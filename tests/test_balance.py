@@ -9,7 +9,8 @@ import pytest
 
 from jrl import algos
 from jrl.batch import Batch
-from jrl.trainer.balance import balance_batch, balanced_order, karmarkar_karp, row_workloads
+from jrl.trainer.balance import balance_batch, balanced_order
+from jrl.trainer.partition import karmarkar_karp, workload
 
 
 def _batch(lengths: list[int], width: int = 64, group: int = 2) -> Batch:
@@ -44,7 +45,7 @@ def _best_spread(values: list[int], k: int) -> int:
 
 
 def test_workload_formula():
-    assert row_workloads([0, 1, 10, 4096]) == [0, 24577, 245860, 24576 * 4096 + 4096**2]
+    assert workload([0, 1, 10, 4096]).tolist() == [0, 24577, 245860, 24576 * 4096 + 4096**2]
 
 
 def test_hand_worked_orders():
@@ -73,7 +74,7 @@ def test_balances_a_skewed_batch_and_moves_whole_rows():
     np.testing.assert_array_equal(out["attention_mask"], batch["attention_mask"][order])
     assert out["tag"].tolist() == [f"r{i}" for i in order]
     assert out["uid"].tolist() == [f"p{i // 2}" for i in order]
-    work = row_workloads(lengths)
+    work = workload(lengths).tolist()
     before = [list(range(i, i + 2)) for i in range(0, 8, 2)]
     after = [order[i : i + 2].tolist() for i in range(0, 8, 2)]
     assert _spread(work, after) < _spread(work, before)

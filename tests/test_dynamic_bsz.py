@@ -16,12 +16,8 @@ from jrl.batch import Batch
 from jrl.config import ConfigError, default_config, load_config
 from jrl.models import ModelConfig, init_random
 from jrl.parallel import make_mesh, shard_params
-from jrl.trainer.dynamic_batching import (
-    TokenBudget,
-    karmarkar_karp,
-    plan_micro_batches,
-    token_minibatches,
-)
+from jrl.trainer.dynamic_batching import TokenBudget, plan_micro_batches, token_minibatches
+from jrl.trainer.partition import karmarkar_karp
 from jrl.trainer.policy import Policy, actor_loss
 from jrl.trainer.train_state import TrainState
 
@@ -74,11 +70,11 @@ def _per_device(plan, shards: int) -> np.ndarray:
 
 def test_karmarkar_karp_covers_every_index_and_balances():
     weights = [5, 5, 4, 3, 3, 2, 1]
-    groups = karmarkar_karp(weights, 3)
+    groups = karmarkar_karp(weights, 3, equal_size=False)
     assert sorted(i for g in groups for i in g) == list(range(7))
     assert sorted(sum(weights[i] for i in g) for g in groups) == [7, 8, 8]
-    assert karmarkar_karp([1, 2], 4) == [[1], [], [], [0]]
-    with pytest.raises(ValueError, match="parts"):
+    assert karmarkar_karp([1, 2], 4, equal_size=False) == [[1], [0], [], []]
+    with pytest.raises(ValueError, match="partitions"):
         karmarkar_karp([1], 0)
 
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from jrl.reward import gsm8k, math
+from jrl.reward import digits, gsm8k, math
 
 _SCORERS = {
     "openai/gsm8k": gsm8k.compute_score,
     "lighteval/MATH": math.compute_score,
     "DigitalLearningGmbH/MATH-lighteval": math.compute_score,
     "HuggingFaceH4/MATH-500": math.compute_score,
+    "jrl/digits": digits.compute_score,
 }
 
 # Data sources verl scores with rules that jrl does not ship yet.
@@ -43,7 +44,8 @@ def default_compute_score(
     """The rule score of `solution_str` for `data_source`: a float, or a dict with a "score" key.
 
     openai/gsm8k uses the GSM8K scorer; lighteval/MATH, DigitalLearningGmbH/MATH-lighteval and
-    HuggingFaceH4/MATH-500 the boxed-answer MATH scorer. Other sources raise
+    HuggingFaceH4/MATH-500 the boxed-answer MATH scorer; jrl/digits (`jrl.data.digits`) the
+    first-word match of the digits task. Other sources raise
     NotImplementedError; score them with custom_reward_function.path / custom_reward_function.name.
     """
     scorer = _SCORERS.get(data_source)

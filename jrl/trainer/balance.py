@@ -9,75 +9,12 @@ partitions are concatenated so that shard r receives the r-th contiguous chunk.
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Sequence
 
 import numpy as np
 
 from jrl.batch import Batch
-
-HIDDEN_TERM = 24576  # 6·h for h = 4096: FLOPs 12·h²·L + 2·h·L², divided by 2·h
-
-
-def row_workloads(lengths: Sequence[int]) -> list[int]:
-    """Relative cost of each row from its token count L: ``24576·L + L²``."""
-    return [HIDDEN_TERM * int(n) + int(n) ** 2 for n in lengths]
-
-
-class _Part:
-    """One growing partition: its total and its (row, value) items in insertion order."""
-
-    def __init__(self, items: list[tuple[int, int]]):
-        self.items = items
-        self.total = sum(value for _, value in items)
-
-    def key(self) -> tuple[int, int, list[tuple[int, int]]]:
-        return self.total, len(self.items), self.items
-
-    def absorb(self, other: _Part) -> None:
-        self.items.extend(other.items)
-        self.total += other.total
-
-
-class _State:
-    """k partitions kept in decreasing order; the heap pops the widest spread first."""
-
-    def __init__(self, parts: list[_Part]):
-        self.parts = sorted(parts, key=_Part.key, reverse=True)
-
-    @property
-    def spread(self) -> int:
-        return self.parts[0].total - self.parts[-1].total
-
-    def __lt__(self, other: _State) -> bool:
-        if self.spread != other.spread:
-            return self.spread > other.spread
-        return self.parts[0].key() > other.parts[0].key()
-
-    def merge(self, other: _State) -> None:
-        """Pair the largest partition here with the smallest there, and so on."""
-        for mine, theirs in zip(self.parts, reversed(other.parts), strict=True):
-            mine.absorb(theirs)
-        self.parts = sorted(self.parts, key=_Part.key, reverse=True)
-
-
-def karmarkar_karp(values: Sequence[int], k: int) -> list[list[int]]:
-    """Row indices of `k` equal-count partitions with near-equal sums of `values`.
-
-    Rows are taken in ascending (value, index) order, k at a time, as k singleton partitions;
-    the two states with the widest spread are merged until one remains. The partitions come in
-    decreasing order of their sums.
-    """
-    ordered = sorted((int(v), i) for i, v in enumerate(values))
-    heap: list[_State] = []
-    for start in range(0, len(ordered), k):
-        chunk = ordered[start : start + k]
-        heapq.heappush(heap, _State([_Part([(i, v)]) for v, i in chunk]))
-    while len(heap) > 1:
-        first, second = heapq.heappop(heap), heapq.heappop(heap)
-        first.merge(second)
-        heapq.heappush(heap, first)
-    return [[i for i, _ in part.items] for part in heap[0].parts]
+from jrl.trainer.partition import karmarkar_karp, workload
 
 
 def balanced_order(lengths: Sequence[int], dp_size: int) -> list[list[int]]:
@@ -89,7 +26,7 @@ def balanced_order(lengths: Sequence[int], dp_size: int) -> list[list[int]]:
             "data-parallel shards; make train_batch_size * rollout.n a multiple of the "
             "number of data-parallel devices (or set trainer.balance_batch=False)"
         )
-    workloads = row_workloads(lengths)
+    workloads = workload(lengths).tolist()
     shards = []
     for part in karmarkar_karp(workloads, dp_size):
         part = sorted(part, key=lambda i: (workloads[i], i))

@@ -19,8 +19,6 @@ buffer of ``max_token_len // length`` rows of the padded length, whatever the da
 from __future__ import annotations
 
 import dataclasses
-import heapq
-import itertools
 import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -31,9 +29,7 @@ from jax.sharding import Mesh
 
 from jrl.parallel import shard_batch
 from jrl.trainer.packing import PACK_START, PackLayout, batch_shards, first_fit, packed_sharding
-
-# verl's cost model of one sequence of L tokens: linear layers plus attention, 24576 * L + L^2.
-LINEAR_COST = 24576
+from jrl.trainer.partition import karmarkar_karp, workload
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,35 +86,6 @@ class MicroPlan:
         return jax.tree.map(put, *outputs)
 
 
-def workload(lengths: np.ndarray) -> np.ndarray:
-    """verl's relative cost of sequences of `lengths` valid tokens."""
-    lengths = np.asarray(lengths, np.int64)
-    return LINEAR_COST * lengths + lengths * lengths
-
-
-def karmarkar_karp(weights: Sequence[float], parts: int) -> list[list[int]]:
-    """Indices of `weights` split into `parts` groups of near-equal sums (largest differencing:
-    the two partial solutions with the widest spread are merged, heaviest group with lightest,
-    until one is left). Groups may be empty when there are fewer weights than parts."""
-    if parts <= 0:
-        raise ValueError(f"karmarkar_karp needs parts > 0, got {parts}")
-    order = itertools.count()
-    heap = []
-    for i, weight in enumerate(weights):
-        groups = [(float(weight), [i])] + [(0.0, [])] * (parts - 1)
-        heapq.heappush(heap, (-float(weight), next(order), groups))
-    while len(heap) > 1:
-        first, second = heapq.heappop(heap)[2], heapq.heappop(heap)[2]
-        heavy = sorted(first, key=lambda g: -g[0])
-        light = sorted(second, key=lambda g: g[0])
-        merged = [(a[0] + b[0], a[1] + b[1]) for a, b in zip(heavy, light, strict=True)]
-        sums = [g[0] for g in merged]
-        heapq.heappush(heap, (-(max(sums) - min(sums)), next(order), merged))
-    if not heap:
-        return [[] for _ in range(parts)]
-    return [sorted(indices) for _, indices in heap[0][2]]
-
-
 def power_of_two_bucket(n: int, cap: int) -> int:
     """The smallest power of two >= `n`, at most `cap`."""
     return min(cap, 1 << max(n - 1, 0).bit_length())
@@ -129,8 +96,8 @@ def _partition(lengths: np.ndarray, parts: int) -> list[np.ndarray]:
     rows), heaviest first."""
     if not len(lengths):
         return []
-    groups = karmarkar_karp(workload(lengths), min(parts, len(lengths)))
-    groups = [np.asarray(g, np.int64) for g in groups if g]
+    groups = karmarkar_karp(workload(lengths), min(parts, len(lengths)), equal_size=False)
+    groups = [np.asarray(sorted(g), np.int64) for g in groups if g]
     return sorted(groups, key=lambda g: -int(workload(lengths[g]).sum()))
 
 
