@@ -10,8 +10,8 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import one_tiny_ppo_step
 
-from jrl import train
 from jrl.batch import Batch
 from jrl.config import ConfigError, default_config, load_config
 from jrl.models import ModelConfig, init_random
@@ -256,22 +256,13 @@ def test_updates_compile_one_shape_per_scan_length():
 
 @pytest.mark.parametrize("remove_padding", [False, True])
 def test_tiny_run_with_dynamic_batch_sizes(tmp_path, remove_padding):
-    metrics = train.main(
-        [
-            "--config=configs/gsm8k_ppo.py:tiny",
-            "actor_rollout_ref.actor.use_dynamic_bsz=True",
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=144",
-            "critic.ppo_max_token_len_per_gpu=144",
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
-            "critic.ppo_micro_batch_size_per_gpu=null",
-            f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
-            f"critic.model.use_remove_padding={remove_padding}",
-            "trainer.total_training_steps=1",
-            "trainer.val_before_train=False",
-            "trainer.test_freq=-1",
-            f"trainer.default_local_dir={tmp_path / 'run'}",
-        ]
+    one_tiny_ppo_step(
+        tmp_path / "run",
+        "actor_rollout_ref.actor.use_dynamic_bsz=True",
+        "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=144",
+        "critic.ppo_max_token_len_per_gpu=144",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=null",
+        "critic.ppo_micro_batch_size_per_gpu=null",
+        f"actor_rollout_ref.model.use_remove_padding={remove_padding}",
+        f"critic.model.use_remove_padding={remove_padding}",
     )
-    assert metrics["training/global_step"] == 1
-    for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/values/mean"):
-        assert math.isfinite(metrics[key]), (key, metrics[key])

@@ -10,12 +10,13 @@ from pathlib import Path
 import numpy as np
 import optax
 import pytest
+from helpers import tiny_llama
 from safetensors.numpy import load_file, save_file
 
 from jrl import merge
 from jrl.assets import prepare_for
 from jrl.config import load_config
-from jrl.models import ModelConfig, init_random
+from jrl.models import init_random
 from jrl.parallel import make_mesh
 from jrl.trainer.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.ppo_trainer import PPOTrainer
@@ -24,22 +25,7 @@ from jrl.trainer.train_state import TrainState
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-PLAIN = ModelConfig(
-    vocab_size=96,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    tie_word_embeddings=False,
-    attention_bias=False,
-    max_position_embeddings=64,
-    model_type="llama",
-    eos_token_id=1,
-)
+PLAIN = tiny_llama(vocab_size=96, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")

@@ -9,25 +9,20 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
+from helpers import REPO, WatchedRun
 
 from jrl.assets import prepare_tiny
 
-REPO = Path(__file__).resolve().parents[1]
 STEPS = 6
 # Timings and throughput differ between runs; everything else must not.
 TIME_DEPENDENT = ("timing_s/", "timing_per_token_ms/", "perf/")
 
 
-def _command(run_dir: Path) -> list[str]:
+def _args(run_dir: Path) -> list[str]:
     return [
-        sys.executable,
-        "-m",
-        "jrl.train",
         "--config=configs/gsm8k_ppo.py:tiny",
         f"trainer.total_training_steps={STEPS}",
         "trainer.save_freq=2",
@@ -42,7 +37,7 @@ def _env(metrics_file: Path) -> dict[str, str]:
 
 def _run(run_dir: Path, metrics_file: Path) -> str:
     done = subprocess.run(
-        _command(run_dir),
+        [sys.executable, "-m", "jrl.train", *_args(run_dir)],
         cwd=REPO,
         env=_env(metrics_file),
         capture_output=True,
@@ -75,30 +70,13 @@ def reference(tmp_path_factory) -> dict[int, dict]:
 
 def _kill_when(run_dir: Path, metrics_file: Path, condition) -> str:
     """Starts a run and SIGKILLs it as soon as `condition(stdout so far)` holds; returns stdout."""
-    process = subprocess.Popen(
-        _command(run_dir),
-        cwd=REPO,
-        env=_env(metrics_file),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 600
+    run = WatchedRun(_args(run_dir), env={"JRL_FILE_LOGGER_PATH": str(metrics_file)})
     try:
-        while not condition("".join(lines)):
-            assert process.poll() is None, "the run ended before the kill point:\n" + "".join(lines)
-            assert time.monotonic() < deadline, "timed out waiting for the kill point"
-            time.sleep(0.002)
-        process.send_signal(signal.SIGKILL)
+        run.wait_for(lambda: condition(run.output))
     finally:
-        process.kill()
-        process.wait()
-        reader.join()
-    out = "".join(lines)
-    return out
+        run.process.send_signal(signal.SIGKILL)
+        run.finish()
+    return run.output
 
 
 def _assert_resumes_exactly(reference, run_dir, metrics_file, from_step: int) -> None:

@@ -8,31 +8,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import tiny_llama
 
 from jrl.batch import Batch
-from jrl.models import ModelConfig, init_random
+from jrl.models import init_random
 from jrl.rollout import JaxRollout, SamplingParams, generate_tokens, make_rollout
 
 P, R, PAD = 6, 5, 0
 LENGTHS = (6, 3, 1)
-CONFIG = ModelConfig(
-    vocab_size=64,
-    hidden_size=32,
-    intermediate_size=64,
-    num_layers=2,
-    num_heads=4,
-    num_kv_heads=2,
-    head_dim=8,
-    rms_norm_eps=1e-6,
-    rope_theta=10000.0,
-    tie_word_embeddings=True,
-    attention_bias=False,
-    max_position_embeddings=64,
-    model_type="llama",
-    eos_token_id=1,
-    pad_token_id=PAD,
-    initializer_range=0.5,
-)
+CONFIG = tiny_llama(pad_token_id=PAD, initializer_range=0.5)
 GREEDY = SamplingParams(R, pad_token_id=PAD, do_sample=False, calculate_log_probs=True)
 ROLLOUT_CFG = {
     "temperature": 0.7,

@@ -5,13 +5,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import threading
-import time
-from pathlib import Path
 
 import pytest
+from helpers import WatchedRun
 
 from jrl import train
 from jrl.assets import prepare_tiny, tiny_paths
@@ -23,7 +19,6 @@ from jrl.trainer.optim import make_optimizer
 from jrl.trainer.stopping import NonFiniteLossError, StopRequest
 from jrl.trainer.train_state import TrainState
 
-REPO = Path(__file__).resolve().parents[1]
 QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 
 
@@ -42,34 +37,14 @@ def test_sigterm_finishes_the_step_and_leaves_a_loadable_checkpoint(tmp_path):
     prepare_tiny()
     run_dir = tmp_path / "run"
     card = "--config=configs/gsm8k_grpo.py:tiny"
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "jrl.train",
-            card,
-            "trainer.total_training_steps=100",
-            f"trainer.default_local_dir={run_dir}",
-            *QUIET,
-        ],
-        cwd=REPO,
-        env={**os.environ, "XLA_FLAGS": ""},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
+    run = WatchedRun(
+        [card, "trainer.total_training_steps=100", f"trainer.default_local_dir={run_dir}", *QUIET]
     )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True)
-    reader.start()
-    deadline = time.monotonic() + 600
-    while not any(line.startswith("step:2 - ") for line in lines):
-        assert process.poll() is None, "".join(lines)[-3000:]
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=300) == 0
-    reader.join()
-    out = "".join(lines)
+    run.wait_for(lambda: any(line.startswith("step:2 - ") for line in run.lines))
+    run.process.send_signal(signal.SIGTERM)
+    assert run.finish() == 0
+    lines = run.lines
+    out = run.output
     stopped = read_tracker(run_dir)
     assert stopped is not None and 2 <= stopped < 100
     assert f"stopped after step {stopped} on SIGTERM" in out
