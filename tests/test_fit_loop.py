@@ -11,6 +11,7 @@ import math
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import one_tiny_ppo_step
 from ml_collections import ConfigDict
 
 from jrl import train
@@ -95,3 +96,15 @@ def test_adamw_betas_and_weight_decay_closed_form():
         w = w - lr_t * (m_hat / (np.sqrt(v_hat) + 1e-8) + 0.5 * w)
         np.testing.assert_allclose(np.asarray(params["w"]), w, rtol=1e-6)
     assert math.isfinite(float(params["w"][0]))
+
+
+def test_critic_has_its_own_schedule(tmp_path):
+    metrics = one_tiny_ppo_step(
+        tmp_path / "run",
+        "critic.optim.lr=0.002",
+        "critic.optim.lr_warmup_steps=2",
+        "actor_rollout_ref.actor.optim.lr_warmup_steps=0",
+    )
+    # step 1 is scheduler step 0: the critic is still warming up (0/2), the actor is not
+    assert metrics["critic/lr"] == 0.0
+    assert metrics["actor/lr"] == pytest.approx(1e-4)  # the :tiny preset's actor lr
