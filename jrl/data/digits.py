@@ -100,7 +100,10 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--num_digits", type=int, default=NUM_DIGITS, help="digits per prompt")
     parser.add_argument("--seed", type=int, default=0, help="seed of the generator")
     args = parser.parse_args(argv)
-    rows = make_rows(args.train_size, args.test_size, args.seed, args.num_digits)
+    try:
+        rows = make_rows(args.train_size, args.test_size, args.seed, args.num_digits)
+    except ValueError as err:
+        parser.error(str(err))
     return write_splits(args.local_dir, rows)
 
 
