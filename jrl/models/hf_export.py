@@ -1,0 +1,82 @@
+"""The model's parameters as Hugging Face tensors in memory, for an engine that loads HF weights.
+
+`hf_arrays` gives each parameter under its HF name and in HF layout as a JAX array on one device
+(LoRA merged, cast to the engine's dtype); `torch_tensors` hands those arrays to torch through
+DLPack, sharing device memory, so nothing passes through the host; `hf_torch_tensors` does both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import TYPE_CHECKING, Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jrl.models.layers import Linear
+from jrl.models.weights import BASE_PARAMS, _to_hf_layout, hf_name
+
+if TYPE_CHECKING:
+    import torch
+
+
+def _first_device(array: jax.Array) -> jax.Device:
+    return min(array.devices(), key=lambda d: d.id)
+
+
+def hf_arrays(
+    model: nnx.Module, *, device: jax.Device | None = None, dtype: Any = None
+) -> Iterator[tuple[str, jax.Array]]:
+    """(HF name, array) for each base parameter, computed one at a time as it is asked for.
+
+    A kernel with a LoRA adapter comes merged (W + A @ B * alpha / rank). Floating values are
+    cast to `dtype` (kept as they are when None) where they live, then gathered whole onto
+    `device` (default: the lowest-numbered device holding the parameter) and put in HF layout
+    there: device-to-device copies only.
+    """
+    adapted = {
+        path: module
+        for path, module in nnx.iter_modules(model)
+        if isinstance(module, Linear) and module.has_adapter
+    }
+    for path, var in nnx.to_flat_state(nnx.state(model, BASE_PARAMS)):
+        layer = adapted.get(path[:-1]) if path[-1] == "kernel" else None
+        value = layer.merged_kernel() if layer is not None else var.get_value()
+        if dtype is not None and jnp.issubdtype(value.dtype, jnp.floating):
+            value = value.astype(dtype)
+        value = jax.device_put(value, device or _first_device(value))
+        yield hf_name(path), _to_hf_layout(path, value)
+
+
+def torch_tensors(named: Iterable[tuple[str, jax.Array]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """Each (name, array) as (name, torch tensor) sharing the array's memory through DLPack.
+
+    The consumer may copy a tensor asynchronously on torch's current stream; before letting go
+    of a tensor (and so of the JAX buffer under it) this waits for that stream, so JAX never
+    reuses memory that a pending copy still reads.
+    """
+    import torch
+
+    previous = None
+    for name, array in named:
+        tensor = torch.from_dlpack(array)
+        _wait_for_torch(previous)
+        previous = tensor
+        yield name, tensor
+    _wait_for_torch(previous)
+
+
+def hf_torch_tensors(
+    model: nnx.Module, *, device: jax.Device | None = None, dtype: Any = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """`torch_tensors(hf_arrays(model, device=device, dtype=dtype))`: the model as HF-named torch
+    tensors on `device`, what an engine's HF weight loader takes."""
+    return torch_tensors(hf_arrays(model, device=device, dtype=dtype))
+
+
+def _wait_for_torch(tensor: torch.Tensor | None) -> None:
+    if tensor is not None and tensor.is_cuda:
+        import torch
+
+        torch.cuda.current_stream(tensor.device).synchronize()

@@ -1,0 +1,311 @@
+"""The `vllm` rollout engine: vLLM's `LLM` in this process, on one GPU, fed the actor's weights.
+
+Targets vLLM >= 0.10.2 with its V1 engine run in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
+one GPU, `UniProcExecutor`), which is what makes the weight sync a plain function call: the
+actor's parameters are renamed and laid out as Hugging Face tensors on the GPU
+(`jrl.models.hf_export`), handed to torch through DLPack without a host copy, and loaded by the
+model's own `load_weights` through `LLM.collective_rpc`. Anything else (a multi-process engine,
+tensor parallelism, several JAX processes) fails at construction with what to change.
+
+Memory handover: JAX must not preallocate the GPU (`XLA_PYTHON_CLIENT_PREALLOCATE=false`, and
+`XLA_PYTHON_CLIENT_MEM_FRACTION` at most 1 - gpu_memory_utilization keeps JAX's pool below what
+vLLM takes). With `free_cache_engine` the engine is built with sleep mode and sleeps at level 1
+outside generation (KV cache freed, weights parked in host memory); it wakes the weights for a
+sync and everything for a generate call.
+
+Sampling: `n` responses per prompt are `n` requests of one response each (rows interleaved as in
+the `jax` engine), and row i samples with a seed drawn from `fold_in(rng, i)`, so a row's response
+does not depend on the batch it ran in. Log-probs (`calculate_log_probs`) are vLLM's for the
+sampled token under `logprobs_mode`.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jrl.batch import Batch
+from jrl.models import CausalLM
+from jrl.models.hf_export import hf_torch_tensors
+from jrl.rollout.sampling import SamplingParams, as_token_ids
+from jrl.rollout.vllm_args import check_vllm_version, engine_kwargs, sampling_kwargs, vllm_dtype
+
+_PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
+_SLEEP_LEVEL = 1
+_ALL_MEMORY = frozenset({"weights", "kv_cache"})
+_DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
+
+
+def check_prompts(
+    prompts: Batch, sampling: SamplingParams, *, response_length: int, pad_token_id: int
+) -> None:
+    """Raise unless `prompts` holds left-padded, non-empty [batch, prompt_length] prompt tensors
+    and `sampling` fits this engine's response length and pad token."""
+    missing = [k for k in _PROMPT_KEYS if k not in prompts.tensors]
+    if missing:
+        raise KeyError(f"prompt batch lacks tensors {missing}; it needs {list(_PROMPT_KEYS)}")
+    shapes = {k: tuple(prompts.tensors[k].shape) for k in _PROMPT_KEYS}
+    if len(set(shapes.values())) > 1 or len(shapes["input_ids"]) != 2:
+        raise ValueError(f"prompt tensors must all be [batch, prompt_length]; got {shapes}")
+    if sampling.max_new_tokens > response_length:
+        raise ValueError(
+            f"SamplingParams.max_new_tokens={sampling.max_new_tokens} exceeds the rollout's "
+            f"response_length={response_length}"
+        )
+    if sampling.pad_token_id != pad_token_id:
+        raise ValueError(
+            f"SamplingParams.pad_token_id={sampling.pad_token_id} differs from the rollout's "
+            f"pad_token_id={pad_token_id}"
+        )
+    bad = np.flatnonzero(np.asarray(prompts.tensors["attention_mask"])[:, -1] == 0)
+    if bad.size:
+        raise ValueError(
+            f"prompt rows {bad[:8].tolist()} end with padding (attention_mask 0 in the last "
+            "column); prompts must be left-padded and non-empty"
+        )
+
+
+def prompt_token_ids(input_ids: np.ndarray, attention_mask: np.ndarray) -> list[list[int]]:
+    """Each row's prompt without its padding (the tokens where `attention_mask` is 1)."""
+    pairs = zip(input_ids, attention_mask, strict=True)
+    return [row[mask.astype(bool)].tolist() for row, mask in pairs]
+
+
+def row_seeds(rng: jax.Array, rows: int) -> list[int]:
+    """One 32-bit sampling seed per row: row i's comes from fold_in(rng, i) only."""
+    bits = jax.vmap(lambda i: jax.random.bits(jax.random.fold_in(rng, i), dtype=jnp.uint32))
+    return [int(s) for s in np.asarray(bits(jnp.arange(rows)))]
+
+
+def read_outputs(
+    outputs: Sequence[Any], calculate_log_probs: bool
+) -> tuple[list[list[int]], list[list[float]] | None]:
+    """Token ids (and, with `calculate_log_probs`, the sampled tokens' log-probs) of the first
+    completion of each vLLM `RequestOutput`, in request order."""
+    tokens = [[int(t) for t in out.outputs[0].token_ids] for out in outputs]
+    if not calculate_log_probs:
+        return tokens, None
+    log_probs = []
+    for out, ids in zip(outputs, tokens, strict=True):
+        steps = out.outputs[0].logprobs
+        if steps is None or len(steps) != len(ids):
+            raise RuntimeError(
+                f"vLLM returned no log-prob for some tokens of request {out.request_id}; "
+                "log-probs were asked for with SamplingParams(logprobs=0)"
+            )
+        log_probs.append([float(step[t].logprob) for step, t in zip(steps, ids, strict=True)])
+    return tokens, log_probs
+
+
+def assemble_batch(
+    batch: Batch,
+    tokens: Sequence[Sequence[int]],
+    log_probs: Sequence[Sequence[float]] | None,
+    *,
+    response_length: int,
+    pad_token_id: int,
+) -> Batch:
+    """verl's rollout output from `batch` (the prompts, already repeated per response) and one
+    response per row: `prompts`, `responses` (right-padded with `pad_token_id` to
+    `response_length`), `response_mask`, `input_ids`, `attention_mask`, `position_ids`
+    ([rows, P + R], positions continuing from each prompt's last) and `rollout_log_probs`
+    (0 on padding) when `log_probs` is given; meta as in `batch`."""
+    if len(tokens) != len(batch):
+        raise ValueError(f"{len(tokens)} responses for {len(batch)} prompt rows")
+    longest = max((len(t) for t in tokens), default=0)
+    if longest > response_length:
+        raise ValueError(f"a response has {longest} tokens, over response_length={response_length}")
+    responses = np.full((len(tokens), response_length), pad_token_id, np.int32)
+    mask = np.zeros((len(tokens), response_length), np.int32)
+    for i, row in enumerate(tokens):
+        responses[i, : len(row)] = row
+        mask[i, : len(row)] = 1
+    ids = jnp.asarray(batch["input_ids"])
+    prompt_mask = jnp.asarray(batch["attention_mask"])
+    positions = jnp.asarray(batch["position_ids"])
+    steps = jnp.arange(1, response_length + 1, dtype=positions.dtype)
+    tensors = {
+        "prompts": ids,
+        "responses": jnp.asarray(responses),
+        "response_mask": jnp.asarray(mask),
+        "input_ids": jnp.concatenate([ids, jnp.asarray(responses, ids.dtype)], axis=1),
+        "attention_mask": jnp.concatenate(
+            [prompt_mask, jnp.asarray(mask, prompt_mask.dtype)], axis=1
+        ),
+        "position_ids": jnp.concatenate([positions, positions[:, -1:] + steps], axis=1),
+    }
+    if log_probs is not None:
+        values = np.zeros((len(tokens), response_length), np.float32)
+        for i, row in enumerate(log_probs):
+            values[i, : len(row)] = row
+        tensors["rollout_log_probs"] = jnp.asarray(values)
+    return Batch(tensors, batch.meta)
+
+
+def check_memory_handover() -> None:
+    """Raise when JAX runs on GPU with its default preallocation (it would hold 75% of the GPU
+    before vLLM starts); `XLA_PYTHON_CLIENT_PREALLOCATE=false` or the `platform` allocator
+    avoid it."""
+    on_gpu = any(d.platform == "gpu" for d in jax.local_devices())
+    preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() not in (
+        "false",
+        "0",
+    )
+    on_demand = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").lower() == "platform"
+    if on_gpu and preallocate and not on_demand:
+        raise RuntimeError(
+            "rollout.name=vllm shares the GPU with JAX: start the process with "
+            "XLA_PYTHON_CLIENT_PREALLOCATE=false (and XLA_PYTHON_CLIENT_MEM_FRACTION at most "
+            "1 - gpu_memory_utilization) so that JAX leaves memory to vLLM"
+        )
+
+
+def _in_process_v1() -> None:
+    """Ask vLLM for its V1 engine in this process (the weight sync calls into its model)."""
+    value = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    if value != "0" or os.environ.get("VLLM_USE_V1") == "0":
+        raise RuntimeError(
+            "the vllm rollout needs vLLM's V1 engine in this process: unset "
+            "VLLM_ENABLE_V1_MULTIPROCESSING and VLLM_USE_V1 (or set them to 0 and 1)"
+        )
+
+
+def load_hf_weights(worker: Any, weights: Iterable[tuple[str, Any]]) -> list[str]:
+    """Run inside vLLM's worker: load (HF name, tensor) pairs with the model's `load_weights`;
+    returns the model parameters that received no tensor."""
+    model = worker.model_runner.model
+    loaded = model.load_weights(weights=weights)
+    if loaded is None:  # models that do not report what they loaded
+        return []
+    return sorted({name for name, _ in model.named_parameters()} - set(loaded))
+
+
+class VllmRollout:
+    """Generates with vLLM from the prompts of a `Batch`, with the actor's current weights.
+
+    `model` gives the parameter structure (and the first weights, pushed at construction);
+    `rollout_cfg` is verl's `actor_rollout_ref.rollout` section (engine, memory and sampling
+    keys, `engine_kwargs.vllm`); `model_path` is the HF folder vLLM builds its model from
+    (its weights are read only when `load_format` is not `dummy_*`).
+    """
+
+    def __init__(
+        self,
+        model: CausalLM,
+        *,
+        rollout_cfg: Any,
+        model_path: str,
+        response_length: int,
+        pad_token_id: int,
+        eos_token_ids: int | Iterable[int] | None,
+        trust_remote_code: bool = False,
+    ):
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError(
+                "actor_rollout_ref.rollout.name=vllm but vllm is not installed: install the vllm "
+                "extra on a GPU machine, or set actor_rollout_ref.rollout.name=jax"
+            )
+        check_vllm_version(importlib.metadata.version("vllm"))
+        if jax.process_count() > 1:
+            raise NotImplementedError(
+                "the vllm rollout runs in a single JAX process; use rollout.name=jax on "
+                "multi-host runs"
+            )
+        if response_length < 1:
+            raise ValueError(f"response_length={response_length} must be at least 1")
+        check_memory_handover()
+        _in_process_v1()
+        kwargs = engine_kwargs(
+            rollout_cfg, model_path=model_path, trust_remote_code=trust_remote_code
+        )
+        self.response_length = int(response_length)
+        self.pad_token_id = int(pad_token_id)
+        self.eos_token_ids = as_token_ids(eos_token_ids)
+        self.free_cache_engine = bool(kwargs["enable_sleep_mode"])
+        self._dtype = _DTYPES[vllm_dtype(kwargs["dtype"])]
+        self._device = jax.local_devices()[0]
+        self._graphdef = nnx.graphdef(model)
+        self._asleep: set[str] = set()
+
+        import vllm
+
+        self.llm = vllm.LLM(**kwargs)
+        client = type(getattr(self.llm.llm_engine, "engine_core", None)).__name__
+        if client != "InprocClient":
+            raise RuntimeError(
+                f"vLLM started its engine through {client}, not in this process; the weight "
+                "sync needs VLLM_ENABLE_V1_MULTIPROCESSING=0 before vllm is first imported"
+            )
+        self.update_weights(nnx.state(model))
+        self.release()
+
+    def generate(self, prompts: Batch, sampling: SamplingParams, rng: jax.Array) -> Batch:
+        """`sampling.n` responses per prompt row, interleaved (p0, p0, .., p1, p1, ..), in the
+        layout of the `jax` engine (see `assemble_batch`); row i samples with a seed from
+        (rng, i)."""
+        from vllm import SamplingParams as VllmSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        check_prompts(
+            prompts,
+            sampling,
+            response_length=self.response_length,
+            pad_token_id=self.pad_token_id,
+        )
+        batch = prompts.repeat(sampling.n, interleave=True)
+        rows = prompt_token_ids(np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"]))
+        shared = sampling_kwargs(sampling)
+        params = [VllmSamplingParams(**shared, seed=s) for s in row_seeds(rng, len(rows))]
+        self.resume()
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=row) for row in rows], params, use_tqdm=False
+        )
+        self.release()
+        tokens, log_probs = read_outputs(outputs, sampling.calculate_log_probs)
+        return assemble_batch(
+            batch,
+            tokens,
+            log_probs,
+            response_length=self.response_length,
+            pad_token_id=self.pad_token_id,
+        )
+
+    def update_weights(self, state: nnx.State) -> None:
+        """Load new parameters (the structure of the constructor's model) into vLLM: LoRA merged,
+        cast to the rollout dtype, HF names, straight from device memory; the prefix cache is
+        dropped since it was computed with the old weights."""
+        self._wake({"weights"})
+        model = nnx.merge(self._graphdef, state)
+        weights = hf_torch_tensors(model, device=self._device, dtype=self._dtype)
+        (missing,) = self.llm.collective_rpc(load_hf_weights, args=(weights,))
+        if missing:
+            raise RuntimeError(
+                f"vLLM's model got no weights for {len(missing)} parameters, e.g. {missing[:5]}; "
+                "the exported HF names do not match its architecture"
+            )
+        self.llm.reset_prefix_cache()
+
+    def release(self) -> None:
+        """With `free_cache_engine`, free the KV cache and park the weights in host memory
+        (vLLM sleep level 1); otherwise the engine keeps its memory."""
+        if self.free_cache_engine and not self._asleep:
+            self.llm.sleep(level=_SLEEP_LEVEL)
+            self._asleep = set(_ALL_MEMORY)
+
+    def resume(self) -> None:
+        """Bring back whatever `release` freed (the KV cache is reallocated empty)."""
+        self._wake(_ALL_MEMORY)
+
+    def _wake(self, tags: Iterable[str]) -> None:
+        waking = self._asleep & set(tags)
+        if waking:
+            self.llm.wake_up(tags=sorted(waking))
+            self._asleep -= waking
