@@ -108,3 +108,43 @@ def apply_preset(config: ConfigDict, preset: str | None) -> ConfigDict:
     if config.actor_rollout_ref.rollout.n > 1:
         values[f"{ROLLOUT}.n"] = chosen.group_size
     return apply_overrides(config, list(values.items()))
+
+
+SFT_PRESETS: dict[str, tuple[Callable[[], dict[str, str]], dict[str, Any]]] = {
+    "tiny": (
+        assets.prepare_tiny,
+        {
+            "data.train_batch_size": 8,
+            "data.micro_batch_size_per_gpu": 4,
+            "data.max_length": 64,
+            "optim.lr": 1e-3,
+            "trainer.total_training_steps": 4,
+            "trainer.test_freq": 2,
+        },
+    ),
+}
+
+
+def apply_sft_preset(config: ConfigDict, preset: str | None) -> ConfigDict:
+    """An SFT `config` changed by the named preset (None: unchanged): the preset's files (built
+    on first use), sizes and one float32 CPU device."""
+    if preset is None:
+        return config
+    if preset not in SFT_PRESETS:
+        raise ConfigError(f"unknown SFT preset {preset!r}; valid presets: {', '.join(SFT_PRESETS)}")
+    prepare, values = SFT_PRESETS[preset]
+    paths = prepare()
+    values = {
+        "trainer.device": "cpu",
+        "trainer.nnodes": 1,
+        "trainer.n_gpus_per_node": 1,
+        "trainer.logger": ["console"],
+        "trainer.project_name": "jrl",
+        "trainer.experiment_name": f"sft_{preset}",
+        "model.fsdp_config.dtype": "float32",
+        **values,
+        "data.train_files": paths["train_files"],
+        "data.val_files": paths["val_files"],
+        "model.partial_pretrain": paths["model_path"],
+    }
+    return apply_overrides(config, list(values.items()))

@@ -1,0 +1,133 @@
+"""Every key of offline generation (``python -m jrl.generate``) and evaluation
+(``python -m jrl.evaluate``) with its default: verl's generation and evaluation configs, same
+names and meaning, and their cross-key checks.
+
+The evaluation keys and values are those of verl's configuration document. jrl adds
+``custom_reward_function.reward_kwargs`` (as in the PPO tree) and ``pass_at_k`` (which k to report
+and the score a response needs to count as correct); generation adds ``data.truncation``,
+``model.trust_remote_code`` and ``rollout.seed``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from ml_collections import ConfigDict
+from ml_collections.config_dict import placeholder
+
+from jrl.config.defaults import _section
+from jrl.config.errors import ConfigError
+from jrl.config.validate import ROLLOUT_NAMES, TRUNCATIONS
+
+
+def _ray_kwargs() -> ConfigDict:
+    return _section(
+        ray_init=_section(num_cpus=placeholder(int)), timeline_json_file=placeholder(str)
+    )
+
+
+def generation_config() -> ConfigDict:
+    """A fresh, locked config holding every generation key with its default."""
+    config = _section(
+        trainer=_section(nnodes=1, n_gpus_per_node=8, device="cuda"),
+        data=_section(
+            path="~/data/rlhf/math/test.parquet",
+            prompt_key="prompt",
+            n_samples=5,
+            output_path="/opt/tiger/math_Qwen2-7B-Instruct.parquet",
+            batch_size=128,
+            truncation="error",
+        ),
+        model=_section(
+            path="~/models/Qwen2-7B-Instruct",
+            external_lib=placeholder(str),
+            trust_remote_code=False,
+        ),
+        rollout=_section(
+            name="vllm",
+            mode="sync",
+            temperature=1.0,
+            top_k=50,
+            top_p=0.7,
+            prompt_length=1536,
+            response_length=512,
+            dtype="bfloat16",
+            gpu_memory_utilization=0.5,
+            ignore_eos=False,
+            enforce_eager=True,
+            free_cache_engine=True,
+            load_format="dummy_dtensor",
+            tensor_model_parallel_size=1,
+            max_num_batched_tokens=8192,
+            max_model_len=placeholder(int),
+            max_num_seqs=1024,
+            log_prob_micro_batch_size=placeholder(int),
+            log_prob_micro_batch_size_per_gpu=8,
+            do_sample=True,
+            disable_log_stats=True,
+            enable_chunked_prefill=True,
+            n=1,
+            calculate_log_probs=False,
+            seed=0,
+        ),
+        ray_kwargs=_ray_kwargs(),
+    )
+    return config.lock()
+
+
+def evaluation_config() -> ConfigDict:
+    """A fresh, locked config holding every evaluation key with its default."""
+    config = _section(
+        data=_section(
+            path="/tmp/math_Qwen2-7B-Instruct.parquet",
+            prompt_key="prompt",
+            response_key="responses",
+            data_source_key="data_source",
+            reward_model_key="reward_model",
+        ),
+        custom_reward_function=_section(
+            path=placeholder(str), name="compute_score", reward_kwargs=_section()
+        ),
+        pass_at_k=_section(k=placeholder(list), threshold=1.0),
+        ray_kwargs=_ray_kwargs(),
+    )
+    return config.lock()
+
+
+def _generation_problems(config: ConfigDict) -> Iterator[str]:
+    rollout, data = config.rollout, config.data
+    if rollout.name not in ROLLOUT_NAMES:
+        yield f"rollout.name={rollout.name!r} is not one of {', '.join(ROLLOUT_NAMES)}"
+    if data.truncation not in TRUNCATIONS:
+        yield f"data.truncation={data.truncation!r} is not one of {', '.join(TRUNCATIONS)}"
+    if rollout.n != 1:
+        yield (
+            f"rollout.n={rollout.n}: responses per prompt are set by data.n_samples; "
+            "keep rollout.n=1"
+        )
+    if data.n_samples < 1 or data.batch_size < 1:
+        yield f"data.n_samples={data.n_samples} and data.batch_size={data.batch_size} must be >= 1"
+    if data.n_samples > 1 and (rollout.temperature == 0 or not rollout.do_sample):
+        yield (
+            f"data.n_samples={data.n_samples} with greedy decoding (rollout.temperature="
+            f"{rollout.temperature}, rollout.do_sample={rollout.do_sample}) gives identical "
+            "responses; set data.n_samples=1 or sample (temperature > 0, do_sample=true)"
+        )
+    if rollout.prompt_length < 1 or rollout.response_length < 1:
+        yield "rollout.prompt_length and rollout.response_length must be >= 1"
+    if config.trainer.nnodes * config.trainer.n_gpus_per_node <= 0:
+        yield "trainer.nnodes * trainer.n_gpus_per_node must be positive"
+
+
+def validate_generation(config: ConfigDict) -> None:
+    """Raise ConfigError listing every broken generation rule."""
+    problems = list(_generation_problems(config))
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def validate_evaluation(config: ConfigDict) -> None:
+    """Raise ConfigError when ``pass_at_k.k`` holds anything but positive integers."""
+    ks = config.pass_at_k.k
+    if ks is not None and not all(isinstance(k, int) and k > 0 for k in ks):
+        raise ConfigError(f"pass_at_k.k={ks!r} must be a list of positive integers (or null)")

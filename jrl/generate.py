@@ -1,0 +1,163 @@
+"""``python -m jrl.generate``: sample responses for a parquet file of prompts (verl's generation
+script); the output is the input of ``python -m jrl.evaluate``.
+
+Usage::
+
+    python -m jrl.generate data.path=test.parquet data.output_path=gen.parquet \\
+        model.path=MODEL rollout.name=jax [data.n_samples=5] [overrides ...]
+
+``--config=FILE.py`` starts from a config file instead of the defaults (verl's generation config).
+Each row's ``data.prompt_key`` column (chat messages or a string) goes through the model's chat
+template with the generation prompt, left-padded to ``rollout.prompt_length`` tokens (longer
+prompts fail unless ``data.truncation`` is left/right/middle). ``data.n_samples`` responses of at
+most ``rollout.response_length`` tokens are sampled per prompt (``rollout.temperature``,
+``top_k``, ``top_p``, ``do_sample``; ``rollout.seed`` seeds them), ``data.batch_size`` prompts at
+a time on ``trainer.nnodes * trainer.n_gpus_per_node`` devices, with ``rollout.dtype`` weights.
+Compiled programs are cached as ``python -m jrl.train`` caches them. The output parquet
+``data.output_path`` holds every input column plus ``responses``: a list of ``data.n_samples``
+decoded strings per row (special tokens removed). It is written to a temporary file and moved
+into place when complete.
+
+``rollout.name`` is ``jax`` (any backend) or ``vllm`` (GPU, when installed); ``rollout.n`` must
+stay 1 (``data.n_samples`` sets the responses per prompt).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from ml_collections import ConfigDict
+
+from jrl.compile_cache import enable_compilation_cache
+from jrl.config.entry import load_entry_config, run_entry
+from jrl.config.eval_defaults import generation_config, validate_generation
+from jrl.data.atomic import atomic_file
+
+RESPONSES = "responses"
+
+
+def prompt_dataset(config: ConfigDict, tokenizer: Any) -> Any:
+    """The prompts of ``data.path`` tokenised as the RL trainer tokenises them."""
+    from jrl.data.rl_dataset import RLDataset
+
+    data = ConfigDict(
+        {
+            "prompt_key": config.data.prompt_key,
+            "max_prompt_length": config.rollout.prompt_length,
+            "truncation": config.data.truncation,
+            "shuffle": False,
+        }
+    )
+    return RLDataset(config.data.path, tokenizer, data, config_key="data.path")
+
+
+def build_rollout(config: ConfigDict, tokenizer: Any) -> Any:
+    """The rollout engine of ``rollout.name`` with the model of ``model.path`` on the mesh."""
+    from jrl.models import from_pretrained
+    from jrl.parallel import make_mesh
+    from jrl.rollout import make_rollout
+    from jrl.rollout.sampling import as_token_ids
+    from jrl.trainer.policy import compute_dtype
+    from jrl.trainer.ppo_trainer import check_device
+
+    check_device(config)
+    mesh = make_mesh(config.trainer.nnodes * config.trainer.n_gpus_per_node)
+    dtype = compute_dtype(config.rollout.dtype)
+    model = from_pretrained(
+        config.model.path,
+        dtype=dtype,
+        param_dtype=dtype,
+        mesh=mesh,
+        trust_remote_code=config.model.trust_remote_code,
+        external_lib=config.model.external_lib,
+    )
+    eos = {tokenizer.eos_token_id, *as_token_ids(model.config.eos_token_id)} - {None}
+    return make_rollout(
+        config.rollout.name,
+        model,
+        response_length=config.rollout.response_length,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_ids=sorted(eos),
+        mesh=mesh,
+    )
+
+
+def generate_responses(config: ConfigDict) -> list[list[str]]:
+    """``data.n_samples`` decoded responses for each prompt row of ``data.path``, in row order."""
+    from jrl.data.loader import DataLoader
+    from jrl.data.tokenizer import load_tokenizer
+    from jrl.rollout import SamplingParams
+
+    try:
+        tokenizer = load_tokenizer(
+            config.model.path, trust_remote_code=config.model.trust_remote_code
+        )
+    except (FileNotFoundError, OSError) as err:
+        raise FileNotFoundError(f"model.path: {err}") from err
+    dataset = prompt_dataset(config, tokenizer)
+    rollout = build_rollout(config, tokenizer)
+    sampling = SamplingParams.from_rollout_config(
+        {**config.rollout.to_dict(), "n": config.data.n_samples},
+        response_length=config.rollout.response_length,
+        eos_token_ids=rollout.eos_token_ids,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    loader = DataLoader(dataset, config.data.batch_size, shuffle=False, seed=0, drop_last=False)
+    rng = jax.random.key(int(config.rollout.seed))
+    out: list[list[str]] = []
+    for index, prompts in enumerate(loader.epoch(0)):
+        batch = rollout.generate(prompts, sampling, jax.random.fold_in(rng, index)).to_numpy()
+        responses = np.asarray(batch.tensors["responses"])
+        lengths = np.asarray(batch.tensors["response_mask"]).sum(-1)
+        texts = tokenizer.batch_decode(
+            [row[:n].tolist() for row, n in zip(responses, lengths, strict=True)],
+            skip_special_tokens=True,
+        )
+        n = sampling.n
+        out += [texts[i : i + n] for i in range(0, len(texts), n)]
+        print(f"jrl: generated {len(out)}/{len(dataset)} prompts", flush=True)
+    return out
+
+
+def write_output(config: ConfigDict, responses: list[list[str]]) -> Path:
+    """``data.path`` with the `RESPONSES` column added, written to ``data.output_path``."""
+    from jrl.data.files import local_path, read_parquet
+
+    table = read_parquet(
+        local_path(config.data.path, None, "data.path"), config.data.path, "data.path"
+    )
+    if RESPONSES in table.column_names:
+        table = table.drop_columns([RESPONSES])
+    table = table.append_column(RESPONSES, pa.array(responses, pa.list_(pa.string())))
+    target = Path(config.data.output_path).expanduser()
+    with atomic_file(target) as tmp:
+        pq.write_table(table, tmp)
+    return target
+
+
+def main(argv: list[str] | None = None) -> Path | None:
+    """Load the config, generate, write the output; returns its path."""
+    argv = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(argv):
+        print(__doc__)
+        return None
+    config = load_entry_config(argv, generation_config, validate_generation)
+    enable_compilation_cache()
+    target = write_output(config, generate_responses(config))
+    print(f"jrl: wrote {target}", flush=True)
+    return target
+
+
+def cli() -> int:
+    """Entry point: one-line errors and status 2 for bad configs and inputs."""
+    return run_entry("jrl.generate", main)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

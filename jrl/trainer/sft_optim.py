@@ -1,0 +1,171 @@
+"""The SFT optimizer and learning-rate schedule from verl's SFT ``optim`` keys.
+
+``optim.optimizer`` names a class of ``optim.optimizer_impl`` (verl builds
+``getattr(import_module(optimizer_impl), optimizer)``); jrl builds its optax equivalent:
+
+- ``torch.optim``: AdamW (decoupled weight decay), Adam and SGD (weight decay added to the
+  gradient, as torch does).
+- ``torchao.optim`` / ``bitsandbytes.optim``: their variants of these (``AdamW8bit``,
+  ``PagedAdamW``, ``_AdamW``, ``SGD8bit``, ...) map to the same optax optimizer with float32
+  state: optax has no 8-bit, 4-bit or fp8 optimizer state, so a warning says so.
+
+The keyword arguments are those verl passes (``lr``, ``weight_decay`` and, for the Adam family,
+``betas``) updated by ``optim.override_optimizer_config``, with torch's names: ``eps``, ``betas``,
+``weight_decay``, ``amsgrad`` (False only) for Adam; ``momentum``, ``nesterov``, ``dampening`` (0
+only) for SGD. torch's execution flags (``foreach``, ``fused``, ``capturable``, ...) and the
+quantisation options of torchao/bitsandbytes are accepted and have no effect.
+
+The schedule (``optim.lr_scheduler``) is verl's cosine or WSD (warmup, stable, cosine decay) with
+``int(lr_warmup_steps_ratio * total_steps)`` linear warmup steps, stepped once per training step.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import optax
+
+from jrl.trainer.optim import lr_multiplier, warmup_steps
+
+IMPLS = ("torch.optim", "torchao.optim", "bitsandbytes.optim")
+FAMILIES = ("adamw", "adam", "sgd")
+_LOW_PRECISION = ("8bit", "4bit", "fp8")
+_IGNORED = {
+    "foreach",
+    "fused",
+    "capturable",
+    "differentiable",
+    "maximize_dtype",
+    "block_size",
+    "bf16_stochastic_round",
+    "optim_bits",
+    "percentile_clipping",
+    "min_8bit_size",
+    "is_paged",
+    "max_unorm",
+}
+_OPTIONS = {
+    "adamw": ("lr", "betas", "eps", "weight_decay", "amsgrad"),
+    "adam": ("lr", "betas", "eps", "weight_decay", "amsgrad"),
+    "sgd": ("lr", "momentum", "nesterov", "dampening", "weight_decay"),
+}
+WSD_STABLE_RATIO = 0.9
+
+
+def optimizer_family(optimizer: str, impl: str) -> tuple[str, bool]:
+    """(optax family, whether the named variant keeps low-precision state) of a verl
+    ``optim.optimizer`` / ``optim.optimizer_impl`` pair; ValueError for anything else."""
+    if impl not in IMPLS:
+        raise ValueError(
+            f"optim.optimizer_impl={impl!r} is not supported; use one of {', '.join(IMPLS)}"
+        )
+    name = optimizer.lower()
+    low_precision = False
+    if impl != "torch.optim":
+        name = name.lstrip("_").removeprefix("paged")
+        for suffix in (*_LOW_PRECISION, "32bit"):
+            if name.endswith(suffix):
+                name, low_precision = name.removesuffix(suffix), suffix in _LOW_PRECISION
+                break
+    if name not in FAMILIES:
+        variants = "" if impl == "torch.optim" else " (or their 8bit/4bit/fp8/paged variants)"
+        raise ValueError(
+            f"optim.optimizer={optimizer!r} of optim.optimizer_impl={impl!r} has no optax "
+            f"equivalent in jrl; use AdamW, Adam or SGD{variants}"
+        )
+    return name, low_precision
+
+
+def optimizer_kwargs(optim_cfg: Any, family: str) -> dict[str, Any]:
+    """torch keyword arguments as verl passes them: lr, weight_decay, betas (Adam family), then
+    ``override_optimizer_config``; execution and quantisation flags dropped."""
+    kwargs: dict[str, Any] = {"lr": optim_cfg.lr, "weight_decay": optim_cfg.weight_decay}
+    if family != "sgd":
+        kwargs["betas"] = list(optim_cfg.betas)
+    kwargs.update(dict(optim_cfg.get("override_optimizer_config") or {}))
+    unknown = sorted(set(kwargs) - set(_OPTIONS[family]) - _IGNORED)
+    if unknown:
+        raise ValueError(
+            f"optim.override_optimizer_config: {unknown} are not options of {family} in jrl; "
+            f"use {', '.join(_OPTIONS[family])}"
+        )
+    return {k: v for k, v in kwargs.items() if k not in _IGNORED}
+
+
+def _adam(learning_rate, b1, b2, eps, weight_decay, decoupled):
+    if decoupled:
+        return optax.adamw(learning_rate, b1, b2, eps, weight_decay=weight_decay)
+    adam = optax.adam(learning_rate, b1, b2, eps)
+    return optax.chain(optax.add_decayed_weights(weight_decay), adam)
+
+
+def _sgd(learning_rate, momentum, nesterov, weight_decay):
+    sgd = optax.sgd(learning_rate, momentum or None, nesterov)
+    return optax.chain(optax.add_decayed_weights(weight_decay), sgd)
+
+
+def make_sft_optimizer(optim_cfg: Any) -> optax.GradientTransformation:
+    """The optax optimizer of an SFT ``optim`` section, with an injectable learning rate
+    (clipping at ``clip_grad`` and non-finite skips live in the update step)."""
+    family, low_precision = optimizer_family(optim_cfg.optimizer, optim_cfg.optimizer_impl)
+    if low_precision:
+        warnings.warn(
+            f"optim.optimizer={optim_cfg.optimizer!r} ({optim_cfg.optimizer_impl}) keeps "
+            f"low-precision optimizer state; jrl uses optax's {family} with float32 state, which "
+            "needs more memory",
+            stacklevel=2,
+        )
+    kwargs = optimizer_kwargs(optim_cfg, family)
+    lr, decay = float(kwargs["lr"]), float(kwargs.get("weight_decay", 0.0))
+    if family == "sgd":
+        if float(kwargs.get("dampening", 0.0)) != 0.0:
+            raise ValueError("optim.override_optimizer_config.dampening must be 0 in jrl")
+        return optax.inject_hyperparams(_sgd, static_args=("momentum", "nesterov"))(
+            learning_rate=lr,
+            momentum=float(kwargs.get("momentum", 0.0)),
+            nesterov=bool(kwargs.get("nesterov", False)),
+            weight_decay=decay,
+        )
+    if kwargs.get("amsgrad"):
+        raise ValueError("optim.override_optimizer_config.amsgrad=True is not supported in jrl")
+    b1, b2 = (float(b) for b in kwargs["betas"])
+    return optax.inject_hyperparams(_adam, static_args=("decoupled",))(
+        learning_rate=lr,
+        b1=b1,
+        b2=b2,
+        eps=float(kwargs.get("eps", 1e-8)),
+        weight_decay=decay,
+        decoupled=family == "adamw",
+    )
+
+
+def wsd_multiplier(step: int, warmup: int, total: int) -> float:
+    """verl's warmup-stable-decay factor: linear warmup, then 1 for 90% of the remaining steps,
+    then a half cosine to 0."""
+    if step < warmup:
+        return step / max(1, warmup)
+    remaining = max(0, total - warmup)
+    stable = int(remaining * WSD_STABLE_RATIO)
+    if step < warmup + stable:
+        return 1.0
+    if step >= total:
+        return 0.0
+    progress = (step - warmup - stable) / max(1, remaining - stable)
+    return max(0.0, 0.5 * (1.0 + math.cos(math.pi * progress)))
+
+
+def sft_lr(optim_cfg: Any, step: int, total_steps: int) -> float:
+    """The learning rate after `step` scheduler steps (0 for the first update)."""
+    warmup = warmup_steps(optim_cfg, total_steps)
+    if optim_cfg.lr_scheduler == "wsd":
+        factor = wsd_multiplier(step, warmup, total_steps)
+    elif optim_cfg.lr_scheduler == "cosine":
+        cosine = {"lr_scheduler_type": "cosine", "lr_warmup_steps": warmup}
+        factor = lr_multiplier(cosine, step, total_steps)
+    else:
+        raise ValueError(
+            f"optim.lr_scheduler={optim_cfg.lr_scheduler!r} is not supported; use cosine or wsd"
+        )
+    return float(optim_cfg.lr) * factor

@@ -1,0 +1,602 @@
+"""SFT: documented keys, config rules, the dataset (nested keys, chat prompts, EOS in the loss,
+truncation, multi-turn, custom classes), optimizers and schedules against torch, the loss with
+every kernel and packing, and tiny training runs (held-out loss falls, exact resume, LoRA, memory
+options)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import yaml
+from flax import nnx
+from helpers import tiny_llama
+from sft_digits import SFT_CARD, digits_sft_args
+
+from jrl.assets import prepare_digits, prepare_tiny
+from jrl.compile_cache import enable_compilation_cache
+from jrl.config import (
+    ConfigError,
+    apply_overrides,
+    evaluation_config,
+    generation_config,
+    load_config_file,
+    resolve,
+    sft_config,
+)
+from jrl.config.entry import load_entry_config
+from jrl.config.sft_defaults import validate_sft
+from jrl.config.tree import key_paths, lookup
+from jrl.data.sft_dataset import SFTDataset, create_sft_dataset
+from jrl.data.tokenizer import load_tokenizer
+from jrl.models import LoRAParam, init_random
+from jrl.models.lora import adapted_modules, linear_layers
+from jrl.trainer.packing import with_packing
+from jrl.trainer.sft_loss import row_nll, sft_loss
+from jrl.trainer.sft_optim import (
+    make_sft_optimizer,
+    optimizer_family,
+    sft_lr,
+    wsd_multiplier,
+)
+
+REPO = Path(__file__).parents[1]
+DOCUMENT = Path(__file__).parents[2] / "shared" / "reference" / "000_6f542af57068b9ca.txt"
+EVAL_CARD = str(REPO / "configs" / "eval.py")
+FORWARD = ("input_ids", "attention_mask", "position_ids")
+
+
+# --- the document's SFT and evaluation sections ------------------------------------------------
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict:
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def _document_section(start: str, end: str) -> dict:
+    """Leaf path -> value of every YAML block between the headings `start` and `end`."""
+    text = DOCUMENT.read_text(encoding="utf-8")
+    lines = text[text.index(start) : text.index(end)].splitlines()
+    flat, first = {}, 0
+    while first < len(lines):
+        if not re.fullmatch(r"[a-z_]+:\s*", lines[first]):
+            first += 1
+            continue
+        last = first + 1
+        while last < len(lines) and (not lines[last].strip() or lines[last][0].isspace()):
+            last += 1
+        flat.update(_flatten(yaml.safe_load("\n".join(lines[first:last]))))
+        first = last
+    return flat
+
+
+def _value(config, path):
+    parent, key = lookup(config, path)
+    value = parent[key]
+    return value.to_dict() if hasattr(value, "to_dict") else value
+
+
+@pytest.mark.skipif(not DOCUMENT.exists(), reason=f"configuration document absent: {DOCUMENT}")
+@pytest.mark.parametrize(
+    "card, start, end, at_least",
+    [
+        (SFT_CARD, "SFT 训练配置", "其他补充说明", 20),
+        (EVAL_CARD, "评估配置（evaluation.yaml）", "SFT 训练配置", 7),
+    ],
+)
+def test_cards_hold_every_documented_key_with_its_default(card, start, end, at_least):
+    documented = _document_section(start, end)
+    assert len(documented) >= at_least, "document extraction found too few keys"
+    card_config = resolve(load_config_file(card)[0])
+    defaults = sft_config() if card == SFT_CARD else evaluation_config()
+    wrong = []
+    for path, expected in documented.items():
+        if isinstance(expected, str) and re.fullmatch(r"[-+]?\d+(\.\d*)?[eE][-+]?\d+", expected):
+            expected = float(expected)
+        for name, config in (("card", card_config), ("defaults", defaults)):
+            try:
+                value = _value(config, path)
+            except ConfigError:
+                wrong.append(f"{name}: {path} missing")
+                continue
+            if value != expected or isinstance(value, bool) != isinstance(expected, bool):
+                wrong.append(f"{name}: {path}: {value!r} != documented {expected!r}")
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("make", [sft_config, generation_config, evaluation_config])
+def test_every_null_default_is_typed(make):
+    config = make()
+    for path in key_paths(config):
+        parent, key = lookup(config, path)
+        assert not (parent[key] is None and parent.get_type(key) is type(None)), path
+        assert "${" not in str(parent[key]), path
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (["data.train_batch_size=10"], r"multiple of the devices .* = 32"),
+        (["data.micro_batch_size=8"], "set exactly one of data.micro_batch_size_per_gpu"),
+        (["data.truncation=middle"], "data.truncation='middle' is not supported"),
+        (["optim.lr_scheduler=linear"], "use one of cosine, wsd"),
+        (["model.fsdp_config.model_dtype=fp16"], "model_dtype='fp16'"),
+        (["trainer.resume_mode=resume_path"], "needs trainer.resume_from_path"),
+        (["trainer.checkpoint.save_contents=[model,weights]"], r"unknown \['weights'\]"),
+        (["data.max_length=1"], "at least 2"),
+    ],
+)
+def test_config_rules_name_the_keys(overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        load_entry_config(overrides, sft_config, validate_sft)
+
+
+def test_deprecated_global_micro_batch_size_is_divided_by_the_devices():
+    config = load_entry_config(
+        ["data.micro_batch_size=64", "data.micro_batch_size_per_gpu=null"],
+        sft_config,
+        validate_sft,
+    )
+    assert config.data.micro_batch_size == 64
+    with pytest.raises(ConfigError, match="multiple of the devices"):
+        load_entry_config(
+            ["data.micro_batch_size=96", "data.micro_batch_size_per_gpu=null"],
+            sft_config,
+            validate_sft,
+        )
+
+
+# --- the dataset ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def digits_tokenizer():
+    """One token per character: '0'..'9' are ids 1..10, '=' is 11, EOS = pad = 0."""
+    return load_tokenizer(prepare_digits()["model_path"])
+
+
+def _parquet(path: Path, rows: list[dict]) -> str:
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return str(path)
+
+
+def _data(**changes):
+    return apply_overrides(sft_config(), [(f"data.{k}", v) for k, v in changes.items()]).data
+
+
+def test_nested_keys_chat_template_and_eos_in_the_loss(tmp_path, digits_tokenizer):
+    rows = [{"extra_info": {"question": "12=", "answer": "3"}}, {"extra_info": {"question": "4="}}]
+    rows[1]["extra_info"]["answer"] = "56"
+    files = _parquet(tmp_path / "t.parquet", rows)
+    by_dict_keys = SFTDataset(
+        files,
+        digits_tokenizer,
+        _data(
+            prompt_key="extra_info",
+            response_key="extra_info",
+            prompt_dict_keys=["question"],
+            response_dict_keys=["answer"],
+            max_length=8,
+        ),
+    )
+    by_path = SFTDataset(
+        files,
+        digits_tokenizer,
+        _data(prompt_key="extra_info.question", response_key="extra_info.answer", max_length=8),
+    )
+    for index in range(2):
+        for key in ("input_ids", "attention_mask", "position_ids", "loss_mask"):
+            np.testing.assert_array_equal(by_path[index][key], by_dict_keys[index][key])
+    row = by_path[0]  # "12=" then "3" then EOS (0), padded with 0
+    np.testing.assert_array_equal(row["input_ids"], [2, 3, 11, 4, 0, 0, 0, 0])
+    np.testing.assert_array_equal(row["attention_mask"], [1, 1, 1, 1, 1, 0, 0, 0])
+    np.testing.assert_array_equal(row["position_ids"], [0, 1, 2, 3, 4, 4, 4, 4])
+    np.testing.assert_array_equal(row["loss_mask"], [0, 0, 0, 1, 1, 0, 0, 0])  # EOS trained
+    np.testing.assert_array_equal(by_path[1]["loss_mask"], [0, 0, 1, 1, 1, 0, 0, 0])
+
+
+def test_chat_message_prompts_template_kwargs_and_max_samples(tmp_path):
+    template = "{% if flag %}9{% endif %}{{ messages | map(attribute='content') | join('') }}"
+    tokenizer = load_tokenizer(prepare_digits()["model_path"], custom_chat_template=template)
+    rows = [
+        {"prompt": [{"role": "user", "content": "7"}, {"role": "user", "content": "="}], "a": "9"},
+        {"prompt": "8=", "a": "1"},
+    ]
+    files = _parquet(tmp_path / "t.parquet", [rows[0]])
+    data = _data(prompt_key="prompt", response_key="a", max_length=6)
+    row = SFTDataset(files, tokenizer, data)[0]
+    np.testing.assert_array_equal(row["input_ids"], [8, 11, 10, 0, 0, 0])
+    np.testing.assert_array_equal(row["loss_mask"], [0, 0, 1, 1, 0, 0])
+    flagged = _data(prompt_key="prompt", response_key="a", max_length=6)
+    flagged = apply_overrides(flagged, [("+apply_chat_template_kwargs.flag", True)])
+    np.testing.assert_array_equal(
+        SFTDataset(files, tokenizer, flagged)[0]["input_ids"], [10, 8, 11, 10, 0, 0]
+    )
+    second = _parquet(tmp_path / "u.parquet", [rows[1]] * 3)
+    assert len(SFTDataset([files, second], tokenizer, data)) == 4
+    assert len(SFTDataset([files, second], tokenizer, data, max_samples=2)) == 2
+
+
+@pytest.mark.parametrize(
+    "truncation, ids, loss",
+    [
+        ("left", [3, 4, 11, 5, 6, 0], [0, 0, 0, 1, 1, 1]),
+        ("right", [1, 2, 3, 4, 11, 5], [0, 0, 0, 0, 0, 1]),
+    ],
+)
+def test_truncation_keeps_the_end_or_the_start(tmp_path, digits_tokenizer, truncation, ids, loss):
+    files = _parquet(tmp_path / "t.parquet", [{"q": "0123=", "a": "45"}])
+    data = _data(prompt_key="q", response_key="a", max_length=6, truncation=truncation)
+    row = SFTDataset(files, digits_tokenizer, data)[0]
+    np.testing.assert_array_equal(row["input_ids"], ids)
+    np.testing.assert_array_equal(row["loss_mask"], loss)
+
+
+def test_bad_rows_fail_naming_the_file_row_and_key(tmp_path, digits_tokenizer):
+    files = _parquet(tmp_path / "t.parquet", [{"q": "12=", "a": "3"}, {"q": "0123456=", "a": "5"}])
+    with pytest.raises(ValueError, match=r"t.parquet row 1 has 10 tokens .* data.max_length=8"):
+        SFTDataset(files, digits_tokenizer, _data(prompt_key="q", response_key="a", max_length=8))[
+            1
+        ]
+    numbers = _parquet(tmp_path / "n.parquet", [{"q": "1=", "a": 5}])
+    data = _data(prompt_key="q", response_key="a", max_length=16)
+    with pytest.raises(TypeError, match=r"n.parquet row 0: the response \(a\) must be a string"):
+        SFTDataset(numbers, digits_tokenizer, data)[0]
+    with pytest.raises(KeyError, match=r"no column 'answer' \(data.response_key\); its columns"):
+        SFTDataset(files, digits_tokenizer, _data(prompt_key="q", response_key="answer"))
+    with pytest.raises(KeyError, match=r"row 0: no field 'q.text' \(data.prompt_key"):
+        SFTDataset(files, digits_tokenizer, _data(prompt_key="q.text", response_key="a"))[0]
+
+
+@pytest.fixture(scope="module")
+def chatml_tokenizer():
+    return load_tokenizer(prepare_tiny()["model_path"])
+
+
+def test_multiturn_trains_on_assistant_replies_and_their_end_of_turn(tmp_path, chatml_tokenizer):
+    conversation = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "How many?"},
+        {"role": "assistant", "content": "3 books"},
+        {"role": "user", "content": "And pens?"},
+        {"role": "assistant", "content": "5 pens"},
+    ]
+    files = _parquet(tmp_path / "t.parquet", [{"messages": conversation}])
+    data = _data(max_length=128)
+    data.multiturn.enable = True
+    row = SFTDataset(files, chatml_tokenizer, data)[0]
+    ids, loss = row["input_ids"], row["loss_mask"].astype(bool)
+    length = int(row["attention_mask"].sum())
+    full = chatml_tokenizer.apply_chat_template(conversation, tokenize=False)
+    assert chatml_tokenizer.decode(ids[:length]) == full
+    trained = chatml_tokenizer.decode(ids[loss])
+    assert trained == "3 books<|im_end|>\n5 pens<|im_end|>\n"
+    untrained = chatml_tokenizer.decode(ids[:length][~loss[:length]])
+    assert "How many?" in untrained and "<|im_start|>assistant\n" in untrained
+
+
+def test_multiturn_passes_tools_and_thinking_columns_to_the_template(tmp_path, digits_tokenizer):
+    template = (
+        "{% if tools %}{{ tools | length }}{% endif %}{% if enable_thinking %}9{% endif %}"
+        "{{ messages | map(attribute='content') | join('') }}"
+    )
+    data = _data(max_length=8, chat_template=template)
+    data.multiturn.enable = True
+    messages = [{"role": "user", "content": "1="}, {"role": "assistant", "content": "2"}]
+    tools = [{"name": "a"}, {"name": "b"}]
+    files = [
+        _parquet(tmp_path / "t.parquet", [{"messages": messages, "tools": tools}]),
+        _parquet(
+            tmp_path / "u.parquet",
+            [{"messages": messages, "tools": json.dumps(tools), "enable_thinking": True}],
+        ),
+    ]
+    tokenizer = load_tokenizer(prepare_digits()["model_path"], custom_chat_template=template)
+    dataset = SFTDataset(files, tokenizer, data)
+    # "2" (two tools), "9" (thinking), "1=" (user), "2" (assistant, trained), EOS padding
+    np.testing.assert_array_equal(dataset[0]["input_ids"], [3, 2, 11, 3, 0, 0, 0, 0])
+    np.testing.assert_array_equal(dataset[1]["input_ids"], [3, 10, 2, 11, 3, 0, 0, 0])
+    np.testing.assert_array_equal(dataset[1]["loss_mask"], [0, 0, 0, 0, 1, 0, 0, 0])
+
+
+def test_custom_dataset_class(tmp_path, digits_tokenizer):
+    module = tmp_path / "mine.py"
+    module.write_text(
+        "class Mine:\n"
+        "    def __init__(self, parquet_files, tokenizer, config, max_samples):\n"
+        "        self.files, self.length = parquet_files, config.max_length\n"
+        "    def __len__(self):\n"
+        "        return 1\n"
+        "    def __getitem__(self, i):\n"
+        "        return {'input_ids': [1] * self.length}\n"
+    )
+    data = _data(max_length=4)
+    data.custom_cls.path, data.custom_cls.name = str(module), "Mine"
+    dataset = create_sft_dataset("x.parquet", digits_tokenizer, data)
+    assert type(dataset).__name__ == "Mine" and dataset.files == ["x.parquet"]
+    assert dataset[0]["input_ids"] == [1, 1, 1, 1]
+
+
+# --- optimizers and schedules ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name, impl, family, low",
+    [
+        ("AdamW", "torch.optim", "adamw", False),
+        ("SGD", "torch.optim", "sgd", False),
+        ("AdamW8bit", "torchao.optim", "adamw", True),
+        ("_AdamW", "torchao.optim", "adamw", False),
+        ("AdamWFp8", "torchao.optim", "adamw", True),
+        ("PagedAdamW32bit", "bitsandbytes.optim", "adamw", False),
+        ("Adam8bit", "bitsandbytes.optim", "adam", True),
+        ("SGD8bit", "bitsandbytes.optim", "sgd", True),
+    ],
+)
+def test_optimizer_names_map_to_optax_families(name, impl, family, low):
+    assert optimizer_family(name, impl) == (family, low)
+
+
+@pytest.mark.parametrize(
+    "name, impl, message",
+    [
+        ("Lion", "bitsandbytes.optim", "has no optax equivalent"),
+        ("AdamW8bit", "torch.optim", "use AdamW, Adam or SGD$"),
+        ("AdamW", "apex.optimizers", "optim.optimizer_impl='apex.optimizers' is not supported"),
+    ],
+)
+def test_unknown_optimizers_fail_clearly(name, impl, message):
+    with pytest.raises(ValueError, match=message):
+        optimizer_family(name, impl)
+
+
+def _optim(**changes):
+    return apply_overrides(sft_config(), [(f"optim.{k}", v) for k, v in changes.items()]).optim
+
+
+def test_low_precision_variants_warn_and_bad_options_fail():
+    with pytest.warns(UserWarning, match="float32 state"):
+        make_sft_optimizer(_optim(optimizer="AdamW8bit", optimizer_impl="torchao.optim"))
+    with pytest.raises(ValueError, match=r"\['momentum'\] are not options of adamw"):
+        make_sft_optimizer(_optim(override_optimizer_config={"momentum": 0.9}))
+    with pytest.raises(ValueError, match="amsgrad=True is not supported"):
+        make_sft_optimizer(_optim(override_optimizer_config={"amsgrad": True}))
+    make_sft_optimizer(_optim(override_optimizer_config={"fused": True, "foreach": False}))
+
+
+@pytest.mark.parametrize(
+    "optimizer, override",
+    [
+        ("AdamW", None),
+        ("Adam", {"eps": 1e-3, "betas": [0.8, 0.9]}),
+        ("SGD", {"momentum": 0.9, "nesterov": True}),
+        ("SGD", None),
+    ],
+)
+def test_optimizers_follow_torch(optimizer, override):
+    torch = pytest.importorskip("torch")
+    cfg = _optim(optimizer=optimizer, lr=0.1, weight_decay=0.3, override_optimizer_config=override)
+    rng = np.random.default_rng(0)
+    start = rng.standard_normal(5).astype(np.float32)
+    grads = [rng.standard_normal(5).astype(np.float32) for _ in range(3)]
+    kwargs = {"lr": 0.1, "weight_decay": 0.3, **(override or {})}
+    if optimizer != "SGD":
+        kwargs.setdefault("betas", (0.9, 0.95))
+    weight = torch.nn.Parameter(torch.tensor(start))
+    reference = getattr(torch.optim, optimizer)([weight], **kwargs)
+    tx = make_sft_optimizer(cfg)
+    params = {"w": jnp.asarray(start)}
+    state = tx.init(params)
+    for grad in grads:
+        weight.grad = torch.tensor(grad)
+        reference.step()
+        updates, state = tx.update({"w": jnp.asarray(grad)}, state, params)
+        params = optax.apply_updates(params, updates)
+    np.testing.assert_allclose(params["w"], weight.detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_cosine_and_wsd_schedules():
+    cosine = _optim(lr=2.0, lr_warmup_steps_ratio=0.25)
+    lrs = [sft_lr(cosine, step, 8) for step in range(9)]
+    np.testing.assert_allclose(lrs[:3], [0.0, 1.0, 2.0])  # warmup int(0.25 * 8) = 2 steps
+    np.testing.assert_allclose(lrs[5], 1.0, atol=1e-12)  # half way through the cosine
+    assert lrs[8] == pytest.approx(0.0, abs=1e-12)
+    wsd = _optim(lr=2.0, lr_warmup_steps_ratio=0.1, lr_scheduler="wsd")
+    # 100 steps: 10 warmup, 81 stable (90% of 90), 9 of cosine decay
+    values = {s: sft_lr(wsd, s, 100) for s in (0, 5, 10, 90, 91, 95, 100)}
+    assert values == pytest.approx(
+        {0: 0.0, 5: 1.0, 10: 2.0, 90: 2.0, 91: 2.0, 95: 1.0 + np.cos(np.pi * 4 / 9), 100: 0.0}
+    )
+    assert wsd_multiplier(3, 0, 3) == 0.0
+
+
+# --- the loss ----------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_model_and_batch():
+    model = init_random(tiny_llama(), seed=3)
+    rng = np.random.default_rng(1)
+    ids = rng.integers(2, 64, (4, 12)).astype(np.int32)
+    lengths = np.array([12, 9, 5, 7])
+    attention = (np.arange(12)[None] < lengths[:, None]).astype(np.int32)
+    loss_mask = attention * (np.arange(12)[None] >= 3)
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": attention,
+        "position_ids": np.clip(np.cumsum(attention, 1) - 1, 0, None).astype(np.int32),
+        "responses": ids[:, 1:],
+        "response_mask": loss_mask[:, 1:].astype(np.float32),
+    }
+    return model, tensors
+
+
+def test_loss_is_the_token_mean_cross_entropy_with_every_kernel_and_packing(
+    tiny_model_and_batch,
+):
+    model, tensors = tiny_model_and_batch
+    graphdef, state = nnx.split(model)
+    logits = jax.jit(lambda s, t: nnx.merge(graphdef, s)(*(t[k] for k in FORWARD)))(state, tensors)
+    log_probs = jax.nn.log_softmax(logits[:, :-1], -1)
+    picked = np.take_along_axis(np.asarray(log_probs), tensors["responses"][..., None], -1)[..., 0]
+    mask = tensors["response_mask"]
+    expected = -(picked * mask).sum() / mask.sum()
+    norm = {"token-mean": jnp.asarray(mask.sum())}
+    for impl in ("naive", "auto"):  # model.use_liger false / true
+        loss = jax.jit(lambda s, t, i=impl: sft_loss(nnx.merge(graphdef, s), t, norm, impl=i)[0])
+        assert float(loss(state, tensors)) == pytest.approx(expected, rel=1e-5)
+    packed, layout = with_packing(tensors, 4, None)  # use_remove_padding
+    assert layout.rows < 4  # the four sequences share fewer rows
+    per_row = jax.jit(lambda s, t: row_nll(nnx.merge(graphdef, s), t, "naive", layout))
+    np.testing.assert_allclose(per_row(state, packed), -(picked * mask).sum(-1), rtol=1e-5)
+
+
+# --- training runs --------------------------------------------------------------------------------
+
+
+def _trainer(run_dir: Path, *overrides: str):
+    """An SFT trainer of the digits task (compiled programs shared through the persistent
+    cache, as `python -m jrl.sft` shares them)."""
+    from jrl.trainer.sft_trainer import SFTTrainer
+
+    enable_compilation_cache()
+    return SFTTrainer(
+        load_entry_config(digits_sft_args(run_dir, *overrides), sft_config, validate_sft)
+    )
+
+
+def _metrics(run_dir: Path) -> dict[int, dict]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {row["step"]: row["data"] for row in map(json.loads, lines)}
+
+
+@pytest.fixture(scope="module")
+def digits_run(tmp_path_factory):
+    """8 steps on the digits task, 2 devices x 2 micro-batches, checkpoints at steps 4 and 8."""
+    run_dir = tmp_path_factory.mktemp("sft") / "run"
+    trainer = _trainer(run_dir)
+    before = trainer.validate()["val/loss"]
+    last = trainer.fit()
+    return run_dir, before, last
+
+
+def test_sft_lowers_the_held_out_loss(digits_run):
+    run_dir, before, last = digits_run
+    assert before > 2.0  # a random model: about ln(12) per token
+    assert last["val/loss"] < before - 0.4
+    metrics = _metrics(run_dir)
+    assert sorted(metrics) == list(range(1, 9))
+    assert {"val/loss"} <= set(metrics[4]) and "val/loss" not in metrics[3]
+    for key in ("train/loss", "train/lr(1e-3)", "train/grad_norm", "train/time(s)"):
+        assert np.isfinite(metrics[1][key]), key
+    assert metrics[1]["train/lr(1e-3)"] == pytest.approx(3.0)  # no warmup: int(0.1 * 8) = 0
+    assert metrics[8]["train/loss"] < metrics[1]["train/loss"]
+    assert (run_dir / "global_step_4" / "actor" / "optimizer").is_dir()
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "8"
+
+
+def test_resume_from_a_checkpoint_replays_the_same_steps(digits_run, tmp_path):
+    run_dir, _, _ = digits_run
+    resumed_dir = tmp_path / "resumed"
+    trainer = _trainer(
+        resumed_dir,
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={run_dir / 'global_step_4'}",
+        "trainer.save_freq=1",
+        "trainer.max_ckpt_to_keep=1",
+    )
+    trainer.fit()
+    original, resumed = _metrics(run_dir), _metrics(resumed_dir)
+    assert sorted(resumed) == [5, 6, 7, 8]
+    for step in resumed:
+        for key in ("train/loss", "train/grad_norm", "train/lr(1e-3)"):
+            assert resumed[step][key] == pytest.approx(original[step][key], rel=1e-6), (step, key)
+    assert resumed[8]["val/loss"] == pytest.approx(original[8]["val/loss"], rel=1e-6)
+    assert sorted(p.name for p in resumed_dir.glob("global_step_*")) == ["global_step_8"]
+    auto = _trainer(run_dir)  # resume_mode=auto: the run is complete, nothing to do
+    assert auto.fit() == {}
+
+
+def test_lora_trains_the_adapters_of_the_target_modules_with_clipped_sgd(tmp_path):
+    trainer = _trainer(
+        tmp_path,
+        "model.lora_rank=4",
+        "model.lora_alpha=8",
+        "model.target_modules=[q_proj,v_proj]",
+        "optim.optimizer=SGD",
+        "optim.lr=1.0",
+        "optim.weight_decay=0.0",
+        "optim.clip_grad=0.001",
+    )
+    model = trainer.state.model()
+    adapted = adapted_modules(model)
+    assert adapted and all(p.endswith(("q_proj", "v_proj")) for p in adapted)
+    layers = linear_layers(model)
+    assert {layers[path].lora_scale for path in adapted} == {2.0}  # alpha / rank
+    variables = jax.tree.leaves(
+        trainer.state.trainable, is_leaf=lambda x: isinstance(x, nnx.Variable)
+    )
+    assert {type(v) for v in variables} == {LoRAParam}
+    before = jax.tree.map(np.asarray, (trainer.state.trainable, trainer.state.frozen))
+    metrics = trainer.train_step(next(iter(trainer.train_loader.epoch(0))), 1)
+    after = jax.tree.map(np.asarray, (trainer.state.trainable, trainer.state.frozen))
+    jax.tree.map(np.testing.assert_array_equal, before[1], after[1])
+    # plain SGD at lr 1 moves the adapters by the clipped gradient: a step of norm clip_grad
+    moved = optax.tree.norm(jax.tree.map(np.subtract, after[0], before[0]))
+    assert metrics["train/grad_norm"] > 0.01
+    assert float(moved) == pytest.approx(0.001, rel=1e-3)
+    trainer.save_checkpoint(1)
+    trainer.checkpoints.close()
+    manifest = json.loads((tmp_path / "global_step_1" / "checkpoint.json").read_text())
+    assert manifest["roles"]["actor"]["lora"]["rank"] == 4
+
+
+def test_command_line_help_and_errors(tmp_path, capsys):
+    from jrl import sft
+
+    assert sft.main(["--help"]) == {}
+    assert "python -m jrl.sft --config=configs/gsm8k_sft.py" in capsys.readouterr().out
+    failed = subprocess.run(
+        [sys.executable, "-m", "jrl.sft", "data.truncation=middle", "optim.lr_scheduler=linear"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
+    assert failed.returncode == 2
+    assert failed.stderr.startswith("jrl.sft: error: invalid configuration:")
+    assert "data.truncation='middle'" in failed.stderr and "optim.lr_scheduler" in failed.stderr
+
+
+def test_model_options_reach_the_model(tmp_path):
+    with pytest.warns(UserWarning, match="cpu_offload and .offload_params: parameters"):
+        trainer = _trainer(
+            tmp_path,
+            "model.fsdp_config.model_dtype=bf16",
+            "model.enable_gradient_checkpointing=true",
+            "model.use_liger=true",
+            "use_remove_padding=true",
+            "model.fsdp_config.cpu_offload=true",
+            "model.fsdp_config.offload_params=true",
+        )
+    dtypes = {x.dtype for x in jax.tree.leaves(trainer.state.params)}
+    assert dtypes == {jnp.dtype(jnp.bfloat16)}
+    assert trainer.state.model().config.remat_policy == "full"
+    assert trainer.impl == "auto" and trainer.packed
+    with pytest.raises(FileNotFoundError, match="model.partial_pretrain"):
+        _trainer(tmp_path, f"model.partial_pretrain={tmp_path / 'nowhere'}")
