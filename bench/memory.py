@@ -1,9 +1,11 @@
 """Device memory of one training forward + backward under jrl's memory options.
 
 One batch with heavy padding (prompts left-padded and responses right-padded to about half of
-their room, so about half the tokens are padding) goes through the policy's log-prob path
-(`response_log_probs`, log-probs from `jrl_kernels.logprob_entropy`); the loss is minus the mean
-log-prob of the response tokens and the gradient is taken over every parameter. Variants:
+their room, so about half the tokens are padding) goes through the policy's response window
+(`jrl.trainer.packing.response_window`, as `response_log_probs`) and log-probs from
+`jrl_kernels.logprob_entropy` with `--logprob-impl` (default `auto`; `naive` materialises the
+[tokens, vocab] logits, `chunked` does not); the loss is minus the mean log-prob of the response
+tokens and the gradient is taken over every parameter. Variants:
 
 - remat `none` / `full` / `dots` on the padded rows (`enable_gradient_checkpointing`; `dots` keeps
   the matmul outputs), the first being the baseline; `full` with activation offload;
@@ -22,6 +24,7 @@ need to compile):
 
     python bench/memory.py --shape tiny
     python bench/memory.py --shape qwen2.5-0.5b     # batch 16 x (512 + 512) tokens, bf16
+    python bench/memory.py --shape qwen2.5-0.5b --batch 4 --logprob-impl naive
 
 The tiny shape uses eager attention; qwen2.5-0.5b asks for flash_attention_2 (cuDNN on a GPU,
 Pallas splash on a TPU, XLA's dot_product_attention elsewhere).
@@ -51,8 +54,8 @@ from flax import nnx  # noqa: E402
 
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
-from jrl.trainer.packing import PackLayout, with_packing  # noqa: E402
-from jrl.trainer.policy import response_log_probs  # noqa: E402
+from jrl.trainer.packing import PackLayout, response_window, with_packing  # noqa: E402
+from jrl_kernels import IMPLEMENTATIONS, logprob_entropy  # noqa: E402
 
 # Hugging Face config.json content of each shape, with its batch, prompt and response lengths and
 # compute dtype.
@@ -131,10 +134,16 @@ def padded_batch(batch: int, prompt: int, response: int, vocab: int) -> dict[str
 
 
 def training_loss(
-    config: ModelConfig, dtype: Any, remat: str, offload: bool, packing: PackLayout | None
+    config: ModelConfig,
+    dtype: Any,
+    remat: str,
+    offload: bool,
+    packing: PackLayout | None,
+    logprob_impl: str = "auto",
 ) -> tuple[Callable[[Any, dict[str, Any]], jax.Array], Any]:
     """(loss(params, tensors), abstract fp32 parameters) of a causal LM computing in `dtype`: minus
-    the mean log-prob of the response tokens, on packed rows when `packing` is given."""
+    the mean log-prob of the response tokens (by `jrl_kernels.logprob_entropy` with
+    `logprob_impl`), on packed rows when `packing` is given."""
     model = nnx.eval_shape(
         lambda: CausalLM(config, dtype=dtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
     )
@@ -142,7 +151,17 @@ def training_loss(
     graphdef, params = nnx.split(model)
 
     def loss(params: Any, tensors: dict[str, Any]) -> jax.Array:
-        log_prob, _ = response_log_probs(nnx.merge(graphdef, params), tensors, 1.0, packing)
+        model = nnx.merge(graphdef, params)
+        width = tensors["responses"].shape[1]
+        hidden = response_window(model.hidden, tensors, width, packing)
+        log_prob, _ = logprob_entropy(
+            hidden,
+            model.lm_head_kernel(),
+            tensors["responses"],
+            1.0,
+            impl=logprob_impl,
+            softcap=config.final_logit_softcapping,
+        )
         mask = tensors["response_mask"]
         return -jnp.sum(log_prob * mask) / jnp.maximum(jnp.sum(mask), 1)
 
@@ -169,7 +188,7 @@ def residual_bytes(loss: Callable[..., jax.Array], params: Any, tensors: Any) ->
     return sum(leaf.size * leaf.dtype.itemsize for leaf in jax.tree.leaves(residuals))
 
 
-def run(shape: str, batch: int | None = None) -> list[dict[str, Any]]:
+def run(shape: str, batch: int | None = None, logprob_impl: str = "auto") -> list[dict[str, Any]]:
     """One record per variant of `VARIANTS` for the named shape."""
     spec = SHAPES[shape]
     batch = batch or spec["batch"]
@@ -179,7 +198,9 @@ def run(shape: str, batch: int | None = None) -> list[dict[str, Any]]:
     records = []
     for remat, offload, use_packing in VARIANTS:
         tensors, packing = (packed, layout) if use_packing else (padded, None)
-        loss, params = training_loss(config, DTYPES[spec["dtype"]], remat, offload, packing)
+        loss, params = training_loss(
+            config, DTYPES[spec["dtype"]], remat, offload, packing, logprob_impl
+        )
         stats = compiled_memory(loss, params, tensors)
         stats["residual_bytes"] = residual_bytes(loss, params, tensors)
         records.append(
@@ -194,6 +215,7 @@ def run(shape: str, batch: int | None = None) -> list[dict[str, Any]]:
                 "remat": remat,
                 "offload": offload,
                 "packed_rows": packing.rows if packing else None,
+                "logprob_impl": logprob_impl,
                 **stats,
             }
         )
@@ -207,10 +229,16 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="tiny")
     parser.add_argument("--batch", type=int, help="sequences (default: the shape's)")
+    parser.add_argument(
+        "--logprob-impl",
+        choices=IMPLEMENTATIONS,
+        default="auto",
+        help="jrl_kernels.logprob_entropy implementation (naive materialises the logits)",
+    )
     args = parser.parse_args(argv)
     if args.batch is not None and args.batch < 1:
         parser.error(f"--batch must be at least 1, got {args.batch}")
-    for record in run(args.shape, args.batch):
+    for record in run(args.shape, args.batch, args.logprob_impl):
         print(json.dumps(record), flush=True)
 
 

@@ -1,5 +1,11 @@
-"""Kernels for jrl: per-token log-prob and entropy from hidden states and the LM head."""
+"""Kernels for jrl: per-token log-prob and entropy from hidden states and the LM head, without
+materialising the [tokens, vocab] logits (Pallas TPU, Pallas GPU, chunked XLA, naive reference)."""
 
-from jrl_kernels.logprob import logprob_entropy
+from jrl_kernels.logprob import (
+    IMPLEMENTATIONS,
+    logprob_entropy,
+    resolve_impl,
+    unavailable_reason,
+)
 
-__all__ = ["logprob_entropy"]
+__all__ = ["IMPLEMENTATIONS", "logprob_entropy", "resolve_impl", "unavailable_reason"]
