@@ -63,16 +63,30 @@ def test_sigterm_finishes_the_step_and_leaves_a_loadable_checkpoint(tmp_path):
     assert extra["data_loader"]["position"] == stopped
 
 
+# A user reward function that turns NaN after the first step's 4 prompts x 2 samples.
+NAN_AFTER_STEP_ONE = """
+calls = 0
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    global calls
+    calls += 1
+    return 0.0 if calls <= 8 else float("nan")
+"""
+
+
 def test_nan_loss_stops_before_saving_that_step(tmp_path):
     run_dir = tmp_path / "run"
-    with pytest.raises(NonFiniteLossError, match=r"step 2: .*loss=nan") as err:
+    reward = tmp_path / "nan_reward.py"
+    reward.write_text(NAN_AFTER_STEP_ONE)
+    with pytest.raises(NonFiniteLossError, match=r"step 2: .*pg_loss=nan") as err:
         train.main(
             [
                 "--config=configs/gsm8k_grpo.py:tiny",
                 f"trainer.default_local_dir={run_dir}",
                 "trainer.save_freq=1",
                 "trainer.total_training_steps=4",
-                "actor_rollout_ref.actor.optim.lr=1e30",  # the first update blows the weights up
+                f"custom_reward_function.path={reward}",
                 *QUIET,
             ]
         )
