@@ -61,7 +61,7 @@ def build_rollout(config: ConfigDict, tokenizer: Any) -> Any:
     """The rollout engine of ``rollout.name`` with the model of ``model.path`` on the mesh."""
     from jrl.models import from_pretrained
     from jrl.parallel import make_mesh
-    from jrl.rollout import make_rollout
+    from jrl.rollout import EngineLimits, make_rollout
     from jrl.rollout.sampling import as_token_ids
     from jrl.trainer.policy import compute_dtype
     from jrl.trainer.ppo_trainer import check_device
@@ -85,6 +85,11 @@ def build_rollout(config: ConfigDict, tokenizer: Any) -> Any:
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=sorted(eos),
         mesh=mesh,
+        tensor_parallel_size=int(config.rollout.tensor_model_parallel_size),
+        limits=EngineLimits.from_rollout_config(config.rollout),
+        rollout_cfg=config.rollout,
+        model_path=config.model.path,
+        trust_remote_code=bool(config.model.trust_remote_code),
     )
 
 

@@ -38,6 +38,7 @@ import time
 from jrl.assets import prepare_for
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config import ConfigError, load_config
+from jrl.parallel import distributed
 from jrl.plot import plot_after_training
 from jrl.trainer.stopping import NonFiniteLossError
 
@@ -49,6 +50,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(__doc__)
         return {}
     config, _ = load_config(argv)
+    distributed.initialize(config.trainer.ray_wait_register_center_timeout)
+    distributed.quiet_unless_primary()
+    distributed.check_topology(config.trainer.nnodes, config.trainer.n_gpus_per_node)
     enable_compilation_cache()
     prepare_for(config)
     from jrl.trainer.ppo_trainer import PPOTrainer
@@ -59,7 +63,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     try:
         metrics = trainer.fit()
     finally:
-        plot_after_training(config.trainer.default_local_dir)
+        if distributed.is_primary():
+            plot_after_training(config.trainer.default_local_dir)
     print(f"jrl: training finished in {time.perf_counter() - start:.1f}s", flush=True)
     return metrics
 

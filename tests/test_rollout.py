@@ -1,4 +1,4 @@
-"""The JAX sampler and rollout engine against a naive full-forward loop on a tiny random model."""
+"""The `jax` rollout engine against a naive full-forward loop on a tiny random model."""
 
 import dataclasses
 import importlib.util
@@ -12,11 +12,13 @@ from helpers import tiny_llama
 
 from jrl.batch import Batch
 from jrl.models import init_random
-from jrl.rollout import JaxRollout, SamplingParams, generate_tokens, make_rollout
+from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, make_rollout
 
 P, R, PAD = 6, 5, 0
 LENGTHS = (6, 3, 1)
 CONFIG = tiny_llama(pad_token_id=PAD, initializer_range=0.5)
+# One prompt per prefill: a single compiled prefill keeps these tests quick.
+LIMITS = EngineLimits(max_num_batched_tokens=P)
 GREEDY = SamplingParams(R, pad_token_id=PAD, do_sample=False, calculate_log_probs=True)
 ROLLOUT_CFG = {
     "temperature": 0.7,
@@ -79,22 +81,25 @@ def naive(model, forward, prompts):
     return _naive_greedy(forward, nnx.state(model), prompts, R)
 
 
-def _generate(model, prompts: Batch, params: SamplingParams, seed: int = 0) -> dict:
-    graphdef, state = nnx.split(model)
-    out = generate_tokens(
-        graphdef,
-        state,
-        jnp.asarray(prompts["input_ids"]),
-        jnp.asarray(prompts["attention_mask"]),
-        jax.random.key(seed),
-        params,
+@pytest.fixture(scope="module")
+def rollout(model):
+    return JaxRollout(
+        model,
+        response_length=R,
+        pad_token_id=PAD,
+        eos_token_ids=CONFIG.eos_token_id,
+        limits=LIMITS,
     )
-    return {k: np.asarray(v) for k, v in out.items()}
 
 
-def test_greedy_matches_full_forward(model, prompts, naive):
+def _generate(rollout, prompts: Batch, params: SamplingParams, seed: int = 0) -> dict:
+    out = rollout.generate(prompts, params, jax.random.key(seed))
+    return {k: np.asarray(v) for k, v in out.tensors.items()}
+
+
+def test_greedy_matches_full_forward(rollout, prompts, naive):
     tokens, logits = naive
-    out = _generate(model, prompts, GREEDY)
+    out = _generate(rollout, prompts, GREEDY)
     np.testing.assert_array_equal(out["responses"], tokens)
     np.testing.assert_array_equal(out["response_mask"], np.ones_like(tokens))
     expected = _token_log_probs(logits[:, P - 1 : -1], tokens, 1.0)
@@ -107,11 +112,11 @@ def _expected_after_eos(tokens: np.ndarray, eos: tuple[int, ...]) -> tuple[np.nd
     return np.where(seen_before, PAD, tokens), (~seen_before).astype(np.int32)
 
 
-def test_eos_stops_rows_and_masks(model, prompts, naive):
+def test_eos_stops_rows_and_masks(rollout, prompts, naive):
     tokens = naive[0]
     eos = (int(tokens[0, 1]), int(tokens[1, 2]))
     params = dataclasses.replace(GREEDY, eos_token_ids=eos)
-    out = _generate(model, prompts, params)
+    out = _generate(rollout, prompts, params)
     responses, mask = _expected_after_eos(tokens, eos)
     assert mask.sum() < mask.size
     np.testing.assert_array_equal(out["responses"], responses)
@@ -119,22 +124,17 @@ def test_eos_stops_rows_and_masks(model, prompts, naive):
     assert np.all(out["rollout_log_probs"][mask == 0] == 0)
     assert np.all(out["rollout_log_probs"][mask == 1] < 0)
 
-    ignored = _generate(model, prompts, dataclasses.replace(params, ignore_eos=True))
+    ignored = _generate(rollout, prompts, dataclasses.replace(params, ignore_eos=True))
     np.testing.assert_array_equal(ignored["responses"], tokens)
     np.testing.assert_array_equal(ignored["response_mask"], np.ones_like(tokens))
 
 
-def test_every_row_finishing_at_its_first_token(model, prompts, naive):
+def test_every_row_finishing_at_its_first_token(rollout, prompts, naive):
     eos = tuple(sorted({int(t) for t in naive[0][:, 0]}))
-    out = _generate(model, prompts, dataclasses.replace(GREEDY, eos_token_ids=eos))
+    out = _generate(rollout, prompts, dataclasses.replace(GREEDY, eos_token_ids=eos))
     np.testing.assert_array_equal(out["responses"][:, 0], naive[0][:, 0])
     np.testing.assert_array_equal(out["responses"][:, 1:], PAD)
     np.testing.assert_array_equal(out["response_mask"].sum(1), 1)
-
-
-@pytest.fixture(scope="module")
-def rollout(model):
-    return JaxRollout(model, response_length=R, pad_token_id=PAD, eos_token_ids=CONFIG.eos_token_id)
 
 
 def test_rollout_sampling_layout_and_log_probs(model, rollout, prompts, forward):
@@ -179,27 +179,14 @@ def test_rollout_sampling_layout_and_log_probs(model, rollout, prompts, forward)
     assert not np.array_equal(responses[0::2], responses[1::2])
 
 
-def test_row_padding_keeps_samples_and_compiles_once(model, rollout, prompts):
-    sampling = dataclasses.replace(rollout.sampling_params(ROLLOUT_CFG), n=1)
-    exact = rollout.generate(prompts, sampling, jax.random.key(5))
-    bucketed = JaxRollout(
-        model, response_length=R, pad_token_id=PAD, eos_token_ids=1, max_batch_rows=4
-    )
-    padded = bucketed.generate(prompts, sampling, jax.random.key(5))
-    np.testing.assert_array_equal(padded["responses"], exact["responses"])
-    compiled = generate_tokens._cache_size()
-    two_groups = bucketed.generate(prompts, dataclasses.replace(sampling, n=2), jax.random.key(5))
-    assert len(two_groups) == 6
-    assert generate_tokens._cache_size() == compiled
-
-
-def test_update_weights(rollout, prompts, forward):
+def test_update_weights_and_validation_sampling(rollout, prompts, forward):
+    """New weights take effect; `val_kwargs` (temperature 0, do_sample False) decode greedily."""
     other = init_random(CONFIG, seed=1)
     rollout.update_weights(nnx.state(other))
     try:
-        out = rollout.generate(
-            prompts, dataclasses.replace(GREEDY, eos_token_ids=1), jax.random.key(0)
-        )
+        validation = rollout.sampling_params(ROLLOUT_CFG, validate=True)
+        assert validation.greedy and validation.n == 1
+        out = rollout.generate(prompts, validation, jax.random.key(0))
         tokens = _naive_greedy(forward, nnx.state(other), prompts, R)[0]
         responses, mask = _expected_after_eos(tokens, (1,))
         np.testing.assert_array_equal(out["responses"], responses)

@@ -10,6 +10,7 @@ from jrl.rollout.sampling import (
     SamplingParams,
     apply_top_k,
     apply_top_p,
+    row_keys,
     select_tokens,
     token_log_probs,
 )
@@ -128,8 +129,9 @@ def test_from_rollout_config_errors():
 
 
 def test_greedy_selection_and_log_probs(logits):
-    params = SamplingParams(4, temperature=0.0)
-    tokens, logp = select_tokens(jnp.asarray(logits), jax.random.key(0), params)
+    params = SamplingParams(4, temperature=0.0, calculate_log_probs=True)
+    keys = row_keys(jax.random.key(0), jnp.arange(len(logits)), jnp.zeros(len(logits), int))
+    tokens, logp = select_tokens(jnp.asarray(logits), keys, params)
     np.testing.assert_array_equal(tokens, logits.argmax(-1))
     expected = np.log(_softmax(logits.astype(np.float64)))[
         np.arange(len(logits)), logits.argmax(-1)
@@ -146,16 +148,32 @@ def test_greedy_selection_and_log_probs(logits):
 def test_sampling_follows_filtered_distribution():
     rows = 4000
     row = np.array([2.0, 1.5, 1.0, 0.5, 0.0, -1.0, -3.0, 2.2], np.float32)
-    params = SamplingParams(4, temperature=0.8, top_k=5, top_p=0.9)
+    params = SamplingParams(4, temperature=0.8, top_k=5, top_p=0.9, calculate_log_probs=True)
     expected = _softmax(_top_p_reference(_top_k_reference(row[None] / 0.8, 5), 0.9))[0]
     logits = jnp.asarray(np.tile(row, (rows, 1)))
-    select = jax.jit(select_tokens, static_argnums=2)
-    tokens, logp = select(logits, jax.random.key(3), params)
+
+    @jax.jit
+    def select(rng):
+        return select_tokens(logits, row_keys(rng, jnp.arange(rows), jnp.full(rows, 7)), params)
+
+    tokens, logp = select(jax.random.key(3))
     freq = np.bincount(np.asarray(tokens), minlength=row.size) / rows
     assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(expected))
     np.testing.assert_allclose(freq, expected, atol=0.03)
     np.testing.assert_allclose(logp, np.log(_softmax(row / 0.8))[np.asarray(tokens)], atol=1e-5)
-    again, _ = select(logits, jax.random.key(3), params)
-    other, _ = select(logits, jax.random.key(4), params)
+    again, _ = select(jax.random.key(3))
+    other, _ = select(jax.random.key(4))
     np.testing.assert_array_equal(tokens, again)
     assert (np.asarray(tokens) != np.asarray(other)).mean() > 0.3
+
+
+def test_row_keys_follow_row_and_step_only():
+    rng = jax.random.key(0)
+    data = jax.random.key_data
+    keys = row_keys(rng, jnp.asarray([3, 5, 3]), jnp.asarray([2, 2, 2]))
+    np.testing.assert_array_equal(data(keys[0]), data(keys[2]))
+    assert not np.array_equal(data(keys[0]), data(keys[1]))
+    expected = jax.random.fold_in(jax.random.fold_in(rng, 5), 2)
+    np.testing.assert_array_equal(data(keys[1]), data(expected))
+    later = row_keys(rng, jnp.asarray([3]), jnp.asarray([3]))
+    assert not np.array_equal(data(later[0]), data(keys[0]))

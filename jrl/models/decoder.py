@@ -22,6 +22,7 @@ from jrl.models.layers import (
     rope_frequencies,
     rope_tables,
 )
+from jrl.parallel.mesh import sequence_mesh, sequence_parallel_size, split_sequence
 
 MODEL_KINDS = ("causal_lm", "value", "reward")
 # The checkpoint name of each decoder layer's input (what full remat keeps, or offloads).
@@ -140,6 +141,8 @@ class Decoder(nnx.Module):
         if c.family.gemma:
             x = x * jnp.asarray(c.hidden_size**0.5, x.dtype)
         ropes: dict[tuple[float, Any], tuple[jax.Array, jax.Array]] = {}
+        if cache is None:
+            x = split_sequence(x)
         run_layer = self._layer_fn(visibility)
         for i, layer in enumerate(self.layers):
             rope_key = c.layer_rope(i)
@@ -223,8 +226,15 @@ class _DecoderModel(nnx.Module):
 
         Packed rows give `segment_ids` [B, T] instead of `attention_mask`: each token attends the
         earlier tokens of its own segment only, 0 marks padding, and `position_ids` (required)
-        count from 0 within each segment.
+        count from 0 within each segment. Under sequence parallelism (`jrl.parallel.on_mesh`)
+        rows are right-padded to a multiple of the `sequence` axis and cut back afterwards.
         """
+        mesh, length = sequence_mesh(), input_ids.shape[1]
+        multiple = 1 if mesh is None else sequence_parallel_size(mesh)
+        if length % multiple:
+            pad = functools.partial(_pad_length, length=length + -length % multiple)
+            padded = map(pad, (input_ids, attention_mask, position_ids, segment_ids))
+            return self.hidden(*padded)[:, :length]
         if segment_ids is not None:
             if attention_mask is not None or position_ids is None:
                 raise ValueError(
@@ -240,6 +250,13 @@ class _DecoderModel(nnx.Module):
             attention_mask.astype(jnp.bool_), slots, self_attention=True, segment_ids=segment_ids
         )
         return self.model(input_ids, position_ids, visibility)[0]
+
+
+def _pad_length(x: jax.Array | None, length: int) -> jax.Array | None:
+    """[B, T] right-padded with zeros to [B, length] (None stays None)."""
+    if x is None:
+        return None
+    return jnp.pad(x, ((0, 0), (0, length - x.shape[1])))
 
 
 class CausalLM(_DecoderModel):

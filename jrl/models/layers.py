@@ -16,13 +16,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
+from jax.sharding import PartitionSpec
 
 from jrl.models.config import ModelConfig, RopeScaling
+from jrl.parallel.mesh import SEQUENCE_AXIS, row_axes, sequence_mesh, sequence_parallel_size
 
 # Masked attention scores get this (finite) value so that rows without any valid key stay NaN-free.
 MASKED_SCORE = -1e30
 # Sequence lengths must be a multiple of this block for the Pallas splash kernel.
 SPLASH_BLOCK = 128
+# The config key that sets the sequence-parallel size (named in errors).
+SP_KEY = "ulysses_sequence_parallel_size"
 _ACTIVATIONS = {
     "silu": jax.nn.silu,
     "gelu": functools.partial(jax.nn.gelu, approximate=False),
@@ -340,6 +344,63 @@ def _pick_kernel(
     return kernel if reason is None else _fall_back(requested, reason, kernel)
 
 
+def check_sequence_heads(
+    num_heads: int, num_kv_heads: int, sequence_parallel: int, key: str = SP_KEY
+) -> None:
+    """Fails unless Ulysses can split the heads over `sequence_parallel` devices: the query heads
+    must be a multiple of it and the kv heads a multiple or a divisor of it (smaller kv-head
+    counts are repeated). `key` names the config key for the message."""
+
+    def splits(sp: int) -> bool:
+        return num_heads % sp == 0 and (num_kv_heads % sp == 0 or sp % num_kv_heads == 0)
+
+    if sequence_parallel <= 1 or splits(sequence_parallel):
+        return
+    sp = sequence_parallel
+    fits = ", ".join(str(d) for d in range(1, num_heads + 1) if splits(d))
+    raise ValueError(
+        f"{key}={sp}: sequence parallelism splits attention heads over {sp} devices, so "
+        f"num_attention_heads ({num_heads}) must be a multiple of it and num_key_value_heads "
+        f"({num_kv_heads}) a multiple or a divisor of it; use one of {fits}"
+    )
+
+
+def ulysses_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, visibility: Visibility, **kwargs: Any
+) -> jax.Array:
+    """`attention` of self-attention q [B, S, H, D], k, v [B, S, K, D] whose S is split over the
+    ambient mesh's `sequence` axis, as DeepSpeed-Ulysses does.
+
+    Per device, an all-to-all trades the sequence split for a head split (q, k, v become
+    [B, S, H/sp, D] with whole sequences), attention runs locally with any kernel, and a second
+    all-to-all returns the output [B, S, H, D] split over S again. Kv heads fewer than the
+    devices are repeated first (each query head keeps its kv head). `kwargs` as `attention`.
+    """
+    mesh = sequence_mesh()
+    sp = sequence_parallel_size(mesh)
+    heads, kv_heads = q.shape[2], k.shape[2]
+    check_sequence_heads(heads, kv_heads, sp)
+    if kv_heads % sp:
+        k, v = (jnp.repeat(x, sp // kv_heads, axis=2) for x in (k, v))
+    rows = row_axes(mesh, q.shape[0])
+    split = PartitionSpec(rows, SEQUENCE_AXIS, None, None)
+    whole = PartitionSpec(rows, None)
+    segments = visibility.segments()
+
+    def local(q, k, v, kv_valid, segment_ids, q_slots):
+        q, k, v = (jax.lax.all_to_all(x, SEQUENCE_AXIS, 2, 1, tiled=True) for x in (q, k, v))
+        packed = segment_ids if visibility.segment_ids is not None else None
+        out = _local_attention(q, k, v, Visibility(kv_valid, q_slots, True, packed), **kwargs)
+        return jax.lax.all_to_all(out, SEQUENCE_AXIS, 1, 2, tiled=True)
+
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(split, split, split, whole, whole, PartitionSpec(None)),
+        out_specs=split,
+    )(q, k, v, visibility.kv_valid, segments, visibility.q_slots)
+
+
 def attention(
     q: jax.Array,
     k: jax.Array,
@@ -356,7 +417,28 @@ def attention(
     `implementation` is 'eager' (einsums), 'sdpa' (`jax.nn.dot_product_attention`, XLA) or
     'flash_attention_2' (cuDNN on GPU, Pallas splash on TPU). Where the requested kernel cannot
     run (soft-capping, dtype, backend, shape) a warning names the fallback that runs instead.
+    Self-attention traced under a mesh whose `sequence` axis has several devices
+    (`jrl.parallel.on_mesh`) runs as `ulysses_attention`.
     """
+    kwargs = dict(scale=scale, window=window, softcap=softcap, implementation=implementation)
+    if visibility.self_attention and sequence_mesh() is not None:
+        return ulysses_attention(q, k, v, visibility, **kwargs)
+    return _local_attention(q, k, v, visibility, **kwargs)
+
+
+def _local_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    visibility: Visibility,
+    *,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    implementation: str,
+) -> jax.Array:
+    """`attention` without the sequence-parallel dispatch: the kernel on the arrays as given
+    (whole, or one device's part inside `ulysses_attention`)."""
     kernel = _pick_kernel(implementation, softcap=softcap, dtype=q.dtype, visibility=visibility)
     if kernel == "splash":
         return splash_attention(

@@ -1,25 +1,61 @@
-"""Device mesh construction and sharding helpers."""
+"""Device mesh construction, sharding helpers, host offload and multi-process runs."""
 
+from jrl.parallel.distributed import (
+    agreed_minimum,
+    allgather_objects,
+    any_process,
+    barrier,
+    gather_batch,
+    host_array,
+    host_batch,
+    is_primary,
+    put_global,
+    score_per_process,
+)
 from jrl.parallel.mesh import (
     MESH_AXES,
+    SEQUENCE_AXIS,
     batch_axes,
     batch_sharding,
+    data_parallel_size,
     make_mesh,
+    on_mesh,
     param_sharding,
     param_shardings,
     replicated,
+    role_mesh,
+    sequence_parallel_size,
     shard_batch,
     shard_params,
 )
+from jrl.parallel.offload import ON_DEVICE, Offload, memory_bytes
 
 __all__ = [
     "MESH_AXES",
+    "ON_DEVICE",
+    "SEQUENCE_AXIS",
+    "Offload",
+    "agreed_minimum",
+    "allgather_objects",
+    "any_process",
+    "barrier",
     "batch_axes",
     "batch_sharding",
+    "data_parallel_size",
+    "gather_batch",
+    "host_array",
+    "host_batch",
+    "is_primary",
     "make_mesh",
+    "memory_bytes",
+    "on_mesh",
     "param_sharding",
     "param_shardings",
+    "put_global",
     "replicated",
+    "role_mesh",
+    "score_per_process",
+    "sequence_parallel_size",
     "shard_batch",
     "shard_params",
 ]

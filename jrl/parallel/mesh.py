@@ -2,18 +2,28 @@
 
 Mesh axes are ``('data', 'fsdp', 'tensor', 'sequence')``. Parameters are FSDP-sharded: each array is
 split over ``fsdp`` along its largest dimension that divides evenly, and replicated otherwise.
-Batches are split over ``('data', 'fsdp')`` along their row dimension.
+Batches are split over ``('data', 'fsdp')`` along their row dimension. With a ``sequence`` axis
+of more than one device (verl's ``ulysses_sequence_parallel_size``) each batch shard's sequences
+are split over it too: a model traced under such a mesh (`on_mesh`) keeps activations
+``[B, S, ...]`` with S over ``sequence`` and runs attention on whole sequences with its heads
+split over ``sequence`` (`jrl.models.layers.ulysses_attention`).
 """
 
 from __future__ import annotations
 
+import functools
+import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import AbstractMesh, Mesh, NamedSharding, PartitionSpec
+
+from jrl.parallel.distributed import put_global
 
 MESH_AXES = ("data", "fsdp", "tensor", "sequence")
+SEQUENCE_AXIS = "sequence"
 
 
 def make_mesh(
@@ -47,6 +57,64 @@ def make_mesh(
 def batch_axes() -> tuple[str, str]:
     """Mesh axes that split the batch rows."""
     return ("data", "fsdp")
+
+
+def data_parallel_size(mesh: Mesh | AbstractMesh) -> int:
+    """How many ways the batch rows are split (verl's DP size: devices // sequence parallel)."""
+    return math.prod(mesh.shape[axis] for axis in batch_axes())
+
+
+def sequence_parallel_size(mesh: Mesh | AbstractMesh) -> int:
+    """How many devices split each sequence (the size of the `sequence` axis)."""
+    return dict(mesh.shape).get(SEQUENCE_AXIS, 1)
+
+
+def role_mesh(mesh: Mesh, sequence_parallel: int, fsdp_size: int, key: str) -> Mesh:
+    """`mesh` when its `sequence` axis already has `sequence_parallel` devices, else a mesh over
+    the same devices with that many; `key` names the config key for errors."""
+    if sequence_parallel_size(mesh) == sequence_parallel:
+        return mesh
+    try:
+        return make_mesh(mesh.size, fsdp_size=fsdp_size, sequence_parallel=sequence_parallel)
+    except ValueError as err:
+        raise ValueError(f"{key}={sequence_parallel}: {err}") from err
+
+
+def on_mesh(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:
+    """`fn` called (and so traced, when it is jitted) with `mesh` as the ambient mesh
+    (`jax.set_mesh`), which is what turns on sequence parallelism inside the model."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with jax.set_mesh(mesh):
+            return fn(*args, **kwargs)
+
+    return run
+
+
+def sequence_mesh() -> AbstractMesh | None:
+    """The ambient mesh (see `on_mesh`) when its `sequence` axis splits sequences, else None
+    (no ambient mesh, one device on the axis, or inside a `shard_map` over it)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or sequence_parallel_size(mesh) == 1 or SEQUENCE_AXIS in mesh.manual_axes:
+        return None
+    return mesh
+
+
+def row_axes(mesh: Mesh | AbstractMesh, rows: int) -> tuple[str, str] | None:
+    """The batch axes for `rows` rows on `mesh`, or None (rows replicated) when they do not
+    split evenly."""
+    return batch_axes() if rows % data_parallel_size(mesh) == 0 else None
+
+
+def split_sequence(x: jax.Array) -> jax.Array:
+    """Constrains activations [B, S, ...] to S split over the ambient mesh's `sequence` axis (and
+    rows over the batch axes); unchanged without sequence parallelism. Inside `jax.jit`."""
+    mesh = sequence_mesh()
+    if mesh is None:
+        return x
+    spec = PartitionSpec(row_axes(mesh, x.shape[0]), SEQUENCE_AXIS, *[None] * (x.ndim - 2))
+    return jax.lax.with_sharding_constraint(x, spec)
 
 
 def replicated(mesh: Mesh) -> NamedSharding:
@@ -86,5 +154,5 @@ def shard_params(tree: Any, mesh: Mesh) -> tuple[Any, Any]:
 def shard_batch(tensors: dict[str, Any], mesh: Mesh, row_axis: int = 0) -> dict[str, jax.Array]:
     """Place host arrays with their rows split over the batch axes."""
     return {
-        k: jax.device_put(v, batch_sharding(mesh, np.ndim(v), row_axis)) for k, v in tensors.items()
+        k: put_global(v, batch_sharding(mesh, np.ndim(v), row_axis)) for k, v in tensors.items()
     }

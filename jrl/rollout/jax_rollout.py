@@ -1,33 +1,45 @@
-"""The `jax` rollout engine: verl's generate contract on top of the on-device sampler."""
+"""The `jax` rollout engine: verl's generate contract on top of the continuous-batching sampler."""
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from jrl.batch import Batch
 from jrl.models import CausalLM
-from jrl.parallel import batch_sharding
-from jrl.rollout.sampler import generate_tokens
+from jrl.parallel import agreed_minimum, batch_sharding
+from jrl.rollout.layout import prompt_bucket, row_layout
+from jrl.rollout.limits import (
+    EngineLimits,
+    SlotPlan,
+    free_device_bytes,
+    plan_slots,
+    slot_bytes,
+)
+from jrl.rollout.sampler import SlotCache, cache_length, generate_tokens
 from jrl.rollout.sampling import SamplingParams, as_token_ids
+from jrl.rollout.tensor_parallel import cache_sharding, param_shardings, rollout_mesh
 
 _PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class JaxRollout:
-    """Generates responses with the model's own forward pass, compiled once per (rows, P).
+    """Generates responses with the model's own forward pass and a slot-based KV cache.
 
-    Rows go to the device in groups of `max_batch_rows` (default: all rows of the call); the last
-    group is padded up to that size with copies of its first row, so the compiled shapes stay few.
-    With a `mesh`, each group is split over the mesh's batch axes (data parallel generation; the
-    parameters keep their own sharding), its size rounded up to a multiple of those devices.
+    The engine keeps its own copy of the parameters: matrices in the model's compute dtype
+    (bfloat16 weights for a bfloat16 rollout), laid out tensor parallel over `tensor_parallel_size`
+    devices of `mesh` and replicated over the rest, which generate as data-parallel replicas.
+    Each call cuts the prompts to a power-of-two bucket of their longest length and runs one
+    compiled loop per (rows, bucket, slot plan); `limits` bound the slots and the cache, and
+    `continuous_batching=False` runs static batches instead (for comparison).
     """
 
     def __init__(
@@ -37,24 +49,38 @@ class JaxRollout:
         response_length: int,
         pad_token_id: int,
         eos_token_ids: int | Iterable[int] | None,
-        max_batch_rows: int | None = None,
         mesh: Mesh | None = None,
+        tensor_parallel_size: int = 1,
+        limits: EngineLimits | None = None,
+        continuous_batching: bool = True,
     ):
         if response_length < 1:
             raise ValueError(f"response_length={response_length} must be at least 1")
-        if max_batch_rows is not None and max_batch_rows < 1:
-            raise ValueError(f"max_batch_rows={max_batch_rows} must be at least 1 (or None)")
-        self._graphdef, self._state = nnx.split(model)
+        self.mesh = rollout_mesh(mesh, int(tensor_parallel_size))
+        self.config = model.config
+        self.dtype = model.dtype
+        self._graphdef, state = nnx.split(model)
+        self._shardings = param_shardings(state, self.mesh)
+        self._state = self._place(state)
         self.response_length = int(response_length)
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = as_token_ids(eos_token_ids)
-        self.max_batch_rows = max_batch_rows
-        self.mesh = mesh
+        self.limits = limits or EngineLimits()
+        self.continuous_batching = continuous_batching
+        self._budget: int | None = None
+        self._budget_measured = False
+        self._cache: SlotCache | None = None
+        self.last_stats: dict[str, float] = {}
 
     @property
     def state(self) -> nnx.State:
         """The parameters generation runs with."""
         return self._state
+
+    @property
+    def cache(self) -> SlotCache | None:
+        """The KV cache kept between calls (None once released)."""
+        return self._cache
 
     def sampling_params(self, rollout_cfg: Any, *, validate: bool = False) -> SamplingParams:
         """SamplingParams from verl's `actor_rollout_ref.rollout` keys and this engine's tokens."""
@@ -72,16 +98,18 @@ class JaxRollout:
         `prompts` holds left-padded `input_ids`, `attention_mask`, `position_ids` [B, P]. The result
         has `prompts`, `responses`, `response_mask`, `input_ids`, `attention_mask`, `position_ids`
         ([B*n, P+R] for the last three), `rollout_log_probs` with `calculate_log_probs`, and the
-        prompts' meta repeated. Responses are right-padded to `response_length`.
+        prompts' meta repeated. Responses are right-padded to `response_length`. Row i of the
+        result draws its tokens from keys derived from (rng, i) only.
         """
         self._check(prompts, sampling)
         batch = prompts.repeat(sampling.n, interleave=True)
-        ids, mask = jnp.asarray(batch["input_ids"]), jnp.asarray(batch["attention_mask"])
-        out = self._generate_rows(ids, mask, sampling, rng)
+        mask = np.asarray(batch["attention_mask"])
+        out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, rng)
         width = self.response_length - sampling.max_new_tokens
         fill = {"responses": self.pad_token_id, "response_mask": 0, "rollout_log_probs": 0.0}
         out = {k: jnp.pad(v, ((0, 0), (0, width)), constant_values=fill[k]) for k, v in out.items()}
 
+        ids = jnp.asarray(batch["input_ids"])
         positions = jnp.asarray(batch["position_ids"])
         steps = jnp.arange(1, self.response_length + 1, dtype=positions.dtype)
         tensors = {
@@ -90,7 +118,7 @@ class JaxRollout:
             "response_mask": out["response_mask"],
             "input_ids": jnp.concatenate([ids, out["responses"].astype(ids.dtype)], axis=1),
             "attention_mask": jnp.concatenate(
-                [mask, out["response_mask"].astype(mask.dtype)], axis=1
+                [jnp.asarray(mask), out["response_mask"].astype(mask.dtype)], axis=1
             ),
             "position_ids": jnp.concatenate([positions, positions[:, -1:] + steps], axis=1),
         }
@@ -98,34 +126,80 @@ class JaxRollout:
             tensors["rollout_log_probs"] = out["rollout_log_probs"]
         return Batch(tensors, batch.meta)
 
+    def plan(self, rows: int, prompt_length: int, sampling: SamplingParams) -> SlotPlan:
+        """The slot plan of a call with `rows` rows (per replica) of `prompt_length` tokens."""
+        tokens = cache_length(prompt_length, sampling)
+        per_slot = slot_bytes(self.config, self.dtype, self.mesh.shape["tensor"], tokens)
+        return plan_slots(
+            self.limits,
+            rows=rows,
+            prompt_length=prompt_length,
+            budget_bytes=self._kv_budget(),
+            bytes_per_slot=per_slot,
+        )
+
     def _generate_rows(
-        self, ids: jax.Array, mask: jax.Array, sampling: SamplingParams, rng: jax.Array
+        self, ids: np.ndarray, mask: np.ndarray, sampling: SamplingParams, rng: jax.Array
     ) -> dict[str, jax.Array]:
-        rows = ids.shape[0]
-        group = self.max_batch_rows or rows
-        if self.mesh is not None:
-            devices = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-            group = -(-group // devices) * devices
-        sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated; one compile
-        parts = []
-        for index, start in enumerate(range(0, rows, group)):
-            part_ids, part_mask = ids[start : start + group], mask[start : start + group]
-            real = part_ids.shape[0]
-            if real < group:
-                part_ids, part_mask = (_pad_rows(x, group) for x in (part_ids, part_mask))
-            if self.mesh is not None:
-                rows_split = batch_sharding(self.mesh, 2)
-                part_ids, part_mask = (jax.device_put(x, rows_split) for x in (part_ids, part_mask))
-            out = generate_tokens(
-                self._graphdef,
-                self._state,
-                part_ids,
-                part_mask,
-                jax.random.fold_in(rng, index),
-                sampling,
-            )
-            parts.append({k: v[:real] for k, v in out.items()})
-        return {k: jnp.concatenate([p[k] for p in parts]) for k in parts[0]}
+        bucket = prompt_bucket(int(mask.sum(axis=1).max()), ids.shape[1])
+        replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        layout = row_layout(len(ids), replicas)
+        plan = self.plan(layout.per_replica, bucket, sampling)
+        sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated
+        rows = batch_sharding(self.mesh, 1)
+        placed = {
+            "ids": (ids[layout.source, -bucket:], batch_sharding(self.mesh, 2)),
+            "mask": (mask[layout.source, -bucket:], batch_sharding(self.mesh, 2)),
+            "row_ids": (layout.source.astype(np.int32), rows),
+            "counts": (layout.counts, rows),
+        }
+        args = {k: jax.device_put(v, s) for k, (v, s) in placed.items()}
+        cache = self._take_cache(replicas * plan.slots, cache_length(bucket, sampling))
+        out, decode_steps, cache = generate_tokens(
+            self._graphdef,
+            self._state,
+            args["ids"],
+            args["mask"],
+            args["row_ids"],
+            args["counts"],
+            rng,
+            jnp.asarray(self.continuous_batching),
+            cache,
+            params=sampling,
+            plan=plan,
+            mesh=self.mesh,
+        )
+        if not self.limits.free_cache_engine:
+            self._cache = cache
+        self.last_stats = {
+            "rollout/prompt_bucket": float(bucket),
+            "rollout/slots": float(plan.slots),
+            "rollout/prefill_rows": float(plan.prefill_rows),
+            "rollout/decode_steps": float(np.max(decode_steps)),
+        }
+        real = np.flatnonzero(layout.real)
+        return {k: v[real] for k, v in out.items()}
+
+    def _take_cache(self, slots: int, tokens: int) -> SlotCache:
+        """The kept cache when its shape fits this call, else a new zeroed one."""
+        c = self.config
+        shape = (slots, c.num_layers, tokens, c.num_kv_heads, c.head_dim)
+        sharding = cache_sharding(self.mesh, c.num_kv_heads)
+        cache, self._cache = self._cache, None
+        if cache is not None and cache.k.shape == shape:
+            # The same layout, spelled as the compiled call expects it: no copy.
+            return jax.device_put(cache, SlotCache(sharding, sharding))
+        del cache
+        return _zero_cache(shape, self.dtype, sharding)()
+
+    def _kv_budget(self) -> int | None:
+        """Bytes per device the KV cache may take, measured once (None where unknown)."""
+        if not self._budget_measured:
+            free = agreed_minimum(free_device_bytes(self.mesh.local_devices[0]))
+            util = self.limits.gpu_memory_utilization
+            self._budget = None if free is None else int(util * free)
+            self._budget_measured = True
+        return self._budget
 
     def _check(self, prompts: Batch, sampling: SamplingParams) -> None:
         missing = [k for k in _PROMPT_KEYS if k not in prompts.tensors]
@@ -152,8 +226,17 @@ class JaxRollout:
                 "column); prompts must be left-padded and non-empty"
             )
 
+    def _place(self, state: nnx.State) -> nnx.State:
+        """Matrices in the compute dtype, vectors as given; on the rollout's layout."""
+
+        def cast(x: jax.Array) -> jax.Array:
+            floating = jnp.issubdtype(x.dtype, jnp.floating)
+            return x.astype(self.dtype) if floating and x.ndim >= 2 else x
+
+        return jax.device_put(jax.tree.map(cast, state), self._shardings)
+
     def update_weights(self, state: nnx.State) -> None:
-        """Use new parameters (same structure and shapes), cast to this engine's dtypes."""
+        """Use new parameters (same structure and shapes), cast and laid out as this engine's."""
         new = jax.tree_util.tree_flatten_with_path(state)[0]
         old, treedef = jax.tree_util.tree_flatten_with_path(self._state)
         new_paths = [jax.tree_util.keystr(p) for p, _ in new]
@@ -168,16 +251,23 @@ class JaxRollout:
                     f"update_weights: {path} has shape {tuple(value.shape)}, "
                     f"the rollout expects {tuple(current.shape)}"
                 )
-            leaves.append(jnp.asarray(value, current.dtype))
-        self._state = jax.tree_util.tree_unflatten(treedef, leaves)
+            leaves.append(value.astype(current.dtype))
+        placed = jax.tree_util.tree_unflatten(treedef, leaves)
+        self._state = jax.device_put(placed, self._shardings)
 
     def release(self) -> None:
-        """No-op: the KV cache is allocated inside each generate call and freed when it returns."""
+        """Free the kept KV cache (with `free_cache_engine` each call frees it already)."""
+        self._cache = None
 
     def resume(self) -> None:
-        """No-op: generate allocates its KV cache itself (see `release`)."""
+        """Measure the KV budget again (the next call allocates its cache within it)."""
+        self._budget_measured = False
 
 
-def _pad_rows(x: jax.Array, rows: int) -> jax.Array:
-    fill = jnp.broadcast_to(x[:1], (rows - x.shape[0], *x.shape[1:]))
-    return jnp.concatenate([x, fill])
+@functools.lru_cache(maxsize=8)
+def _zero_cache(
+    shape: tuple[int, ...], dtype: Any, sharding: NamedSharding
+) -> Callable[[], SlotCache]:
+    """A compiled allocator of a zeroed KV cache, created in place with its sharding."""
+    zeros = functools.partial(jnp.zeros, shape, dtype)
+    return jax.jit(lambda: SlotCache(zeros(), zeros()), out_shardings=SlotCache(sharding, sharding))

@@ -1,15 +1,29 @@
-"""Batched generation on the device: one prefill, then a `lax.while_loop` of cached decode steps."""
+"""Generation on the device with continuous batching.
+
+A replica owns a pool of KV-cache slots, one sequence each. One `lax.while_loop` alternates two
+phases: admission (waiting prompts are prefilled `prefill_rows` at a time, once that many slots are
+free, into the free slots) and one decode step of every slot. A sequence that emits EOS or
+reaches `max_new_tokens` frees its slot for the next waiting prompt, so a long answer does not
+idle the batch. Token t of row r is drawn with the key `fold_in(fold_in(rng, r), t)`, so what a
+row generates does not depend on the slot it lands in, on the slot count or on the replica that
+runs it.
+"""
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, PartitionSpec
 
-from jrl.rollout.sampling import SamplingParams, select_tokens
+from jrl.models import CausalLM, KVCache
+from jrl.parallel import batch_axes
+from jrl.rollout.limits import SlotPlan
+from jrl.rollout.sampling import SamplingParams, row_keys, select_tokens
+from jrl.rollout.tensor_parallel import cache_sharding
 
 
 def prompt_positions(prompt_mask: jax.Array) -> jax.Array:
@@ -23,64 +37,221 @@ def _is_eos(tokens: jax.Array, params: SamplingParams) -> jax.Array:
     return jnp.isin(tokens, jnp.asarray(params.eos_token_ids, jnp.int32))
 
 
-def _response_mask(responses: jax.Array, params: SamplingParams) -> jax.Array:
+def response_mask(responses: jax.Array, params: SamplingParams) -> jax.Array:
     """1 up to and including each row's first EOS, 0 after it."""
     eos = _is_eos(responses, params).astype(jnp.int32)
     return (jnp.cumsum(eos, axis=-1) - eos == 0).astype(jnp.int32)
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "params"))
+def cache_length(prompt_length: int, params: SamplingParams) -> int:
+    """Tokens one slot caches: the prompt and every generated token but the last."""
+    return prompt_length + params.max_new_tokens - 1
+
+
+class SlotCache(NamedTuple):
+    """Keys and values of every slot, each [slots, layers, tokens, kv_heads, head_dim].
+
+    Slot-major, so that a decode step writes and reads each slot's own rows without moving the
+    rest of the cache.
+    """
+
+    k: jax.Array
+    v: jax.Array
+
+
+class _Slots(NamedTuple):
+    """The loop state of one replica: S slots, N rows of prompts waiting or done."""
+
+    cache: SlotCache
+    row: jax.Array  # [S] the row each slot holds (N when it never held one)
+    step: jax.Array  # [S] tokens the slot's sequence has generated
+    active: jax.Array  # [S] bool: still generating
+    last: jax.Array  # [S] the last generated token
+    length: jax.Array  # [S] the prompt's valid length
+    prompt_mask: jax.Array  # [S, P] bool
+    head: jax.Array  # [] the next waiting row
+    responses: jax.Array  # [N, R] int32
+    log_probs: jax.Array  # [N, R] float32
+    decode_steps: jax.Array  # [] decode steps run so far
+
+
+def _decode_rows(
+    model: CausalLM,
+    tokens: jax.Array,
+    positions: jax.Array,
+    cache: SlotCache,
+    columns: jax.Array,
+    kv_mask: jax.Array,
+) -> tuple[jax.Array, SlotCache]:
+    """One cached decode step where each slot writes its own cache column; hidden [S, D]."""
+
+    def one(token, position, k, v, column, mask):
+        row_cache = KVCache(k[:, None], v[:, None])
+        hidden, row_cache = model.forward_cached(
+            token[None, None], position[None, None], row_cache, column, mask[None]
+        )
+        return hidden[0, 0], row_cache.k[:, 0], row_cache.v[:, 0]
+
+    hidden, k, v = jax.vmap(one)(tokens, positions, cache.k, cache.v, columns, kv_mask)
+    return hidden, SlotCache(k, v)
+
+
+def _generate_replica(
+    graphdef: nnx.GraphDef,
+    state: nnx.State,
+    prompt_ids: jax.Array,
+    prompt_mask: jax.Array,
+    row_ids: jax.Array,
+    real_rows: jax.Array,
+    rng: jax.Array,
+    continuous: jax.Array,
+    cache: SlotCache,
+    *,
+    params: SamplingParams,
+    plan: SlotPlan,
+) -> tuple[jax.Array, jax.Array, jax.Array, SlotCache]:
+    model = nnx.merge(graphdef, state)
+    rows, prompt_len = prompt_ids.shape
+    slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
+    prompt_mask = prompt_mask.astype(bool)
+    real_rows = real_rows[0]
+
+    def admit(s: _Slots) -> _Slots:
+        """Prefill the next waiting prompts (up to `group`) into free slots; sample token 0."""
+        lane = jnp.arange(group)
+        valid = lane < jnp.minimum(real_rows - s.head, group)
+        row = jnp.minimum(s.head + lane, rows - 1)
+        slot = jnp.where(valid, jnp.argsort(s.active, stable=True)[:group], slots)
+        out_row = jnp.where(valid, row, rows)  # lanes past the last prompt write nothing
+        ids, mask = prompt_ids[row], prompt_mask[row]
+        fresh = model.init_cache(group, prompt_len, dtype=cache.k.dtype)
+        hidden, fresh = model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
+        keys = row_keys(rng, row_ids[row], jnp.zeros(group, jnp.int32))
+        token, logp = select_tokens(model.logits(hidden[:, -1]), keys, params)
+        finished = _is_eos(token, params) | (steps == 1)
+
+        def put(target: jax.Array, value: jax.Array) -> jax.Array:
+            return target.at[slot].set(value, mode="drop")
+
+        return s._replace(
+            cache=SlotCache(
+                s.cache.k.at[slot, :, :prompt_len].set(fresh.k.swapaxes(0, 1), mode="drop"),
+                s.cache.v.at[slot, :, :prompt_len].set(fresh.v.swapaxes(0, 1), mode="drop"),
+            ),
+            row=put(s.row, row),
+            step=put(s.step, 1),
+            active=put(s.active, ~finished),
+            last=put(s.last, token),
+            length=put(s.length, jnp.sum(mask, axis=-1, dtype=jnp.int32)),
+            prompt_mask=put(s.prompt_mask, mask),
+            head=s.head + jnp.sum(valid),
+            responses=s.responses.at[out_row, 0].set(token, mode="drop"),
+            log_probs=s.log_probs.at[out_row, 0].set(logp, mode="drop"),
+        )
+
+    def admission(s: _Slots) -> _Slots:
+        """Admit prompts while a group of them fits in the free slots (the last prompts: all of
+        them); with static batching only into an empty pool."""
+        is_open = continuous | ~jnp.any(s.active)
+
+        def wanted(s: _Slots) -> jax.Array:
+            waiting = real_rows - s.head
+            free = slots - jnp.sum(s.active)
+            return is_open & (waiting > 0) & (free >= jnp.minimum(group, waiting))
+
+        return jax.lax.while_loop(wanted, admit, s)
+
+    def decode(s: _Slots) -> _Slots:
+        """One token for every slot; finished slots compute but write nothing."""
+        generated = jnp.ones((slots, steps - 1), bool)
+        hidden, new_cache = _decode_rows(
+            model,
+            s.last,
+            s.length + s.step - 1,
+            s.cache,
+            prompt_len + s.step - 1,
+            jnp.concatenate([s.prompt_mask, generated], axis=1),
+        )
+        keys = row_keys(rng, row_ids[jnp.minimum(s.row, rows - 1)], s.step)
+        token, logp = select_tokens(model.logits(hidden), keys, params)
+        out_row = jnp.where(s.active, s.row, rows)
+        finished = _is_eos(token, params) | (s.step + 1 >= steps)
+        return s._replace(
+            cache=new_cache,
+            step=s.step + s.active,
+            active=s.active & ~finished,
+            last=token,
+            responses=s.responses.at[out_row, s.step].set(token, mode="drop"),
+            log_probs=s.log_probs.at[out_row, s.step].set(logp, mode="drop"),
+            decode_steps=s.decode_steps + 1,
+        )
+
+    def running(s: _Slots) -> jax.Array:
+        return (s.head < real_rows) | jnp.any(s.active)
+
+    fresh = dict(
+        row=jnp.full(slots, rows, jnp.int32),
+        step=jnp.zeros(slots, jnp.int32),
+        active=jnp.zeros(slots, bool),
+        last=jnp.zeros(slots, jnp.int32),
+        length=jnp.zeros(slots, jnp.int32),
+        prompt_mask=jnp.zeros((slots, prompt_len), bool),
+        head=jnp.int32(0),
+        responses=jnp.full((rows, steps), params.pad_token_id, jnp.int32),
+        log_probs=jnp.zeros((rows, steps), jnp.float32),
+        decode_steps=jnp.int32(0),
+    )
+    # The loop's values differ per replica, as the carry that starts from these constants will.
+    start = _Slots(cache=cache, **jax.lax.pcast(fresh, batch_axes(), to="varying"))
+    end = jax.lax.while_loop(running, lambda s: decode(admission(s)), start)
+    return end.responses, end.log_probs, end.decode_steps[None], end.cache
+
+
+@functools.partial(
+    jax.jit, static_argnames=("graphdef", "params", "plan", "mesh"), donate_argnames=("cache",)
+)
 def generate_tokens(
     graphdef: nnx.GraphDef,
     state: nnx.State,
     prompt_ids: jax.Array,
     prompt_mask: jax.Array,
+    row_ids: jax.Array,
+    real_rows: jax.Array,
     rng: jax.Array,
+    continuous: jax.Array,
+    cache: SlotCache,
+    *,
     params: SamplingParams,
-) -> dict[str, Any]:
-    """Generate up to `params.max_new_tokens` tokens after left-padded prompts [B, P].
+    plan: SlotPlan,
+    mesh: Mesh,
+) -> tuple[dict[str, jax.Array], jax.Array, SlotCache]:
+    """Generate up to `params.max_new_tokens` tokens after each left-padded prompt.
 
-    Returns `responses` [B, R] int32 (EOS kept, `pad_token_id` after it), `response_mask` [B, R]
-    int32 and, with `calculate_log_probs`, `rollout_log_probs` [B, R] float32 (0 where masked).
-    Step t samples with `fold_in(rng, t)`; the loop ends once every row has emitted an EOS.
+    Rows ([R * N, ...]) and cache slots ([R * S, ...]) split evenly over the R replicas of
+    `mesh`'s batch axes; replica r generates its first `real_rows[r]` rows (the rest are padding)
+    with `plan` and keys from `row_ids` (each row's index in the call). With `continuous` (a
+    traced bool) a slot takes the next waiting prompt as soon as its sequence ends; without it,
+    slots are refilled only once all of them are free (static batching). The model runs tensor
+    parallel over the mesh's `tensor` axis as its parameters' shardings say.
+    Returns ({`responses` [R * N, max_new_tokens] int32 with `pad_token_id` after EOS,
+    `response_mask` (1 up to and including EOS), `rollout_log_probs` float32 at the rollout
+    temperature, 0 where masked}, the decode steps each replica ran [R], the cache to reuse or
+    drop).
     """
-    model = nnx.merge(graphdef, state)
-    batch, prompt_len = prompt_ids.shape
-    steps = params.max_new_tokens
-    prompt_mask = prompt_mask.astype(bool)
-    kv_mask = jnp.concatenate([prompt_mask, jnp.ones((batch, steps - 1), bool)], axis=1)
-    cache = model.init_cache(batch, prompt_len + steps - 1)
-
-    hidden, cache = model.forward_cached(
-        prompt_ids, prompt_positions(prompt_mask), cache, 0, kv_mask
+    rows = PartitionSpec(batch_axes())
+    slots = PartitionSpec(batch_axes())
+    run = jax.shard_map(
+        functools.partial(_generate_replica, graphdef, params=params, plan=plan),
+        mesh=mesh,
+        in_specs=(PartitionSpec(), rows, rows, rows, rows, PartitionSpec(), PartitionSpec(), slots),
+        out_specs=(rows, rows, rows, slots),
+        axis_names=frozenset(batch_axes()),
     )
-    first, first_logp = select_tokens(
-        model.logits(hidden[:, -1]), jax.random.fold_in(rng, 0), params
+    layout = cache_sharding(mesh, cache.k.shape[3])  # the kept cache keeps its layout
+    responses, log_probs, decode_steps, cache = run(
+        state, prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous, cache
     )
-    responses = jnp.full((batch, steps), params.pad_token_id, jnp.int32).at[:, 0].set(first)
-    log_probs = jnp.zeros((batch, steps), jnp.float32).at[:, 0].set(first_logp)
-    next_position = jnp.sum(prompt_mask, axis=-1, dtype=jnp.int32)
-
-    def not_done(carry):
-        t, _, _, finished, _ = carry
-        return (t < steps) & ~jnp.all(finished)
-
-    def decode_step(carry):
-        t, responses, log_probs, finished, cache = carry
-        last = jax.lax.dynamic_slice_in_dim(responses, t - 1, 1, axis=1)
-        positions = (next_position + t - 1)[:, None]
-        hidden, cache = model.forward_cached(last, positions, cache, prompt_len + t - 1, kv_mask)
-        tokens, logp = select_tokens(model.logits(hidden[:, 0]), jax.random.fold_in(rng, t), params)
-        tokens = jnp.where(finished, params.pad_token_id, tokens)
-        responses = responses.at[:, t].set(tokens)
-        log_probs = log_probs.at[:, t].set(logp)
-        return t + 1, responses, log_probs, finished | _is_eos(tokens, params), cache
-
-    carry = (jnp.int32(1), responses, log_probs, _is_eos(first, params), cache)
-    _, responses, log_probs, _, _ = jax.lax.while_loop(not_done, decode_step, carry)
-
-    response_mask = _response_mask(responses, params)
-    out = {"responses": responses, "response_mask": response_mask}
-    if params.calculate_log_probs:
-        out["rollout_log_probs"] = log_probs * response_mask
-    return out
+    cache = jax.lax.with_sharding_constraint(cache, SlotCache(layout, layout))
+    mask = response_mask(responses, params)
+    out = {"responses": responses, "response_mask": mask, "rollout_log_probs": log_probs * mask}
+    return out, decode_steps, cache

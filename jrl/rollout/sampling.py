@@ -137,19 +137,29 @@ def token_log_probs(logits: jax.Array, tokens: jax.Array, temperature: float) ->
     return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
 
 
-def select_tokens(
-    logits: jax.Array, step_key: jax.Array, params: SamplingParams
-) -> tuple[jax.Array, jax.Array]:
-    """Pick one token per row of `logits` [B, V]; returns (tokens int32 [B], log-probs [B]).
+def row_keys(rng: jax.Array, rows: jax.Array, steps: jax.Array) -> jax.Array:
+    """The key of token `steps[i]` of row `rows[i]`: fold_in(fold_in(rng, row), step).
 
-    Row i draws with `fold_in(step_key, i)`, so a row's sample does not depend on the batch size.
+    Keys follow the row and the token index only, so samples do not depend on how rows are
+    batched, scheduled into cache slots or split over devices.
     """
+    fold = jax.random.fold_in
+    return jax.vmap(lambda row, step: fold(fold(rng, row), step))(rows, steps)
+
+
+def select_tokens(
+    logits: jax.Array, keys: jax.Array, params: SamplingParams
+) -> tuple[jax.Array, jax.Array]:
+    """Pick one token per row of `logits` [B, V] with that row's key (`keys` [B]); returns
+    (tokens int32 [B], log-probs float32 [B] at `log_prob_temperature`, zeros unless
+    `calculate_log_probs`)."""
     logits = logits.astype(jnp.float32)
     if params.greedy:
         tokens = jnp.argmax(logits, axis=-1)
     else:
         scaled = apply_top_p(apply_top_k(logits / params.temperature, params.top_k), params.top_p)
-        row_keys = jax.vmap(lambda i: jax.random.fold_in(step_key, i))(jnp.arange(logits.shape[0]))
-        tokens = jax.vmap(jax.random.categorical)(row_keys, scaled)
+        tokens = jax.vmap(jax.random.categorical)(keys, scaled)
     tokens = tokens.astype(jnp.int32)
+    if not params.calculate_log_probs:
+        return tokens, jnp.zeros(tokens.shape, jnp.float32)
     return tokens, token_log_probs(logits, tokens, params.log_prob_temperature)

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jrl.parallel import shard_batch
+from jrl.parallel import host_array, shard_batch
 from jrl.trainer.dynamic_batching import TokenBudget, budget_forward
 from jrl.trainer.packing import PackLayout, with_packing
 
@@ -44,7 +44,7 @@ def chunked_forward(
     outputs = []
     for start in range(0, total, chunk_rows):
         chunk = {k: v[start : start + chunk_rows] for k, v in padded.items()}
-        outputs.append(jax.device_get(fn(shard_batch(chunk, mesh))))
+        outputs.append(jax.tree.map(host_array, fn(shard_batch(chunk, mesh))))
     return jax.tree.map(lambda *xs: np.concatenate(xs)[:rows], *outputs)
 
 

@@ -39,6 +39,7 @@ from flax import nnx, traverse_util
 from jrl.config.validate import CHECKPOINT_ITEMS as ITEMS
 from jrl.models import save_pretrained
 from jrl.models.safetensors_io import replace_directory
+from jrl.parallel.distributed import shared_token
 from jrl.trainer.train_state import TrainState
 
 log = logging.getLogger(__name__)
@@ -328,7 +329,7 @@ class CheckpointManager:
     def save(self, step: int, roles: dict[str, RoleSnapshot]) -> None:
         """Starts saving `roles` as ``global_step_<step>``; returns once the arrays are copied."""
         self.wait()
-        tmp = self.root / f".global_step_{step}.tmp-{uuid.uuid4().hex[:8]}"
+        tmp = self.root / f".global_step_{step}.tmp-{shared_token()}"
         if self.primary:
             tmp.mkdir(parents=True)
         used = []

@@ -1,4 +1,9 @@
-"""The critic role: a value model (HF token-classification layout) and its clipped value loss."""
+"""The critic role: a value model (HF token-classification layout) and its clipped value loss.
+
+It runs on a mesh with ``critic.ulysses_sequence_parallel_size`` devices on the `sequence` axis,
+and ``critic.model.fsdp_config.param_offload`` / ``optimizer_offload`` keep its states in host
+memory between uses.
+"""
 
 from __future__ import annotations
 
@@ -13,12 +18,19 @@ from jax.sharding import Mesh
 
 from jrl import algos
 from jrl.batch import Batch
-from jrl.config import n_gpus
-from jrl.parallel import batch_sharding
+from jrl.parallel import batch_sharding, data_parallel_size, on_mesh, sequence_parallel_size
 from jrl.trainer.batching import forward_pass
 from jrl.trainer.optim import lr_multiplier, make_optimizer
 from jrl.trainer.packing import PackLayout, response_window
-from jrl.trainer.policy import forward_split, load_model, shuffle_seed, update_split
+from jrl.trainer.policy import (
+    check_heads,
+    forward_split,
+    load_model,
+    offloads,
+    sequence_mesh_of,
+    shuffle_seed,
+    update_split,
+)
 from jrl.trainer.train_state import TrainState
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
@@ -55,12 +67,19 @@ class Critic:
     def __init__(self, config: Any, mesh: Mesh, total_training_steps: int):
         critic = config.critic
         self.config = config
-        self.mesh = mesh
         self.total_training_steps = total_training_steps
         fsdp = critic.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
+        mesh = sequence_mesh_of(critic, "critic", mesh, fsdp)
+        self.mesh = mesh
         model = load_model(critic.model, fsdp, mesh, kind="value")
-        self.state = TrainState.create(model, make_optimizer(critic.optim), mesh)
-        self.world = n_gpus(config)
+        check_heads(model, mesh, "critic")
+        self.state = TrainState.create(
+            model,
+            make_optimizer(critic.optim),
+            mesh,
+            **offloads(fsdp, "critic.model.fsdp_config", mesh),
+        )
+        self.world = data_parallel_size(mesh)
         self.remove_padding = bool(critic.model.use_remove_padding)
         self.forward_rows, self.forward_budget = forward_split(
             critic,
@@ -70,14 +89,16 @@ class Critic:
             flag_key="use_dynamic_bsz",
             limit_key="forward_max_token_len_per_gpu",
             micro_key="forward_micro_batch_size",
+            sequence_parallel=sequence_parallel_size(mesh),
         )
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
-        self._forward = jax.jit(
+        forward = jax.jit(
             self._forward_fn,
             static_argnums=2,
             in_shardings=(self.state.param_shardings, rows),
             out_shardings=rows,
         )
+        self._forward = on_mesh(forward, mesh)
 
     def _forward_fn(self, params, tensors, packing):
         return response_values(nnx.merge(self.state.graphdef, params), tensors, packing)

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh
 
-from jrl.parallel import shard_batch
+from jrl.parallel import host_array, shard_batch
 from jrl.trainer.packing import PACK_START, PackLayout, batch_shards, first_fit, packed_sharding
 from jrl.trainer.partition import karmarkar_karp, workload
 
@@ -216,7 +216,7 @@ def budget_forward(
     its per-row outputs in the original row order."""
     plan = plan_micro_batches(tensors["attention_mask"], budget, mesh)
     outputs = [
-        jax.device_get(fn(shard_batch(plan.gather(tensors, micro), mesh), plan.layout))
+        jax.tree.map(host_array, fn(shard_batch(plan.gather(tensors, micro), mesh), plan.layout))
         for micro in range(plan.count)
     ]
     return plan.restore(outputs)

@@ -4,6 +4,12 @@ actor's parameters.
 With LoRA (``model.lora_rank`` > 0) the actor trains only its adapters, and the reference is the
 actor's frozen base without them (the same arrays, no second copy).
 
+Each role runs on a mesh whose ``sequence`` axis has its ``ulysses_sequence_parallel_size``
+devices (sequence parallelism; verl's data-parallel size is then devices // that size, which sets
+the micro-batch rows and multiplies the token budgets). ``fsdp_config.param_offload`` /
+``optimizer_offload`` keep the actor's states, and the reference's ``param_offload`` its
+parameters, in host memory between uses (`jrl.parallel.Offload`).
+
 Log-probs and entropy of response token t come from the logits at position ``-R-1+t`` divided by
 the rollout temperature, here and in the sampler alike.
 """
@@ -21,12 +27,22 @@ from jax.sharding import Mesh
 
 from jrl import algos
 from jrl.batch import Batch
-from jrl.config import n_gpus
 from jrl.models import CausalLM, LoRAParam, apply_lora, from_pretrained
 from jrl.models.decoder import set_memory_options
+from jrl.models.layers import check_sequence_heads
 from jrl.models.lora import remove_adapters
-from jrl.parallel import batch_sharding, param_shardings, shard_params
-from jrl.rollout import make_rollout
+from jrl.parallel import (
+    ON_DEVICE,
+    Offload,
+    batch_sharding,
+    data_parallel_size,
+    on_mesh,
+    param_shardings,
+    role_mesh,
+    sequence_parallel_size,
+    shard_params,
+)
+from jrl.rollout import EngineLimits, make_rollout
 from jrl.trainer.batching import forward_pass
 from jrl.trainer.dynamic_batching import TokenBudget
 from jrl.trainer.optim import lr_multiplier, make_optimizer
@@ -87,13 +103,19 @@ def micro_rows_per_device(section: Any, per_gpu_key: str, global_key: str, world
 
 
 def token_budget(
-    section: Any, prefix: str, flag_key: str, limit_key: str, packed: bool
+    section: Any,
+    prefix: str,
+    flag_key: str,
+    limit_key: str,
+    packed: bool,
+    sequence_parallel: int = 1,
 ) -> TokenBudget | None:
-    """The per-device token budget `limit_key` of the role section at `prefix` when its
-    `flag_key` (``use_dynamic_bsz`` or ``log_prob_use_dynamic_bsz``) is on, else None."""
+    """The token budget of one batch shard when the role section at `prefix` has its `flag_key`
+    (``use_dynamic_bsz`` or ``log_prob_use_dynamic_bsz``) on, else None: the per-device
+    `limit_key` times the `sequence_parallel` devices that share the shard's sequences (verl)."""
     if not section.get(flag_key):
         return None
-    return TokenBudget(int(section[limit_key]), f"{prefix}.{limit_key}", packed)
+    return TokenBudget(int(section[limit_key]) * sequence_parallel, f"{prefix}.{limit_key}", packed)
 
 
 def forward_split(
@@ -105,11 +127,12 @@ def forward_split(
     flag_key: str,
     limit_key: str,
     micro_key: str,
+    sequence_parallel: int = 1,
 ) -> tuple[int | None, TokenBudget | None]:
     """How a forward-only pass splits its rows: ``(None, budget)`` with dynamic batch sizes,
     else ``(rows per chunk, None)`` from `micro_key` (``*_per_gpu``, or the deprecated global
-    key)."""
-    budget = token_budget(section, prefix, flag_key, limit_key, packed)
+    key); `world` is the data-parallel size."""
+    budget = token_budget(section, prefix, flag_key, limit_key, packed, sequence_parallel)
     if budget is not None:
         return None, budget
     return world * micro_rows_per_device(section, f"{micro_key}_per_gpu", micro_key, world), None
@@ -118,8 +141,16 @@ def forward_split(
 def update_split(section: Any, prefix: str, world: int, mesh: Mesh, packed: bool) -> dict[str, Any]:
     """`TrainState.train` keyword arguments for the micro-batches of a trained role: a token
     budget (``ppo_max_token_len_per_gpu``) with ``use_dynamic_bsz``, else rows per micro-batch
-    (``ppo_micro_batch_size_per_gpu`` per device) and their packing plan."""
-    budget = token_budget(section, prefix, "use_dynamic_bsz", "ppo_max_token_len_per_gpu", packed)
+    (``ppo_micro_batch_size_per_gpu`` per data-parallel rank; `world` of them) and their
+    packing plan."""
+    budget = token_budget(
+        section,
+        prefix,
+        "use_dynamic_bsz",
+        "ppo_max_token_len_per_gpu",
+        packed,
+        sequence_parallel_size(mesh),
+    )
     if budget is not None:
         return {"token_budget": budget}
     rows = world * micro_rows_per_device(
@@ -178,9 +209,10 @@ class Policy:
         state: TrainState | None = None,
         remove_padding: bool = False,
         forward_budget: TokenBudget | None = None,
+        offload: Offload = ON_DEVICE,
     ):
         self.graphdef = graphdef
-        self._frozen_params = None if state is not None else params
+        self._frozen_params = None if state is not None else offload.store(params, param_shardings)
         self.param_shardings = param_shardings
         self.mesh = mesh
         self.temperature = float(temperature)
@@ -189,23 +221,30 @@ class Policy:
         self.remove_padding = remove_padding
         self.forward_budget = forward_budget
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
-        self._forward = jax.jit(
+        forward = jax.jit(
             self._forward_fn,
             static_argnums=2,
             in_shardings=(param_shardings, rows),
             out_shardings=rows,
         )
+        self._forward = on_mesh(forward, mesh)
 
     @property
     def params(self) -> Any:
-        """The current parameters (the actor's latest, or the frozen reference's)."""
-        return self.state.params if self.state is not None else self._frozen_params
+        """The current parameters in device memory (the actor's latest, or the frozen
+        reference's, moved from host memory for the call when offloaded)."""
+        if self.state is not None:
+            return self.state.params
+        return jax.device_put(self._frozen_params, self.param_shardings)
 
     @classmethod
     def actor(cls, config: Any, mesh: Mesh, total_training_steps: int) -> Policy:
         """The trained policy with AdamW and verl's mini/micro-batch update."""
         arr = config.actor_rollout_ref
-        model = load_model(arr.model, arr.actor.fsdp_config, mesh)
+        fsdp = arr.actor.fsdp_config
+        mesh = sequence_mesh_of(arr.actor, "actor_rollout_ref.actor", mesh, fsdp)
+        model = load_model(arr.model, fsdp, mesh)
+        check_heads(model, mesh, "actor_rollout_ref.actor")
         lora = lora_settings(arr.model)
         if lora is not None:
             seed = config.data.get("seed")
@@ -214,12 +253,18 @@ class Policy:
             except ValueError as err:
                 raise ValueError(f"actor_rollout_ref.model: {err}") from err
         remove_padding = bool(arr.model.use_remove_padding)
-        rows, budget = _log_prob_split(config, "rollout", remove_padding)
+        rows, budget = _log_prob_split(config, "rollout", remove_padding, mesh)
         trainable = nnx.Param if lora is None else LoRAParam
-        state = TrainState.create(model, make_optimizer(arr.actor.optim), mesh, trainable)
+        state = TrainState.create(
+            model,
+            make_optimizer(arr.actor.optim),
+            mesh,
+            trainable,
+            **offloads(fsdp, "actor_rollout_ref.actor.fsdp_config", mesh),
+        )
         policy = cls(
             state.graphdef,
-            state.params,
+            None,
             state.param_shardings,
             mesh,
             temperature=arr.rollout.temperature,
@@ -237,23 +282,40 @@ class Policy:
         """The frozen reference policy (the initial actor weights).
 
         With LoRA it is `actor`'s base model with the adapters off: its parameters are the very
-        arrays the actor keeps frozen. Without LoRA the weights are loaded again.
+        arrays the actor keeps frozen (so the actor's ``param_offload`` governs them, and the
+        actor's mesh is used). Without LoRA the weights are loaded again, onto a mesh with the
+        reference's sequence-parallel size, and ``ref.fsdp_config.param_offload`` keeps them in
+        host memory between log-prob passes.
         """
         arr = config.actor_rollout_ref
         remove_padding = bool(arr.model.use_remove_padding)
-        rows, budget = _log_prob_split(config, "ref", remove_padding)
+        fsdp = arr.ref.get("fsdp_config") or arr.actor.fsdp_config
+        offload = ON_DEVICE
         if lora_settings(arr.model) is None:
-            fsdp = arr.ref.get("fsdp_config") or arr.actor.fsdp_config
-            graphdef, params = nnx.split(load_model(arr.model, fsdp, mesh))
+            mesh = sequence_mesh_of(arr.ref, "actor_rollout_ref.ref", mesh, fsdp)
+            model = load_model(arr.model, fsdp, mesh)
+            check_heads(model, mesh, "actor_rollout_ref.ref")
+            graphdef, params = nnx.split(model)
             params, shardings = shard_params(params, mesh)
+            key = "actor_rollout_ref.ref.fsdp_config.param_offload"
+            enabled = bool(fsdp.get("param_offload", False))
+            offload = Offload.configure(enabled, key, mesh.local_devices)
         elif actor is None:
             raise ValueError(
                 "with actor_rollout_ref.model.lora_rank > 0 the reference is the actor's base "
                 "model: pass the actor to Policy.reference"
             )
         else:
-            graphdef, params = nnx.split(remove_adapters(actor.state.model()))
+            mesh = actor.mesh
+            if arr.ref.ulysses_sequence_parallel_size != sequence_parallel_size(mesh):
+                raise ValueError(
+                    "with actor_rollout_ref.model.lora_rank > 0 the reference shares the actor's "
+                    "weights and mesh: set actor_rollout_ref.ref.ulysses_sequence_parallel_size "
+                    f"to the actor's ({sequence_parallel_size(mesh)})"
+                )
+            graphdef, params = nnx.split(remove_adapters(nnx.merge(actor.graphdef, actor.params)))
             shardings = param_shardings(params, mesh)
+        rows, budget = _log_prob_split(config, "ref", remove_padding, mesh)
         return cls(
             graphdef,
             params,
@@ -263,6 +325,7 @@ class Policy:
             forward_rows=rows,
             remove_padding=remove_padding,
             forward_budget=budget,
+            offload=offload,
         )
 
     def _forward_fn(self, params, tensors, packing):
@@ -315,7 +378,11 @@ class Policy:
             loss_scale_factor=actor.loss_scale_factor,
             shuffle_seed=shuffle_seed(actor, step),
             **update_split(
-                actor, "actor_rollout_ref.actor", n_gpus(config), self.mesh, self.remove_padding
+                actor,
+                "actor_rollout_ref.actor",
+                data_parallel_size(self.mesh),
+                self.mesh,
+                self.remove_padding,
             ),
         )
         out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("actor/")}
@@ -329,17 +396,47 @@ class Policy:
         return out
 
 
-def _log_prob_split(config: Any, role: str, packed: bool) -> tuple[int | None, TokenBudget | None]:
-    """`forward_split` of the log-prob pass of ``actor_rollout_ref.{role}`` (rollout or ref)."""
+def _log_prob_split(
+    config: Any, role: str, packed: bool, mesh: Mesh
+) -> tuple[int | None, TokenBudget | None]:
+    """`forward_split` of the log-prob pass of ``actor_rollout_ref.{role}`` (rollout or ref) on
+    the role's `mesh`."""
     return forward_split(
         config.actor_rollout_ref[role],
         f"actor_rollout_ref.{role}",
-        n_gpus(config),
+        data_parallel_size(mesh),
         packed,
         flag_key="log_prob_use_dynamic_bsz",
         limit_key="log_prob_max_token_len_per_gpu",
         micro_key="log_prob_micro_batch_size",
+        sequence_parallel=sequence_parallel_size(mesh),
     )
+
+
+def sequence_mesh_of(section: Any, prefix: str, mesh: Mesh, fsdp_cfg: Any) -> Mesh:
+    """The mesh of the role section at `prefix`: `mesh`'s devices with the section's
+    ``ulysses_sequence_parallel_size`` on the `sequence` axis."""
+    size = int(section.get("ulysses_sequence_parallel_size") or 1)
+    key = f"{prefix}.ulysses_sequence_parallel_size"
+    return role_mesh(mesh, size, fsdp_cfg.get("fsdp_size", -1), key)
+
+
+def offloads(fsdp_cfg: Any, prefix: str, mesh: Mesh) -> dict[str, Offload]:
+    """`TrainState.create`'s ``param_offload`` and ``optimizer_offload`` from the
+    ``fsdp_config`` section at `prefix`."""
+    return {
+        name: Offload.configure(
+            bool(fsdp_cfg.get(name, False)), f"{prefix}.{name}", mesh.local_devices
+        )
+        for name in ("param_offload", "optimizer_offload")
+    }
+
+
+def check_heads(model: Any, mesh: Mesh, prefix: str) -> None:
+    """Fails early unless sequence parallelism on `mesh` can split `model`'s attention heads."""
+    c = model.config
+    key = f"{prefix}.ulysses_sequence_parallel_size"
+    check_sequence_heads(c.num_heads, c.num_kv_heads, sequence_parallel_size(mesh), key)
 
 
 def load_model(model_cfg: Any, fsdp_cfg: Any, mesh: Mesh, kind: str = "causal_lm") -> Any:
@@ -420,6 +517,11 @@ def build_rollout(config: Any, actor: Policy, tokenizer: Any):
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=sorted(i for i in eos if i is not None),
         mesh=actor.mesh,
+        tensor_parallel_size=int(rollout_cfg.tensor_model_parallel_size),
+        limits=EngineLimits.from_rollout_config(rollout_cfg),
+        rollout_cfg=rollout_cfg,
+        model_path=config.actor_rollout_ref.model.path,
+        trust_remote_code=bool(config.actor_rollout_ref.model.get("trust_remote_code", False)),
     )
 
 

@@ -27,9 +27,18 @@ from jrl.config import n_gpus, to_yaml, uses_critic, uses_reference
 from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import load_tokenizer
-from jrl.parallel import batch_axes, make_mesh
+from jrl.parallel import (
+    any_process,
+    barrier,
+    batch_axes,
+    gather_batch,
+    host_batch,
+    is_primary,
+    make_mesh,
+    score_per_process,
+)
 from jrl.reward.manager import load_reward_manager
-from jrl.rollout import SamplingParams
+from jrl.rollout import SamplingParams, log_prob_mismatch_metrics
 from jrl.trainer.balance import balance_batch
 from jrl.trainer.checkpoint import (
     CheckpointManager,
@@ -89,9 +98,6 @@ def unsupported_keys(config: Any) -> list[str]:
             config.actor_rollout_ref.model.get("lora_adapter_path")
         ),
         "critic.model.lora_rank": uses_critic(config) and config.critic.model.lora_rank > 0,
-        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": (
-            config.actor_rollout_ref.actor.ulysses_sequence_parallel_size > 1
-        ),
     }
     return [key for key, used in checks.items() if used]
 
@@ -111,7 +117,11 @@ class PPOTrainer:
         self.config = config
         arr = config.actor_rollout_ref
         self.n_gpus = n_gpus(config)
-        self.mesh = make_mesh(self.n_gpus, fsdp_size=arr.actor.fsdp_config.fsdp_size)
+        self.mesh = make_mesh(
+            self.n_gpus,
+            fsdp_size=arr.actor.fsdp_config.fsdp_size,
+            sequence_parallel=arr.actor.ulysses_sequence_parallel_size,
+        )
         self.use_critic = uses_critic(config)
         self.use_reference = uses_reference(config)
         tokenizer_key = "tokenizer_path" if arr.model.get("tokenizer_path") else "path"
@@ -233,10 +243,12 @@ class PPOTrainer:
     ) -> Batch:
         """Generate, score, and add old/ref log-probs, values and advantages (steps 1-8 of verl)."""
         config = self.config
+        prompts = gather_batch(prompts)
         uids = np.array([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
         prompts = prompts.union(Batch(meta={"uid": uids}))
         with timer("gen", timing):
-            batch = self.generate(prompts, step).to_numpy()
+            batch = host_batch(self.generate(prompts, step))
+        metrics.update(getattr(self.rollout, "last_stats", {}))
         if config.algorithm.adv_estimator == "remax":
             with timer("gen_max", timing):
                 baselines = self.greedy_baselines(prompts)
@@ -248,11 +260,19 @@ class PPOTrainer:
         with timer("reward", timing):
             if self.reward_model is not None:
                 batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
-            reward = self.reward_fn(batch, return_dict=True)
+            reward = score_per_process(self.reward_fn, batch)
             batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
         with timer("old_log_prob", timing):
             old_log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
             batch = batch.union(Batch({"old_log_probs": old_log_probs}))
+            if "rollout_log_probs" in batch.tensors:
+                metrics.update(
+                    log_prob_mismatch_metrics(
+                        batch.tensors["rollout_log_probs"],
+                        np.asarray(old_log_probs),
+                        batch.tensors["response_mask"],
+                    )
+                )
             metrics["actor/entropy"] = float(
                 algos.agg_loss(
                     entropy,
@@ -277,8 +297,8 @@ class PPOTrainer:
     def greedy_baselines(self, prompts: Batch) -> np.ndarray:
         """ReMax's baseline: the score of one greedy answer per prompt, repeated for its n rows."""
         greedy = dataclasses.replace(self.sampling, do_sample=False, n=1)
-        batch = self.rollout.generate(prompts, greedy, self.rng).to_numpy()
-        scores = self.reward_fn(batch, return_dict=True)["reward_tensor"].sum(-1)
+        batch = host_batch(self.rollout.generate(prompts, greedy, self.rng))
+        scores = score_per_process(self.reward_fn, batch)["reward_tensor"].sum(-1)
         return np.repeat(scores, self.sampling.n)
 
     def rollout_correction(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
@@ -360,15 +380,15 @@ class PPOTrainer:
             seed=self.seed,
             drop_last=False,
         )
-        prompts = next(iter(loader.epoch(0)))
+        prompts = gather_batch(next(iter(loader.epoch(0))))
         styles = {(info or {}).get("style") for info in prompts.meta.get("reward_model", [])}
         if self.reward_model is not None and "model" in styles:
             return {}  # as verl: validation scores rule-based rows only
         uids = np.array([f"val-{i}" for i in range(len(prompts))], dtype=object)
         prompts = prompts.union(Batch(meta={"uid": uids}))
         key = jax.random.fold_in(self.rng, 1)
-        batch = self.rollout.generate(prompts, self.val_sampling, key).to_numpy()
-        reward = self.val_reward_fn(batch, return_dict=True)
+        batch = host_batch(self.rollout.generate(prompts, self.val_sampling, key))
+        reward = score_per_process(self.val_reward_fn, batch)
         scores = reward["reward_tensor"].sum(-1)
         infos = {**reward["reward_extra_info"], "reward": scores.tolist()}
         sources = batch.meta.get("data_source", np.full(len(batch), "unknown", dtype=object))
@@ -456,7 +476,9 @@ class PPOTrainer:
             self.ref = Policy.reference(config, self.mesh, self.actor)
         self.rollout.update_weights(self.actor.state.params)
         if config.trainer.del_local_ckpt_after_load:
-            shutil.rmtree(folder)
+            barrier("jrl.restored")
+            if is_primary():
+                shutil.rmtree(folder)
         print(f"jrl: resumed from {folder} at global step {step}", flush=True)
         return step
 
@@ -516,8 +538,8 @@ class PPOTrainer:
                         print(f"jrl: time to first step: {elapsed:.1f}s", flush=True)
                     if step >= self.total_training_steps:
                         break
-                    if stop.requested:
-                        self.stop_after(step, stop.signal_name)
+                    if any_process(stop.requested):
+                        self.stop_after(step, stop.signal_name or "a signal to another process")
                         break
                     step += 1
             progress.close()

@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
 
+from jrl.parallel.distributed import is_primary
+
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -240,7 +242,8 @@ LOGGERS: dict[str, Callable[[RunInfo], Logger]] = {
 
 class Tracking:
     """Fans each step's metrics out to the loggers named in ``trainer.logger``, and always to
-    ``<run_dir>/metrics.jsonl``."""
+    ``<run_dir>/metrics.jsonl``. In a multi-process run only process 0 logs (`primary`, by
+    default whether this is process 0); the others check the names and log nowhere."""
 
     def __init__(
         self,
@@ -250,12 +253,16 @@ class Tracking:
         experiment: str,
         run_dir: Path,
         config: dict[str, Any] | None = None,
+        primary: bool | None = None,
     ):
         names = list(dict.fromkeys([loggers] if isinstance(loggers, str) else loggers))
         check_loggers(names)
         self.run_dir = Path(run_dir)
         info = RunInfo(project, experiment, self.run_dir, config or {})
         self.loggers: list[Logger] = []
+        self.primary = is_primary() if primary is None else primary
+        if not self.primary:
+            return
         try:
             for name in names:
                 self.loggers.append(LOGGERS[name](info))
@@ -278,7 +285,7 @@ class Tracking:
         """Validation samples (``trainer.log_val_generations``): appended to
         ``<run_dir>/val_generations.jsonl`` and shown by the loggers that have tables
         (wandb, tensorboard)."""
-        if not rows:
+        if not rows or not self.primary:
             return
         with open(self.run_dir / GENERATIONS_FILE, "a", encoding="utf-8") as out:
             for row in rows:

@@ -12,6 +12,13 @@ Only the parameters that the `trainable` filter selects (all of them by default;
 when LoRA is on) are differentiated, updated and given optimizer state. The rest stay frozen: they
 are inputs of the update, never outputs or donated buffers, so other roles (the LoRA reference) may
 hold them.
+
+With host offload (`jrl.parallel.Offload`: ``param_offload``, ``optimizer_offload``) the stored
+parameters or optimizer state live in host memory between uses: `train` moves them to the device
+for its updates and back after. `params` is always in device memory; with parameter offload it is
+a device copy, made on first use and shared with whoever asks (e.g. the rollout): the trainable
+part's until the next update consumes it, the frozen part's while it is unchanged. Handing the
+weights out twice never costs a second device copy.
 """
 
 from __future__ import annotations
@@ -29,7 +36,15 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jrl.algos import LOSS_AGG_MODES, global_denominator
-from jrl.parallel import batch_sharding, param_shardings, replicated, shard_params
+from jrl.parallel import (
+    ON_DEVICE,
+    Offload,
+    batch_sharding,
+    param_shardings,
+    put_global,
+    replicated,
+    shard_params,
+)
 from jrl.trainer.batching import PackingPlan, fixed_minibatches
 from jrl.trainer.dynamic_batching import TokenBudget, token_minibatches
 
@@ -40,7 +55,7 @@ LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[
 @dataclasses.dataclass
 class TrainState:
     """Graph definition, sharded trainable and frozen parameters, and the optimizer state (of the
-    trainable part only) of one trainable role."""
+    trainable part only) of one trainable role, each stored where its `Offload` says."""
 
     graphdef: Any
     trainable: Any
@@ -52,6 +67,10 @@ class TrainState:
     frozen_shardings: Any
     opt_shardings: Any
     compiled: dict[Any, Any] = dataclasses.field(default_factory=dict)
+    param_offload: Offload = ON_DEVICE
+    optimizer_offload: Offload = ON_DEVICE
+    # With parameter offload: per state name, (the stored state, its device copy in use).
+    _device_copies: dict[str, tuple[Any, Any]] = dataclasses.field(default_factory=dict, repr=False)
 
     @classmethod
     def create(
@@ -60,9 +79,13 @@ class TrainState:
         tx: optax.GradientTransformation,
         mesh: Mesh,
         trainable: Any = nnx.Param,
+        *,
+        param_offload: Offload = ON_DEVICE,
+        optimizer_offload: Offload = ON_DEVICE,
     ) -> TrainState:
         """Split `model` into the `trainable` variables (an NNX filter, e.g. `LoRAParam`) and the
-        frozen rest, place both FSDP-sharded and initialise the optimizer for the trainable part."""
+        frozen rest, place both FSDP-sharded and initialise the optimizer for the trainable part;
+        the parameters and the optimizer state are then stored as their offloads say."""
         graphdef, train_params, frozen = nnx.split(model, trainable, ...)
         if not jax.tree.leaves(train_params):
             raise ValueError(f"the model has no parameters that match the filter {trainable}")
@@ -72,20 +95,35 @@ class TrainState:
         opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(train_params)
         return cls(
             graphdef,
-            train_params,
-            frozen,
-            opt_state,
+            param_offload.store(train_params, train_shardings),
+            param_offload.store(frozen, frozen_shardings),
+            optimizer_offload.store(opt_state, opt_shardings),
             tx,
             mesh,
             train_shardings,
             frozen_shardings,
             opt_shardings,
+            param_offload=param_offload,
+            optimizer_offload=optimizer_offload,
         )
 
     @property
     def params(self) -> Any:
-        """All parameters (trainable and frozen) as one state."""
-        return nnx.merge_state(self.trainable, self.frozen)
+        """All parameters (trainable and frozen) as one state, in device memory."""
+        return nnx.merge_state(self._on_device("trainable"), self._on_device("frozen"))
+
+    def _on_device(self, name: str) -> Any:
+        """The stored `name` state ('trainable' or 'frozen') in device memory: itself, or with
+        parameter offload its device copy, made on first use and kept while the stored state
+        is unchanged."""
+        stored = getattr(self, name)
+        if not self.param_offload.enabled:
+            return stored
+        source, copy = self._device_copies.get(name, (None, None))
+        if source is not stored:
+            copy = self.param_offload.fetch(stored, getattr(self, f"{name}_shardings"))
+            self._device_copies[name] = (stored, copy)
+        return copy
 
     @property
     def param_shardings(self) -> Any:
@@ -99,10 +137,16 @@ class TrainState:
     def step(
         self, update: Any, minibatch: dict[str, Any], normaliser: dict[str, Any], lr: float
     ) -> dict[str, jax.Array]:
-        """Applies one `build_update` step in place; returns its metrics (on device)."""
-        self.trainable, self.opt_state, metrics = update(
-            self.trainable, self.frozen, self.opt_state, minibatch, normaliser, lr
-        )
+        """Applies one `build_update` step in place to the state, which must be in device memory
+        (as it is inside `train`), with the state's mesh as the ambient mesh (so that the model
+        runs sequence parallel on a mesh with a `sequence` axis); returns its metrics (on
+        device)."""
+        shardings = micro_batch_shardings(self.mesh, minibatch)
+        minibatch = {k: put_global(v, shardings[k]) for k, v in minibatch.items()}
+        with jax.set_mesh(self.mesh):
+            self.trainable, self.opt_state, metrics = update(
+                self.trainable, self.frozen, self.opt_state, minibatch, normaliser, lr
+            )
         return metrics
 
     def train(
@@ -129,12 +173,17 @@ class TrainState:
         also says whether they are packed). `packing` (packed sequences, with `micro_rows`)
         plans each epoch's rows once they are in order, returning them with their plan and the
         static layout. `loss_fn` receives a packed layout as `packing=`. `variant` names the
-        loss configuration for the compile cache. Returns every update's metrics as lists (one
+        loss configuration for the compile cache. Offloaded states are in device memory for
+        the passes and back in host memory after. Returns every update's metrics as lists (one
         entry per mini-batch update).
         """
         dynamic = token_budget is not None
         if (micro_rows is None) != dynamic:
             raise ValueError("TrainState.train needs exactly one of micro_rows and token_budget")
+        stored_frozen = self.frozen
+        self.trainable, self.frozen = self._on_device("trainable"), self._on_device("frozen")
+        self._device_copies.pop("trainable", None)  # the updates consume it
+        self.opt_state = self.optimizer_offload.fetch(self.opt_state, self.opt_shardings)
         history: dict[str, list[float]] = {}
         rows = next(iter(tensors.values())).shape[0]
         for epoch in range(epochs):
@@ -159,6 +208,9 @@ class TrainState:
                 metrics = self.step(self.compiled[key], mb, norm, lr)
                 for k, v in jax.device_get(metrics).items():
                     history.setdefault(k, []).append(float(v))
+        self.trainable = self.param_offload.store(self.trainable, self.trainable_shardings)
+        self.frozen = stored_frozen
+        self.opt_state = self.optimizer_offload.store(self.opt_state, self.opt_shardings)
         return history
 
 

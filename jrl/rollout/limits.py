@@ -1,0 +1,147 @@
+"""The engine's limits (verl's `max_num_seqs`, `max_num_batched_tokens`, `gpu_memory_utilization`,
+`free_cache_engine`) and the slot plan they give one generate call: how many sequences decode
+together, how many prompts one prefill takes, and how much KV cache that is."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import numpy as np
+
+from jrl.models import ModelConfig
+
+_CONFIG_PATH = "actor_rollout_ref.rollout"
+# Float32 [slots, vocab] buffers that one sampling step keeps alive (logits, scaled logits,
+# sorted or noised logits, probabilities): the working memory that grows with the slot count.
+_VOCAB_BUFFERS = 4
+# Prompts are admitted in groups of slots / this: waiting for a group idles at most that share
+# of the slots, and a group prefill pays the fixed cost of a forward pass once for all its rows.
+_ADMISSION_SHARE = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineLimits:
+    """How much the engine may take at once.
+
+    `max_num_seqs` caps the sequences decoding together (per data-parallel replica) and
+    `max_num_batched_tokens` the tokens one step feeds the model (a prefill takes at most that
+    many prompt tokens; a decode step takes one token per sequence). The KV cache may take
+    `gpu_memory_utilization` of the device memory that is free when the engine first measures it
+    (where the device reports its memory; on CPU only the two counts above apply).
+    `free_cache_engine` drops the cache after each generate call; otherwise it is kept and reused.
+    """
+
+    max_num_seqs: int = 1024
+    max_num_batched_tokens: int = 8192
+    gpu_memory_utilization: float = 0.5
+    free_cache_engine: bool = True
+
+    def __post_init__(self) -> None:
+        checks = {
+            "max_num_seqs": (self.max_num_seqs >= 1, "must be at least 1"),
+            "max_num_batched_tokens": (self.max_num_batched_tokens >= 1, "must be at least 1"),
+            "gpu_memory_utilization": (
+                0 < self.gpu_memory_utilization <= 1,
+                "must be in (0, 1]",
+            ),
+        }
+        for key, (ok, rule) in checks.items():
+            if not ok:
+                raise ValueError(f"{_CONFIG_PATH}.{key}={getattr(self, key)!r} {rule}")
+
+    @classmethod
+    def from_rollout_config(cls, rollout_cfg: Any) -> EngineLimits:
+        """Read from verl's `actor_rollout_ref.rollout` section (a ConfigDict or a mapping)."""
+        kinds = {field.name: type(field.default) for field in dataclasses.fields(cls)}
+        values = {}
+        for key, kind in kinds.items():
+            try:
+                value = rollout_cfg[key]
+            except (KeyError, AttributeError, TypeError):
+                raise KeyError(f"missing config key {_CONFIG_PATH}.{key}") from None
+            if isinstance(value, bool) != (kind is bool) or not isinstance(value, int | float):
+                raise ValueError(f"{_CONFIG_PATH}.{key}={value!r} must be a {kind.__name__}")
+            values[key] = kind(value)
+        return cls(**values)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotPlan:
+    """Static shape of one generate call on one data-parallel replica.
+
+    `slots` sequences decode together, each in its own KV-cache row of `prompt_length +
+    max_new_tokens - 1` tokens; one prefill admits `prefill_rows` waiting prompts into as many
+    free slots (fewer only for the last prompts).
+    """
+
+    slots: int
+    prefill_rows: int
+
+
+def floor_pow2(n: int) -> int:
+    """The largest power of two <= n (n >= 1)."""
+    return 1 << (int(n).bit_length() - 1)
+
+
+def ceil_pow2(n: int) -> int:
+    """The smallest power of two >= n (1 for n <= 1)."""
+    return 1 << max(int(n) - 1, 0).bit_length()
+
+
+def kv_bytes_per_token(config: ModelConfig, dtype: Any, tensor_parallel: int) -> int:
+    """Keys and values of one token over all layers, on one device of a tensor-parallel group."""
+    heads = config.num_kv_heads
+    if heads % tensor_parallel == 0:
+        heads //= tensor_parallel
+    itemsize = np.dtype(dtype).itemsize
+    return 2 * config.num_layers * heads * config.head_dim * itemsize
+
+
+def slot_bytes(config: ModelConfig, dtype: Any, tensor_parallel: int, tokens: int) -> int:
+    """Device memory one slot costs: its KV cache of `tokens` plus its sampling buffers."""
+    vocab = config.vocab_size
+    if vocab % tensor_parallel == 0:
+        vocab //= tensor_parallel
+    cache = tokens * kv_bytes_per_token(config, dtype, tensor_parallel)
+    return cache + _VOCAB_BUFFERS * 4 * vocab
+
+
+def free_device_bytes(device: jax.Device) -> int | None:
+    """Bytes the device can still allocate, or None where it does not report its memory."""
+    stats = device.memory_stats()
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def plan_slots(
+    limits: EngineLimits,
+    *,
+    rows: int,
+    prompt_length: int,
+    budget_bytes: int | None,
+    bytes_per_slot: int,
+) -> SlotPlan:
+    """The slot plan for `rows` sequences (per replica) of prompts `prompt_length` wide.
+
+    Slots: as many as the limits, the budget and the rows allow. Prefill rows: an eighth of the
+    slots, at most `max_num_batched_tokens` prompt tokens, at least one. Both are powers of two,
+    so few distinct plans (and compilations) arise.
+    """
+    cap = min(limits.max_num_seqs, limits.max_num_batched_tokens, max(rows, 1))
+    if budget_bytes is not None:
+        fits = budget_bytes // bytes_per_slot
+        if fits < 1:
+            raise ValueError(
+                f"the KV cache budget ({budget_bytes / 2**20:.1f} MiB = "
+                f"{_CONFIG_PATH}.gpu_memory_utilization={limits.gpu_memory_utilization} of the "
+                f"free device memory) cannot hold one sequence ({bytes_per_slot / 2**20:.1f} MiB); "
+                "raise gpu_memory_utilization or lower data.max_prompt_length / "
+                "data.max_response_length"
+            )
+        cap = min(cap, fits)
+    slots = floor_pow2(cap)
+    per_prefill = limits.max_num_batched_tokens // max(prompt_length, 1)
+    return SlotPlan(slots, floor_pow2(max(1, min(slots // _ADMISSION_SHARE, per_prefill))))

@@ -1,0 +1,273 @@
+"""Multi-process runs: `jax.distributed` over CPU processes on localhost (gloo collectives) trains
+as one process on the same number of devices does, and its checkpoints restore in one process."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+
+from jrl import train
+from jrl.config import load_config
+from jrl.parallel.distributed import Launch, launch_from_env
+from jrl.trainer.checkpoint import restore_role
+from jrl.trainer.ppo_trainer import PPOTrainer
+
+REPO = Path(__file__).resolve().parents[1]
+DEVICES = 4
+SCORER = '''
+import os
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    """A score that differs between answers, so GRPO's advantages and gradients are not zero."""
+    log = os.environ.get("SCORER_LOG")
+    if log:
+        with open(log, "a") as out:
+            out.write(f"{os.getpid()}\\n")
+    return (sum(map(ord, solution_str)) % 7) / 6.0
+'''
+IGNORED = ("timing", "perf/")
+
+
+# -- which runs start jax.distributed --------------------------------------------------------------
+@pytest.mark.parametrize(
+    "env, expected",
+    [
+        ({}, None),
+        (
+            {
+                "JRL_COORDINATOR_ADDRESS": "10.0.0.1:1234",
+                "JRL_NUM_PROCESSES": "4",
+                "JRL_PROCESS_ID": "3",
+            },
+            Launch("env", "10.0.0.1:1234", 4, 3),
+        ),
+        (
+            {"JAX_COORDINATOR_ADDRESS": "h:9", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "0"},
+            Launch("env", "h:9", 2, 0),
+        ),
+        ({"JRL_COORDINATOR_ADDRESS": "h:9", "JRL_NUM_PROCESSES": "1", "JRL_PROCESS_ID": "0"}, None),
+        ({"SLURM_NTASKS": "8", "SLURM_PROCID": "5"}, Launch("slurm")),
+        ({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, None),
+        ({"OMPI_COMM_WORLD_SIZE": "2"}, Launch("openmpi")),
+        ({"JRL_DISTRIBUTED": "auto"}, Launch("auto")),
+        ({"JRL_DISTRIBUTED": "off", "SLURM_NTASKS": "8"}, None),
+    ],
+)
+def test_launch_from_env(env, expected):
+    assert launch_from_env(env) == expected
+
+
+@pytest.mark.parametrize(
+    "env, message",
+    [
+        ({"JRL_NUM_PROCESSES": "2", "JRL_PROCESS_ID": "0"}, "JRL_COORDINATOR_ADDRESS"),
+        ({"JRL_COORDINATOR_ADDRESS": "h:1", "JRL_NUM_PROCESSES": "2"}, "JRL_PROCESS_ID"),
+        (
+            {"JRL_COORDINATOR_ADDRESS": "h:1", "JRL_NUM_PROCESSES": "two", "JRL_PROCESS_ID": "0"},
+            "$JRL_NUM_PROCESSES='two' must be an integer",
+        ),
+        (
+            {"JRL_COORDINATOR_ADDRESS": "h:1", "JRL_NUM_PROCESSES": "2", "JRL_PROCESS_ID": "2"},
+            "$JRL_PROCESS_ID=2 must be in [0, $JRL_NUM_PROCESSES=2)",
+        ),
+    ],
+)
+def test_launch_from_env_rejects_incomplete_settings(env, message):
+    with pytest.raises(ValueError) as err:
+        launch_from_env(env)
+    assert message in str(err.value)
+
+
+# -- whole runs ------------------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _overrides(
+    run_dir: Path, scorer: Path, nnodes: int, per_node: int, steps: int = 2
+) -> list[str]:
+    """`steps` GRPO steps of the `:tiny` card (validated and saved at step 2), scored by `scorer`,
+    on `nnodes` x `per_node` devices with one row per device per micro-batch."""
+    return [
+        "--config=configs/gsm8k_grpo.py:tiny",
+        f"trainer.nnodes={nnodes}",
+        f"trainer.n_gpus_per_node={per_node}",
+        f"trainer.total_training_steps={steps}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=2",
+        "trainer.save_freq=2",
+        "data.max_response_length=8",
+        f"custom_reward_function.path={scorer}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
+        f"trainer.default_local_dir={run_dir}",
+    ]
+
+
+def _launch(
+    processes: int, run_dir: Path, args: list[str], timeout: float = 900
+) -> list[int | None]:
+    """``python -m jrl.train ARGS`` in `processes` processes of ``DEVICES // processes`` CPU
+    devices, joined by jax.distributed on a free local port; each one's standard output and error
+    go to ``run_dir/{stdout,stderr}.<rank>``. Returns the exit codes (`_wait`); processes still
+    running then are killed."""
+    port = _free_port()
+    run_dir.mkdir(parents=True)
+    children = []
+    try:
+        for rank in range(processes):
+            env = {
+                **os.environ,
+                "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES // processes}",
+                "JRL_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+                "JRL_NUM_PROCESSES": str(processes),
+                "JRL_PROCESS_ID": str(rank),
+                "SCORER_LOG": str(run_dir / "scored.txt"),
+            }
+            with open(run_dir / f"stdout.{rank}", "w") as out:
+                with open(run_dir / f"stderr.{rank}", "w") as err:
+                    command = [sys.executable, "-m", "jrl.train", *args]
+                    children.append(
+                        subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err)
+                    )
+        return _wait(children, timeout)
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+
+
+def _wait(children: list[subprocess.Popen], timeout: float, grace: float = 20) -> list[int | None]:
+    """Exit codes once all `children` end, or `grace` seconds after one fails (the others then
+    wait on it in a collective), or at `timeout`; None for those still running."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and any(c.poll() is None for c in children):
+        if any(c.poll() not in (None, 0) for c in children):
+            deadline = min(deadline, time.monotonic() + grace)
+        time.sleep(0.1)
+    return [child.poll() for child in children]
+
+
+def _train(processes: int, run_dir: Path, args: list[str]) -> None:
+    """`_launch` a training run that must succeed, with output on process 0 only."""
+    codes = _launch(processes, run_dir, args)
+    errors = [(run_dir / f"stderr.{rank}").read_text()[-3000:] for rank in range(processes)]
+    assert codes == [0] * processes, "\n".join(errors)
+    assert "step:1 - " in (run_dir / "stdout.0").read_text()
+    for rank in range(1, processes):
+        assert (run_dir / f"stdout.{rank}").read_text() == "", rank
+
+
+def _metrics(run_dir: Path) -> dict[int, dict[str, float]]:
+    steps: dict[int, dict[str, float]] = {}
+    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        assert row["step"] not in steps, f"step {row['step']} logged twice"
+        steps[row["step"]] = {k: v for k, v in row["data"].items() if not k.startswith(IGNORED)}
+    return steps
+
+
+def _assert_same_metrics(single: Path, multi: Path, steps: list[int]) -> None:
+    """Every metric but timings equal to float tolerance: the cross-process all-reduces (gloo)
+    add in another order than the in-process ones."""
+    expected, got = _metrics(single), _metrics(multi)
+    assert sorted(got) == steps
+    assert expected[1]["actor/grad_norm"] > 1e-3 and expected[1]["critic/advantages/max"] > 0
+    for step in steps:
+        assert sorted(got[step]) == sorted(expected[step]), step
+        for key, value in expected[step].items():
+            close = math.isclose(got[step][key], value, rel_tol=1e-5, abs_tol=1e-6)
+            assert close, (step, key, value, got[step][key])
+
+
+@pytest.fixture(scope="module")
+def single_run(tmp_path_factory) -> tuple[Path, Path]:
+    """The reference: one process on `DEVICES` devices; returns (run folder, scorer file)."""
+    root = tmp_path_factory.mktemp("distributed")
+    scorer = root / "scorer.py"
+    scorer.write_text(SCORER)
+    run_dir = root / "single"
+    assert len(jax.devices()) >= DEVICES
+    train.main(_overrides(run_dir, scorer, 1, DEVICES))
+    return run_dir, scorer
+
+
+@pytest.fixture(scope="module")
+def two_process_run(single_run) -> Path:
+    run_dir = single_run[0].parent / "two"
+    _train(2, run_dir, _overrides(run_dir, single_run[1], 2, DEVICES // 2))
+    return run_dir
+
+
+def test_two_processes_match_one(single_run, two_process_run):
+    _assert_same_metrics(single_run[0], two_process_run, [1, 2])
+    scorers = (two_process_run / "scored.txt").read_text().split()
+    # 2 steps x 8 answers and 8 validation answers: each process scores its half
+    assert len(scorers) == 24 and sorted(scorers.count(pid) for pid in set(scorers)) == [12, 12]
+    saved = [p.name for p in two_process_run.iterdir() if p.name.startswith(("global", ".global"))]
+    assert saved == ["global_step_2"]
+
+
+def test_four_processes_match_one(single_run):
+    run_dir = single_run[0].parent / "four"
+    args = _overrides(run_dir, single_run[1], 4, DEVICES // 4, steps=1)
+    _train(4, run_dir, [*args, "trainer.test_freq=-1"])  # step 1 only: no validation
+    _assert_same_metrics(single_run[0], run_dir, [1])
+
+
+def test_device_count_is_checked_against_jax(tmp_path):
+    run_dir = tmp_path / "run"
+    args = _overrides(run_dir, tmp_path / "unused.py", 1, DEVICES // 2)
+    assert _launch(2, run_dir, args) == [2, 2]
+    error = (run_dir / "stderr.0").read_text()
+    assert "trainer.nnodes * trainer.n_gpus_per_node = 1*2 = 2 devices, but JAX sees 2 " in error
+    assert "set trainer.nnodes=2 and trainer.n_gpus_per_node=2" in error
+
+
+def _relative_change(after: list, before: list, reference: list) -> float:
+    """How far the update ``after - before`` is from ``reference - before``, relative to the
+    latter (Adam divides by sqrt(v), so tiny gradient differences move single entries)."""
+    delta = np.concatenate([np.ravel(a - b) for a, b in zip(after, before, strict=True)])
+    expected = np.concatenate([np.ravel(r - b) for r, b in zip(reference, before, strict=True)])
+    return float(np.linalg.norm(delta - expected) / np.linalg.norm(expected))
+
+
+def test_checkpoint_of_two_processes_restores_in_one(single_run, two_process_run):
+    single_dir, scorer = single_run
+    config, _ = load_config(
+        [
+            *_overrides(single_dir.parent / "restored", scorer, 1, 1),
+            "trainer.resume_mode=resume_path",
+            f"trainer.resume_from_path={two_process_run / 'global_step_2'}",
+        ]
+    )
+    trainer = PPOTrainer(config)
+    assert trainer.mesh.devices.size == 1
+    state = trainer.actor.state
+    initial = jax.tree.leaves(jax.device_get(state.params))
+    assert trainer.load_checkpoint() == 2
+    restored = jax.tree.leaves(jax.device_get(state.params))
+    restored_opt = jax.tree.leaves(jax.device_get(state.opt_state))
+    loader_state = trainer.train_loader.get_state()
+    items = ["model", "optimizer", "extra"]
+    extra = restore_role(single_dir / "global_step_2" / "actor", state, items)
+    assert extra["global_step"] == 2 and extra["data_loader"] == loader_state
+    assert _relative_change(restored, initial, jax.tree.leaves(jax.device_get(state.params))) < 1e-3
+    for a, b in zip(restored_opt, jax.tree.leaves(jax.device_get(state.opt_state)), strict=True):
+        assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b) + 1e-12
