@@ -25,6 +25,13 @@ complete one, ``resume_path`` from ``trainer.resume_from_path``. ``python -m jrl
 checkpoint into a Hugging Face folder. SIGINT/SIGTERM end the run after the current step with a
 checkpoint (exit status 0); a NaN or infinite loss stops it before that step is saved (status 1).
 
+Several processes (e.g. one per host) run as one: start the same command in each with
+``JRL_COORDINATOR_ADDRESS=host:port`` (of process 0), ``JRL_NUM_PROCESSES`` and ``JRL_PROCESS_ID``
+(SLURM, Open MPI and Cloud TPU pods are detected without them), and set ``trainer.nnodes`` x
+``trainer.n_gpus_per_node`` to all their devices. They wait up to
+``trainer.ray_wait_register_center_timeout`` seconds for each other; each loads and scores its
+share of the rows; only process 0 prints, logs and writes the metrics; all write the checkpoints.
+
 Compiled programs are cached under ``~/.cache/jrl/jax_compilation`` (``$JRL_COMPILATION_CACHE``
 sets another folder; ``off`` disables it), so a repeated run starts faster. The time to the
 first step is printed.

@@ -21,6 +21,7 @@ from jrl.config import load_config
 from jrl.parallel.distributed import Launch, launch_from_env
 from jrl.trainer.checkpoint import restore_role
 from jrl.trainer.ppo_trainer import PPOTrainer
+from jrl.trainer.tracking import Tracking
 
 REPO = Path(__file__).resolve().parents[1]
 DEVICES = 4
@@ -59,7 +60,23 @@ IGNORED = ("timing", "perf/")
         ({"JRL_COORDINATOR_ADDRESS": "h:9", "JRL_NUM_PROCESSES": "1", "JRL_PROCESS_ID": "0"}, None),
         ({"SLURM_NTASKS": "8", "SLURM_PROCID": "5"}, Launch("slurm")),
         ({"SLURM_NTASKS": "1", "SLURM_PROCID": "0"}, None),
+        (  # one task per node drives all its GPUs
+            {"SLURM_NTASKS": "2", "SLURM_NNODES": "2", "CUDA_VISIBLE_DEVICES": "4,5,6,7"},
+            Launch("slurm", local_device_ids=(0, 1, 2, 3)),
+        ),
+        (  # one task per GPU: JAX picks each task's GPU
+            {"SLURM_NTASKS": "16", "SLURM_NNODES": "2", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"},
+            Launch("slurm"),
+        ),
         ({"OMPI_COMM_WORLD_SIZE": "2"}, Launch("openmpi")),
+        (
+            {
+                "OMPI_COMM_WORLD_SIZE": "2",
+                "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+                "CUDA_VISIBLE_DEVICES": "0",
+            },
+            Launch("openmpi", local_device_ids=(0,)),
+        ),
         ({"JRL_DISTRIBUTED": "auto"}, Launch("auto")),
         ({"JRL_DISTRIBUTED": "off", "SLURM_NTASKS": "8"}, None),
     ],
@@ -87,6 +104,17 @@ def test_launch_from_env_rejects_incomplete_settings(env, message):
     with pytest.raises(ValueError) as err:
         launch_from_env(env)
     assert message in str(err.value)
+
+
+def test_tracking_logs_nowhere_off_process_zero(tmp_path, capsys):
+    names = ["console", "file", "tensorboard"]
+    tracking = Tracking(names, project="p", experiment="e", run_dir=tmp_path, primary=False)
+    tracking.log({"actor/pg_loss": 1.0}, step=1)
+    tracking.log_generations([{"step": 1, "input": "q", "output": "a", "score": 1.0}], 1)
+    tracking.close()
+    assert list(tmp_path.iterdir()) == [] and capsys.readouterr().out == ""
+    with pytest.raises(ValueError, match="unknown logger"):  # names are still checked
+        Tracking(["consol"], project="p", experiment="e", run_dir=tmp_path, primary=False)
 
 
 # -- whole runs ------------------------------------------------------------------------------------

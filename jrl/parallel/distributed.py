@@ -11,7 +11,8 @@ run (`launch_from_env`), first match wins:
   ``JAX_PROCESS_ID`` are read as well);
 - SLURM (``SLURM_NTASKS`` > 1) or Open MPI (``OMPI_COMM_WORLD_SIZE`` > 1): JAX reads the
   coordinator, count and rank from the scheduler's variables (``JAX_COORDINATOR_PORT`` picks the
-  port); on GPUs each process then drives one device (``SLURM_LOCALID``);
+  port). With one task per node a process drives all of its ``CUDA_VISIBLE_DEVICES``; with
+  several, JAX gives each task one GPU (its local rank);
 - a Cloud TPU VM, or ``JRL_DISTRIBUTED=auto``: JAX's own cluster detection (TPU metadata,
   Kubernetes, ...);
 - otherwise the process runs alone and `jax.distributed` is not started.
@@ -55,6 +56,7 @@ class Launch:
     coordinator_address: str | None = None
     num_processes: int | None = None
     process_id: int | None = None
+    local_device_ids: tuple[int, ...] | None = None
 
 
 def _first(env: Mapping[str, str], names: tuple[str, ...]) -> tuple[str, str] | None:
@@ -70,6 +72,24 @@ def _integer(found: tuple[str, str]) -> int:
         return int(text)
     except ValueError:
         raise ValueError(f"${name}={text!r} must be an integer") from None
+
+
+def _tasks_on_node(env: Mapping[str, str]) -> int | None:
+    """How many tasks of the job share this node, when Open MPI or SLURM says."""
+    if env.get("OMPI_COMM_WORLD_LOCAL_SIZE"):
+        return _integer(("OMPI_COMM_WORLD_LOCAL_SIZE", env["OMPI_COMM_WORLD_LOCAL_SIZE"]))
+    nodes = env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_NNODES")
+    if not nodes:
+        return None
+    return _integer(("SLURM_NTASKS", env["SLURM_NTASKS"])) // _integer(("SLURM_NNODES", nodes))
+
+
+def _whole_node_gpus(env: Mapping[str, str]) -> tuple[int, ...] | None:
+    """All the visible GPUs when this is the node's only task (JAX would give it just one)."""
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").split(",")
+    if _tasks_on_node(env) != 1 or not all(v.strip().isdigit() for v in visible):
+        return None
+    return tuple(range(len(visible)))
 
 
 def _on_tpu_vm() -> bool:
@@ -101,10 +121,10 @@ def launch_from_env(env: Mapping[str, str] | None = None) -> Launch | None:
             raise ValueError(f"${rank[0]}={process_id} must be in [0, ${count[0]}={processes})")
         if processes == 1:
             return None
-        return Launch("env", address[1], processes, process_id)
+        return Launch("env", address[1], processes, process_id, _whole_node_gpus(env))
     for source, variable in _SCHEDULERS:
         if env.get(variable) and _integer((variable, env[variable])) > 1:
-            return Launch(source)
+            return Launch(source, local_device_ids=_whole_node_gpus(env))
     if mode == "auto":
         return Launch("auto")
     return Launch("tpu") if _on_tpu_vm() else None
@@ -121,6 +141,7 @@ def initialize(timeout_s: int, env: Mapping[str, str] | None = None) -> Launch |
         coordinator_address=launch.coordinator_address,
         num_processes=launch.num_processes,
         process_id=launch.process_id,
+        local_device_ids=None if launch.local_device_ids is None else list(launch.local_device_ids),
         initialization_timeout=int(timeout_s),
     )
     return launch

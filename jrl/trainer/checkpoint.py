@@ -340,6 +340,11 @@ class CheckpointManager:
                     f"checkpoint.save_contents of {name}: unknown {sorted(unknown)}; use "
                     f"{', '.join(ITEMS)}"
                 )
+            if "hf_model" in role.items and jax.process_count() > 1:
+                raise CheckpointError(
+                    f"checkpoint.save_contents of {name}: hf_model is not written in a "
+                    "multi-process run; drop it and convert a checkpoint with python -m jrl.merge"
+                )
             args = {}
             if "model" in role.items:
                 args["model"] = ocp.args.StandardSave(nnx.to_pure_dict(role.state.params))
