@@ -14,7 +14,7 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-ROLLOUT_NAMES = ("jax", "vllm", "hf", "sglang")
+ROLLOUT_NAMES = ("jax", "vllm")
 TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
 CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
@@ -50,7 +50,7 @@ def _choices(config: ConfigDict) -> Iterator[str]:
         ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES, ""),
         ("algorithm.adv_estimator", tuple(ADV_ESTIMATORS.names()), ""),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", tuple(POLICY_LOSS_TERMS.names()), ""),
-        ("actor_rollout_ref.rollout.name", ROLLOUT_NAMES, " (jrl supports jax, vllm and hf = jax)"),
+        ("actor_rollout_ref.rollout.name", ROLLOUT_NAMES, " (jrl supports jax and vllm)"),
         ("data.truncation", TRUNCATIONS, ""),
         ("trainer.resume_mode", RESUME_MODES, ""),
     ]
