@@ -1,11 +1,11 @@
 """Device memory of one training forward + backward under jrl's memory options.
 
 One batch with heavy padding (prompts left-padded and responses right-padded to about half of
-their room, so about half the tokens are padding) goes through the policy's response window
-(`jrl.trainer.packing.response_window`, as `response_log_probs`) and log-probs from
-`jrl_kernels.logprob_entropy` with `--logprob-impl` (default `auto`; `naive` materialises the
-[tokens, vocab] logits, `chunked` does not); the loss is minus the mean log-prob of the response
-tokens and the gradient is taken over every parameter. Variants:
+their room, so about half the tokens are padding) goes through the policy's
+`jrl.trainer.policy.response_log_probs` with `--logprob-impl` (default `auto`; `naive`
+materialises the [tokens, vocab] logits, `chunked` does not); the loss is minus the mean log-prob
+of the response tokens and the gradient is taken over every parameter (`bench/actor_memory.py`
+measures the whole actor update instead). Variants:
 
 - remat `none` / `full` / `dots` on the padded rows (`enable_gradient_checkpointing`; `dots` keeps
   the matmul outputs), the first being the baseline; `full` with activation offload;
@@ -54,8 +54,9 @@ from flax import nnx  # noqa: E402
 
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
-from jrl.trainer.packing import PackLayout, response_window, with_packing  # noqa: E402
-from jrl_kernels import IMPLEMENTATIONS, logprob_entropy  # noqa: E402
+from jrl.trainer.packing import PackLayout, with_packing  # noqa: E402
+from jrl.trainer.policy import response_log_probs  # noqa: E402
+from jrl_kernels import IMPLEMENTATIONS  # noqa: E402
 
 # Hugging Face config.json content of each shape, with its batch, prompt and response lengths and
 # compute dtype.
@@ -142,8 +143,8 @@ def training_loss(
     logprob_impl: str = "auto",
 ) -> tuple[Callable[[Any, dict[str, Any]], jax.Array], Any]:
     """(loss(params, tensors), abstract fp32 parameters) of a causal LM computing in `dtype`: minus
-    the mean log-prob of the response tokens (by `jrl_kernels.logprob_entropy` with
-    `logprob_impl`), on packed rows when `packing` is given."""
+    the mean log-prob of the response tokens (`response_log_probs` with `logprob_impl`), on
+    packed rows when `packing` is given."""
     model = nnx.eval_shape(
         lambda: CausalLM(config, dtype=dtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
     )
@@ -152,15 +153,8 @@ def training_loss(
 
     def loss(params: Any, tensors: dict[str, Any]) -> jax.Array:
         model = nnx.merge(graphdef, params)
-        width = tensors["responses"].shape[1]
-        hidden = response_window(model.hidden, tensors, width, packing)
-        log_prob, _ = logprob_entropy(
-            hidden,
-            model.lm_head_kernel(),
-            tensors["responses"],
-            1.0,
-            impl=logprob_impl,
-            softcap=config.final_logit_softcapping,
+        log_prob, _ = response_log_probs(
+            model, tensors, 1.0, packing, impl=logprob_impl, calculate_entropy=False
         )
         mask = tensors["response_mask"]
         return -jnp.sum(log_prob * mask) / jnp.maximum(jnp.sum(mask), 1)

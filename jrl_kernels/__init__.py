@@ -7,5 +7,12 @@ from jrl_kernels.logprob import (
     resolve_impl,
     unavailable_reason,
 )
+from jrl_kernels.reference import tempered_logprob_entropy
 
-__all__ = ["IMPLEMENTATIONS", "logprob_entropy", "resolve_impl", "unavailable_reason"]
+__all__ = [
+    "IMPLEMENTATIONS",
+    "logprob_entropy",
+    "resolve_impl",
+    "tempered_logprob_entropy",
+    "unavailable_reason",
+]

@@ -76,3 +76,92 @@ def test_override_config_applies_model_config_and_attention(tmp_path):
         from_pretrained(
             tmp_path / "m", override_config={"model_config": {"attention_dropout": 0.1}}
         )
+
+
+# --- use_fused_kernels: which implementation each role runs ----------------------------------
+
+PPO_CARD = "configs/gsm8k_ppo.py:tiny"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "actor", "ref"),
+    [
+        ([], "naive", "naive"),
+        (["actor_rollout_ref.model.use_fused_kernels=True"], "chunked", "chunked"),
+        (
+            [
+                "actor_rollout_ref.model.use_fused_kernels=True",
+                "actor_rollout_ref.model.fused_kernel_options.impl_backend=triton",
+            ],
+            "auto",
+            "auto",
+        ),
+        (
+            [
+                "actor_rollout_ref.model.use_fused_kernels=True",
+                "actor_rollout_ref.actor.use_fused_kernels=False",
+            ],
+            "naive",
+            "chunked",
+        ),
+    ],
+    ids=["default", "torch", "triton", "actor-off"],
+)
+def test_logprob_impl_follows_use_fused_kernels(overrides, actor, ref):
+    from jrl.config import load_config
+    from jrl.trainer.policy import logprob_impl
+
+    config, _ = load_config([f"--config={PPO_CARD}", *overrides])
+    arr = config.actor_rollout_ref
+    assert (logprob_impl(arr, "actor"), logprob_impl(arr, "ref")) == (actor, ref)
+
+
+def test_unknown_impl_backend_is_a_config_error():
+    from jrl.config import ConfigError, load_config
+
+    overrides = [
+        "actor_rollout_ref.model.use_fused_kernels=True",
+        "actor_rollout_ref.model.fused_kernel_options.impl_backend=cuda",
+    ]
+    with pytest.raises(ConfigError, match=r"impl_backend='cuda' is not supported.*triton, torch"):
+        load_config([f"--config={PPO_CARD}", *overrides])
+
+
+@pytest.fixture
+def logprob_calls(monkeypatch):
+    """Every (impl, entropy wanted) the policy roles pass to the real kernel entry point."""
+    from jrl.trainer import policy
+
+    calls = []
+    real = policy.response_log_probs
+
+    def recording(*args, impl="naive", calculate_entropy=True, **kwargs):
+        calls.append((impl, calculate_entropy))
+        return real(*args, impl=impl, calculate_entropy=calculate_entropy, **kwargs)
+
+    monkeypatch.setattr(policy, "response_log_probs", recording)
+    return calls
+
+
+def test_fused_kernels_drive_actor_and_reference(tmp_path, logprob_calls):
+    """One PPO step (actor with KL loss, so a reference, and an entropy bonus) without and with
+    ``use_fused_kernels``: each role traces the implementation the config names, entropy only
+    where it is used, and the step's metrics agree."""
+    from tests.helpers import one_tiny_ppo_step
+
+    common = [
+        "actor_rollout_ref.actor.use_kl_loss=True",
+        "actor_rollout_ref.actor.entropy_coeff=0.01",
+    ]
+    plain = one_tiny_ppo_step(tmp_path / "plain", *common)
+    traced_plain = set(logprob_calls)
+    logprob_calls.clear()
+    fused = one_tiny_ppo_step(
+        tmp_path / "fused", *common, "actor_rollout_ref.model.use_fused_kernels=True"
+    )
+    # actor: log-prob with entropy (actor/entropy), update with entropy (entropy_coeff);
+    # reference: log-prob only
+    assert traced_plain == {("naive", True), ("naive", False)}
+    assert set(logprob_calls) == {("chunked", True), ("chunked", False)}
+    for key in ("actor/entropy", "actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
+        assert fused[key] == pytest.approx(plain[key], rel=1e-3, abs=1e-6), key

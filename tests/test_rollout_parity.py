@@ -1,6 +1,8 @@
 """The rollout against references outside it: Hugging Face greedy `generate` (fp32) token for
 token, and the trainer's log-prob recomputation under bfloat16 (with the mismatch metrics)."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -117,6 +119,32 @@ def test_bf16_log_probs_match_the_trainer(prompts, tmp_path):
     assert metrics["training/rollout_probs_diff_valid"] == 1.0
     assert metrics["training/rollout_probs_diff_max"] < 0.05
     assert metrics["training/rollout_actor_probs_pearson_corr"] > 0.99
+
+
+@pytest.mark.parametrize("impl", ["naive", "chunked"])
+def test_decode_log_probs_match_the_trainer_in_fp32(prompts, tmp_path, impl):
+    """The sampler's `calculate_log_probs` and the trainer's recomputation by each log-prob
+    implementation (`use_fused_kernels` off: naive, on: chunked on a CPU) agree in fp32, softcap
+    and temperature included; only the KV cache's summation order separates them."""
+    from jrl.trainer.policy import response_log_probs
+
+    _hf_model("qwen2").save_pretrained(tmp_path, safe_serialization=True)
+    model = from_pretrained(tmp_path, dtype=jnp.float32)
+    model.config = dataclasses.replace(model.config, final_logit_softcapping=3.0)  # as Gemma 2
+    rollout = JaxRollout(
+        model, response_length=R, pad_token_id=PAD, eos_token_ids=[5], limits=LIMITS
+    )
+    sampling = SamplingParams(
+        R, eos_token_ids=(5,), pad_token_id=PAD, temperature=0.8, calculate_log_probs=True, n=2
+    )
+    out = rollout.generate(prompts, sampling, jax.random.key(3))
+    tensors = {k: jnp.asarray(v) for k, v in out.tensors.items()}
+    trainer, _ = jax.jit(lambda t: response_log_probs(model, t, 0.8, impl=impl))(tensors)
+    mask = np.asarray(out["response_mask"])
+    assert mask.sum() > R  # several sampled tokens per row on average
+    np.testing.assert_allclose(
+        np.asarray(out["rollout_log_probs"]), np.asarray(trainer) * mask, atol=2e-5
+    )
 
 
 def test_log_prob_mismatch_metrics():

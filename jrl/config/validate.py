@@ -56,6 +56,13 @@ def _choices(config: ConfigDict) -> Iterator[str]:
     ]
     if uses_critic(config):
         rules.append(("critic.loss_agg_mode", LOSS_AGG_MODES, ""))
+    arr = config.actor_rollout_ref
+    if arr.model.use_fused_kernels or arr.actor.get("use_fused_kernels"):
+        from jrl.trainer.policy import FUSED_KERNEL_IMPLS
+
+        backends = tuple(FUSED_KERNEL_IMPLS)
+        note = " (triton: the Pallas kernel, torch: chunked XLA)"
+        rules.append(("actor_rollout_ref.model.fused_kernel_options.impl_backend", backends, note))
     for key, allowed, note in rules:
         if config[key] not in allowed:
             yield f"{key}={config[key]!r} is not supported{note}; use one of {', '.join(allowed)}"

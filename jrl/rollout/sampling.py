@@ -9,6 +9,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from jrl_kernels import tempered_logprob_entropy
+
 _CONFIG_PATH = "actor_rollout_ref.rollout"
 
 
@@ -132,9 +134,10 @@ def apply_top_p(logits: jax.Array, top_p: float) -> jax.Array:
 
 
 def token_log_probs(logits: jax.Array, tokens: jax.Array, temperature: float) -> jax.Array:
-    """log_softmax(logits / temperature) at `tokens` (float32), the trainer's convention."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32) / temperature, axis=-1)
-    return jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+    """log_softmax(logits / temperature) at `tokens` (float32): the trainer's log-prob math
+    (`jrl_kernels.tempered_logprob_entropy`, which its naive implementation runs) on the logits
+    that were computed for sampling."""
+    return tempered_logprob_entropy(logits.astype(jnp.float32) / temperature, tokens)[0]
 
 
 def row_keys(rng: jax.Array, rows: jax.Array, steps: jax.Array) -> jax.Array:

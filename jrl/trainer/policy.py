@@ -11,7 +11,10 @@ the micro-batch rows and multiplies the token budgets). ``fsdp_config.param_offl
 parameters, in host memory between uses (`jrl.parallel.Offload`).
 
 Log-probs and entropy of response token t come from the logits at position ``-R-1+t`` divided by
-the rollout temperature, here and in the sampler alike.
+the rollout temperature, here and in the sampler alike. ``model.use_fused_kernels`` picks how
+(`logprob_impl`): off, the logits are materialised (verl without fused kernels); on, they are
+never materialised whole (`jrl_kernels.logprob_entropy`). Entropy is computed only where a metric
+(the actor's ``actor/entropy``) or the loss (``entropy_coeff`` != 0) needs it.
 """
 
 from __future__ import annotations
@@ -57,6 +60,10 @@ DTYPES = {
     "bf16": jnp.bfloat16,
 }
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+# `jrl_kernels.logprob_entropy` implementation of each ``fused_kernel_options.impl_backend``:
+# triton -> the Pallas kernel of the backend (auto: Pallas TPU / GPU where it runs, else chunked),
+# torch -> the chunked XLA loop (portable).
+FUSED_KERNEL_IMPLS = {"triton": "auto", "torch": "chunked"}
 
 
 def compute_dtype(name: str) -> Any:
@@ -67,23 +74,50 @@ def compute_dtype(name: str) -> Any:
         raise ValueError(f"unknown dtype {name!r}; use one of {', '.join(DTYPES)}") from None
 
 
+def logprob_impl(arr: Any, role: str) -> str:
+    """The `jrl_kernels.logprob_entropy` implementation of `role` (actor or ref) under the
+    ``actor_rollout_ref`` section `arr`: ``naive`` (materialised logits) unless the role's
+    ``use_fused_kernels`` (which follows ``model.use_fused_kernels``) is on, else
+    `FUSED_KERNEL_IMPLS` of ``model.fused_kernel_options.impl_backend``."""
+    fused = arr[role].get("use_fused_kernels")
+    if not (arr.model.use_fused_kernels if fused is None else fused):
+        return "naive"
+    options = arr.model.get("fused_kernel_options") or {}
+    backend = options.get("impl_backend") or "torch"
+    try:
+        return FUSED_KERNEL_IMPLS[backend]
+    except KeyError:
+        raise ValueError(
+            f"actor_rollout_ref.model.fused_kernel_options.impl_backend={backend!r} is not "
+            f"supported; use one of "
+            f"{', '.join(FUSED_KERNEL_IMPLS)}"
+        ) from None
+
+
 def response_log_probs(
     model: CausalLM,
     tensors: dict[str, jax.Array],
     temperature: float,
     packing: PackLayout | None = None,
-) -> tuple[jax.Array, jax.Array]:
-    """Per-token log-prob and entropy [B, R] of `responses` under `model` at `temperature`;
-    with `packing` the model runs on packed rows (see `jrl.trainer.packing`)."""
+    *,
+    impl: str = "naive",
+    calculate_entropy: bool = True,
+) -> tuple[jax.Array, jax.Array | None]:
+    """Per-token log-prob and entropy [B, R] of `responses` under `model` at `temperature` by
+    the `jrl_kernels.logprob_entropy` implementation `impl` (entropy None unless
+    `calculate_entropy`); with `packing` the model runs on packed rows (see
+    `jrl.trainer.packing`)."""
     width = tensors["responses"].shape[1]
     hidden = response_window(model.hidden, tensors, width, packing)
-    return logprob_entropy(
+    log_prob, entropy = logprob_entropy(
         hidden,
         model.lm_head_kernel(),
         tensors["responses"],
         temperature,
+        impl=impl,
         softcap=model.config.final_logit_softcapping,
     )
+    return log_prob, (entropy if calculate_entropy else None)
 
 
 def shuffle_seed(section: Any, step: int) -> tuple[int, int] | None:
@@ -159,9 +193,14 @@ def update_split(section: Any, prefix: str, world: int, mesh: Mesh, packed: bool
     return {"micro_rows": rows, "packing": packing_plan(rows, mesh, packed)}
 
 
-def actor_loss(model, micro, norm, *, cfg, temperature: float, on_policy: bool, packing=None):
-    """Actor objective of one micro-batch, already divided by the mini-batch normaliser."""
-    log_prob, entropy = response_log_probs(model, micro, temperature, packing)
+def actor_loss(
+    model, micro, norm, *, cfg, temperature: float, on_policy: bool, impl: str, packing=None
+):
+    """Actor objective of one micro-batch, already divided by the mini-batch normaliser; log-probs
+    by the kernel implementation `impl` (entropy only with ``entropy_coeff`` != 0)."""
+    log_prob, entropy = response_log_probs(
+        model, micro, temperature, packing, impl=impl, calculate_entropy=cfg.entropy_coeff != 0
+    )
     mask = micro["response_mask"]
     mode = cfg.loss_agg_mode
     old = jax.lax.stop_gradient(log_prob) if on_policy else micro["old_log_probs"]
@@ -210,6 +249,7 @@ class Policy:
         remove_padding: bool = False,
         forward_budget: TokenBudget | None = None,
         offload: Offload = ON_DEVICE,
+        logprob_impl: str = "naive",
     ):
         self.graphdef = graphdef
         self._frozen_params = None if state is not None else offload.store(params, param_shardings)
@@ -220,10 +260,11 @@ class Policy:
         self.state = state
         self.remove_padding = remove_padding
         self.forward_budget = forward_budget
+        self.logprob_impl = logprob_impl
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
         forward = jax.jit(
             self._forward_fn,
-            static_argnums=2,
+            static_argnums=(2, 3),
             in_shardings=(param_shardings, rows),
             out_shardings=rows,
         )
@@ -272,6 +313,7 @@ class Policy:
             state=state,
             remove_padding=remove_padding,
             forward_budget=budget,
+            logprob_impl=logprob_impl(arr, "actor"),
         )
         policy.config = config
         policy.total_training_steps = total_training_steps
@@ -326,26 +368,35 @@ class Policy:
             remove_padding=remove_padding,
             forward_budget=budget,
             offload=offload,
+            logprob_impl=logprob_impl(arr, "ref"),
         )
 
-    def _forward_fn(self, params, tensors, packing):
+    def _forward_fn(self, params, tensors, packing, calculate_entropy):
         model = nnx.merge(self.graphdef, params)
-        return response_log_probs(model, tensors, self.temperature, packing)
+        return response_log_probs(
+            model,
+            tensors,
+            self.temperature,
+            packing,
+            impl=self.logprob_impl,
+            calculate_entropy=calculate_entropy,
+        )
 
     def compute_log_prob(
         self, batch: Batch, calculate_entropy: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Log-probs [B, R] of the batch's responses (and entropy when asked)."""
+        """Log-probs [B, R] of the batch's responses (and entropy, only computed when asked)."""
         tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
+        forward = functools.partial(self._forward, self.params)
         log_prob, entropy = forward_pass(
-            functools.partial(self._forward, self.params),
+            lambda micro, layout: forward(micro, layout, calculate_entropy),
             tensors,
             self.mesh,
             rows=self.forward_rows,
             remove_padding=self.remove_padding,
             budget=self.forward_budget,
         )
-        return log_prob, (entropy if calculate_entropy else None)
+        return log_prob, entropy
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """verl's update_policy: ppo_epochs x mini-batches, accumulating over micro-batches."""
@@ -366,6 +417,7 @@ class Policy:
             cfg=actor,
             temperature=self.temperature,
             on_policy=on_policy,
+            impl=self.logprob_impl,
         )
         history = self.state.train(
             loss_fn,
