@@ -82,3 +82,43 @@ def test_checkpoint_bench_tiny_round_trips_and_sizes():
     assert math.isclose(ratio["save_complete_ratio"], save_complete / numpy_save)
     restore, load = by_key[("jrl", "restore")]["seconds"], by_key[("numpy", "load")]["seconds"]
     assert math.isclose(ratio["restore_ratio"], restore / load)
+
+
+def test_actor_update_memory_drops_with_fused_kernels():
+    """bench/actor_memory.py's measure on a tiny model with a large vocabulary, where the logits
+    dominate: the compiled actor update with ``use_fused_kernels`` plans less memory than the
+    materialised logits, by at least one float32 copy of them."""
+    sys.path.insert(0, str(ROOT))
+    from bench.actor_memory import update_memory
+    from jrl.config import load_config
+    from jrl.models import ModelConfig
+
+    model = ModelConfig(
+        vocab_size=65536,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=1,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=32,
+        tie_word_embeddings=True,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        attention_bias=True,
+        max_position_embeddings=128,
+        model_type="qwen2",
+    )
+    sizes = [
+        "data.max_prompt_length=16",
+        "data.max_response_length=64",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+    ]
+    peaks = {}
+    for fused in (False, True):
+        argv = [f"--config={ROOT}/configs/gsm8k_grpo.py", *sizes]
+        argv.append(f"actor_rollout_ref.model.use_fused_kernels={fused}")
+        config, _ = load_config(argv)
+        peaks[fused] = update_memory(config, model, micro_batches=1)["peak_bytes"]
+    logits_bytes = 4 * 64 * 65536 * 4  # rows x response tokens x vocab x float32
+    assert peaks[True] < peaks[False] - logits_bytes, peaks
