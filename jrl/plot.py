@@ -16,6 +16,7 @@ import math
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from jrl.trainer.tracking import METRICS_FILE
 
@@ -87,7 +88,7 @@ def plot_run(run_dir: str | Path) -> list[Path]:
     out_dir = run_dir / "plots"
     written = []
     for figure in FIGURES:
-        keys = _keys(figure, series)
+        keys = figure_keys(figure, series)
         if keys:
             out_dir.mkdir(parents=True, exist_ok=True)
             written.append(_draw(figure, keys, series, out_dir / f"{figure.name}.png"))
@@ -106,7 +107,8 @@ def plot_after_training(run_dir: str | Path) -> list[Path]:
     return paths
 
 
-def _keys(figure: Figure, series: Series) -> list[str]:
+def figure_keys(figure: Figure, series: Series) -> list[str]:
+    """The keys of `figure` that `series` has finite values for."""
     names = (
         sorted(k for k in series if k.startswith(figure.prefix)) if figure.prefix else figure.keys
     )
@@ -115,10 +117,20 @@ def _keys(figure: Figure, series: Series) -> list[str]:
 
 def _draw(figure: Figure, keys: list[str], series: Series, path: Path) -> Path:
     from matplotlib.figure import Figure as MplFigure  # no pyplot: no global backend state
-    from matplotlib.ticker import MaxNLocator
 
     fig = MplFigure(figsize=(7, 4))
-    ax = fig.subplots()
+    draw_axis(fig.subplots(), figure, keys, series)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=100)
+    os.replace(tmp, path)
+    return path
+
+
+def draw_axis(ax: Any, figure: Figure, keys: list[str], series: Series) -> None:
+    """Draws `figure`'s curves of `keys` from `series` on the matplotlib axes `ax`."""
+    from matplotlib.ticker import MaxNLocator
+
     for key in keys:
         steps, values = zip(*series[key], strict=True)
         (line,) = ax.plot(steps, values, marker="o" if len(steps) < 30 else None, label=key)
@@ -138,11 +150,6 @@ def _draw(figure: Figure, keys: list[str], series: Series, path: Path) -> Path:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small")
-    fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=100)
-    os.replace(tmp, path)
-    return path
 
 
 def _to_float(value: object) -> float | None:
