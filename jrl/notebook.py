@@ -142,6 +142,7 @@ def run(
     )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=_read_lines, args=(process.stdout, lines), daemon=True).start()
+    title = f"{module}: {run_path.name}" if run_path is not None else module
     series: Series = {}
     finished = False
     try:
@@ -172,7 +173,7 @@ def run(
                 print(_step_line(step, rows[step], summary_keys), flush=True)
             if new:
                 seen_steps = new[-1]
-                png = render_png(figures, series, title=module)
+                png = render_png(figures, series, title=title)
                 if png is not None:
                     view.show(png)
     finally:
@@ -187,7 +188,7 @@ def run(
         )
     if run_path is None:
         return {}
-    png = render_png(figures, series, title=module)
+    png = render_png(figures, series, title=title)
     if png is not None:
         out = run_path / "plots" / f"{plot_name}.png"
         out.parent.mkdir(parents=True, exist_ok=True)

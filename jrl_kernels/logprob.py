@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from jrl_kernels import chunked, pallas_gpu, pallas_tpu
 from jrl_kernels.fused import Kernels, fused_logprob_entropy
@@ -72,14 +75,16 @@ def unavailable_reason(impl: str) -> str | None:
     return None
 
 
-def resolve_impl(impl: str = "auto", backend: str | None = None) -> str:
+def resolve_impl(
+    impl: str = "auto", backend: str | None = None, *, split_rows: bool = False
+) -> str:
     """The implementation `impl` stands for on `backend` (default: JAX's default backend).
 
     `auto` picks pallas_tpu on a TPU, pallas_gpu on a GPU and chunked elsewhere. It falls back to
     chunked, logging why (once), when the kernel fails its probe (`unavailable_reason`) or when
-    JAX sees more than one device: XLA cannot partition a Pallas call, so under a sharded `jit` it
-    would gather the whole batch onto every device; there, call the kernel by name inside a
-    `shard_map` over the batch axes.
+    JAX sees more than one device and the call's rows are not split over them (`split_rows`, as
+    `logprob_entropy` does under an ambient mesh): XLA cannot partition a Pallas call itself, so
+    it would gather the whole batch onto every device.
     """
     if impl not in IMPLEMENTATIONS:
         raise ValueError(
@@ -91,14 +96,39 @@ def resolve_impl(impl: str = "auto", backend: str | None = None) -> str:
     kernel = BACKEND_KERNEL.get(backend)
     if kernel is None:
         return "chunked"
-    if jax.device_count() > 1:
-        reason = f"{jax.device_count()} devices: XLA does not partition Pallas calls"
+    if jax.device_count() > 1 and not split_rows:
+        reason = (
+            f"{jax.device_count()} devices and no ambient mesh to split the rows over "
+            "(jax.set_mesh): XLA does not partition Pallas calls"
+        )
     else:
         reason = unavailable_reason(kernel)
     if reason is None:
         return kernel
     _warn_once(f"logprob_entropy: not using {kernel} on {backend} ({reason}); using chunked")
     return "chunked"
+
+
+def rows_mesh(rows: int) -> Any:
+    """The ambient mesh (`jax.set_mesh`) when `rows` tokens split evenly over all its devices, or
+    None: no ambient mesh, one device, inside a `shard_map`, or an uneven split."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.size == 1 or mesh.manual_axes or rows % mesh.size:
+        return None
+    return mesh
+
+
+def _per_device(fn: Any, mesh: Any) -> Any:
+    """`fn(hidden, lm_head, targets, temperature)` run on each device's share of the rows (all
+    mesh axes), the LM head whole on every device; its gradient is summed over the devices."""
+    rows = P(mesh.axis_names)
+    return jax.shard_map(
+        fn,
+        mesh=mesh,
+        in_specs=(P(mesh.axis_names, None), P(), rows, P()),
+        out_specs=(rows, rows),
+        check_vma=False,
+    )
 
 
 def _check(hidden: jax.Array, lm_head: jax.Array, targets: jax.Array, mask: jax.Array | None):
@@ -145,9 +175,15 @@ def logprob_entropy(
     vocabulary chunks in XLA (any backend, one chunk of logits alive at a time); `pallas_tpu` /
     `pallas_gpu` are the fused kernels; `auto` picks by backend (see `resolve_impl`).
     `interpret=True` runs a Pallas kernel in the Pallas interpreter (any backend; for tests).
+
+    Under an ambient mesh (`jax.set_mesh`, as the trainer's steps run) a Pallas kernel runs in a
+    `shard_map`: each device takes its share of the tokens (split over every mesh axis) with the
+    whole LM head, and the LM head's gradient is summed over the devices. The XLA
+    implementations are partitioned by XLA itself.
     """
     _check(hidden, lm_head, targets, mask)
-    impl = resolve_impl(impl)
+    mesh = rows_mesh(math.prod(targets.shape))
+    impl = resolve_impl(impl, split_rows=mesh is not None)
     backend = jax.default_backend()
     if impl in PALLAS_BACKEND and not interpret and backend not in PALLAS_BACKEND[impl]:
         raise ValueError(
@@ -171,10 +207,10 @@ def logprob_entropy(
             hidden, lm_head, flat_targets, temperature, softcap
         )
     else:
-        kernels = kernels_for(impl, interpret)
-        logprob, entropy = fused_logprob_entropy(
-            kernels, softcap, hidden, lm_head, flat_targets, temperature
-        )
+        fused = functools.partial(fused_logprob_entropy, kernels_for(impl, interpret), softcap)
+        if impl in PALLAS_BACKEND and mesh is not None:
+            fused = _per_device(fused, mesh)
+        logprob, entropy = fused(hidden, lm_head, flat_targets, temperature)
     if mask is not None:
         logprob = jnp.where(keep, logprob, 0.0)
         entropy = jnp.where(keep, entropy, 0.0)
