@@ -109,23 +109,30 @@ def resolve_impl(
     return "chunked"
 
 
-def rows_mesh(rows: int) -> Any:
-    """The ambient mesh (`jax.set_mesh`) when `rows` tokens split evenly over all its devices, or
-    None: no ambient mesh, one device, inside a `shard_map`, or an uneven split."""
+def row_split(rows: int) -> tuple[Any, tuple[str, ...]] | None:
+    """(ambient mesh, the axes to split `rows` tokens over) for a per-device kernel: the longest
+    leading run of the mesh's axes (`jax.set_mesh`) whose devices divide `rows`, the other axes
+    computing the same rows; None without an ambient mesh of several devices, inside a
+    `shard_map`, or when no split is even."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or mesh.size == 1 or mesh.manual_axes or rows % mesh.size:
+    if mesh.empty or mesh.size == 1 or mesh.manual_axes:
         return None
-    return mesh
+    names = tuple(mesh.axis_names)
+    for count in range(len(names), 0, -1):
+        size = math.prod(mesh.shape[name] for name in names[:count])
+        if size > 1 and rows % size == 0:
+            return mesh, names[:count]
+    return None
 
 
-def _per_device(fn: Any, mesh: Any) -> Any:
-    """`fn(hidden, lm_head, targets, temperature)` run on each device's share of the rows (all
-    mesh axes), the LM head whole on every device; its gradient is summed over the devices."""
-    rows = P(mesh.axis_names)
+def _per_device(fn: Any, mesh: Any, axes: tuple[str, ...]) -> Any:
+    """`fn(hidden, lm_head, targets, temperature)` run on each device's share of the rows (split
+    over `axes`), the LM head whole on every device; its gradient is summed over the devices."""
+    rows = P(axes)
     return jax.shard_map(
         fn,
         mesh=mesh,
-        in_specs=(P(mesh.axis_names, None), P(), rows, P()),
+        in_specs=(P(axes, None), P(), rows, P()),
         out_specs=(rows, rows),
         check_vma=False,
     )
@@ -177,13 +184,13 @@ def logprob_entropy(
     `interpret=True` runs a Pallas kernel in the Pallas interpreter (any backend; for tests).
 
     Under an ambient mesh (`jax.set_mesh`, as the trainer's steps run) a Pallas kernel runs in a
-    `shard_map`: each device takes its share of the tokens (split over every mesh axis) with the
-    whole LM head, and the LM head's gradient is summed over the devices. The XLA
-    implementations are partitioned by XLA itself.
+    `shard_map`: each device takes its share of the tokens (split over the mesh axes that divide
+    them, `row_split`) with the whole LM head, and the LM head's gradient is summed over the
+    devices. The XLA implementations are partitioned by XLA itself.
     """
     _check(hidden, lm_head, targets, mask)
-    mesh = rows_mesh(math.prod(targets.shape))
-    impl = resolve_impl(impl, split_rows=mesh is not None)
+    split = row_split(math.prod(targets.shape))
+    impl = resolve_impl(impl, split_rows=split is not None)
     backend = jax.default_backend()
     if impl in PALLAS_BACKEND and not interpret and backend not in PALLAS_BACKEND[impl]:
         raise ValueError(
@@ -208,8 +215,8 @@ def logprob_entropy(
         )
     else:
         fused = functools.partial(fused_logprob_entropy, kernels_for(impl, interpret), softcap)
-        if impl in PALLAS_BACKEND and mesh is not None:
-            fused = _per_device(fused, mesh)
+        if impl in PALLAS_BACKEND and split is not None:
+            fused = _per_device(fused, *split)
         logprob, entropy = fused(hidden, lm_head, flat_targets, temperature)
     if mask is not None:
         logprob = jnp.where(keep, logprob, 0.0)

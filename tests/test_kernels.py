@@ -209,7 +209,7 @@ def test_pallas_kernel_splits_the_rows_over_an_ambient_mesh():
     from jax.sharding import PartitionSpec as P
 
     from jrl.parallel import make_mesh
-    from jrl_kernels.logprob import rows_mesh
+    from jrl_kernels.logprob import row_split
 
     rng = np.random.default_rng(5)
     hidden = jnp.asarray(rng.standard_normal((8, 4, 64)), F32)
@@ -225,7 +225,10 @@ def test_pallas_kernel_splits_the_rows_over_an_ambient_mesh():
     mesh = make_mesh(8)
     rows = NamedSharding(mesh, P(("data", "fsdp")))
     with jax.set_mesh(mesh):
-        assert rows_mesh(32) is not None and rows_mesh(30) is None
+        assert row_split(32) == (mesh.abstract_mesh, ("data", "fsdp", "tensor", "sequence"))
+        assert row_split(30) is None
+    with jax.set_mesh(make_mesh(8, sequence_parallel=2)):  # data 1, fsdp 4, tensor 1, sequence 2
+        assert row_split(12)[1] == ("data", "fsdp", "tensor")
         h = jax.device_put(hidden, rows)
         fn = jax.jit(jax.value_and_grad(functools.partial(loss, impl), argnums=(0, 1)))
         text = fn.lower(h, lm_head).as_text()
