@@ -61,10 +61,10 @@ def build_rollout(config: ConfigDict, tokenizer: Any) -> Any:
     """The rollout engine of ``rollout.name`` with the model of ``model.path`` on the mesh."""
     from jrl.models import from_pretrained
     from jrl.parallel import make_mesh
+    from jrl.parallel.devices import check_device
     from jrl.rollout import EngineLimits, make_rollout
     from jrl.rollout.sampling import as_token_ids
     from jrl.trainer.policy import compute_dtype
-    from jrl.trainer.ppo_trainer import check_device
 
     check_device(config)
     mesh = make_mesh(config.trainer.nnodes * config.trainer.n_gpus_per_node)

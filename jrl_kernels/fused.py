@@ -14,10 +14,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.experimental import pallas as pl
 
 # forward(hidden [N, D], lm_head [D, V], targets [N, 1] int32, temperature (f32 scalar),
 #   softcap) -> (log p, entropy, lse, E[l]), each [N, 1] float32.
@@ -40,6 +42,76 @@ class Kernels:
     chunk_elements: int
     chunk_align: int
     max_chunk: int
+
+
+def pallas_kernels(
+    name: str,
+    forward: Forward,
+    dlogits: DLogits,
+    chunk_elements: int,
+    chunk_align: int,
+    max_chunk: int,
+    interpret: bool,
+) -> Kernels:
+    """`Kernels` of Pallas passes that take an `interpret` keyword, bound to `interpret`."""
+    return Kernels(
+        name,
+        functools.partial(forward, interpret=interpret),
+        functools.partial(dlogits, interpret=interpret),
+        chunk_elements,
+        chunk_align,
+        max_chunk,
+    )
+
+
+def pallas_dlogits(
+    kernel: Callable[..., None],
+    hidden: jax.Array,
+    chunk: jax.Array,
+    targets: jax.Array,
+    first: jax.Array,
+    temperature: jax.Array,
+    row_values: tuple[jax.Array, ...],
+    *,
+    blocks: tuple[int, int],
+    scalar_spec: pl.BlockSpec,
+    compiler_params: Any,
+    interpret: Any,
+) -> jax.Array:
+    """dz [N, w] (hidden dtype) of one chunk by the Pallas `kernel` on the grid (row blocks,
+    column blocks) of `blocks` = (rows, columns) per block.
+
+    The kernel's refs: temperature and first (in `scalar_spec`), the hidden [rows, D] and chunk
+    [D, columns] blocks, targets, lse, E[l], g_logprob and g_entropy ([rows, 1]; `row_values` are
+    the last four), then dz [rows, columns].
+    """
+    rows, dim = hidden.shape
+    width = chunk.shape[1]
+    bn, bv = blocks
+    row_spec = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
+    return pl.pallas_call(
+        kernel,
+        grid=(pl.cdiv(rows, bn), pl.cdiv(width, bv)),
+        in_specs=[
+            scalar_spec,
+            scalar_spec,
+            pl.BlockSpec((bn, dim), lambda i, j: (i, 0)),
+            pl.BlockSpec((dim, bv), lambda i, j: (0, j)),
+            *[row_spec] * 5,
+        ],
+        out_specs=pl.BlockSpec((bn, bv), lambda i, j: (i, j)),
+        out_shape=jax.ShapeDtypeStruct((rows, width), hidden.dtype),
+        compiler_params=compiler_params,
+        interpret=interpret,
+        name="logprob_entropy_dlogits",
+    )(
+        jnp.reshape(temperature, (1,)),
+        jnp.reshape(first, (1,)).astype(jnp.int32),
+        hidden,
+        chunk,
+        targets,
+        *row_values,
+    )
 
 
 def chunk_width(rows: int, vocab: int, elements: int, align: int, largest: int) -> int:

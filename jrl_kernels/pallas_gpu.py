@@ -22,7 +22,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from jrl_kernels import tiles
-from jrl_kernels.fused import Kernels
+from jrl_kernels.fused import Kernels, pallas_dlogits, pallas_kernels
 
 BLOCK_ROWS = 64
 BLOCK_VOCAB = 128
@@ -209,51 +209,35 @@ def dlogits(
     """dz [N, w] (hidden dtype) of one chunk; `row_values` = lse, E[l], g_logprob, g_entropy."""
     rows, dim = hidden.shape
     width = chunk.shape[1]
-    bn, bv, bk = _block(rows, BLOCK_ROWS), BLOCK_VOCAB, _block(dim, BLOCK_K)
+    bn, bk = _block(rows, BLOCK_ROWS), _block(dim, BLOCK_K)
     kernel = functools.partial(
         _dlogits_kernel,
         rows=rows,
         width=width,
         dim=dim,
         block_rows=bn,
-        block_vocab=bv,
+        block_vocab=BLOCK_VOCAB,
         block_k=bk,
         softcap=softcap,
     )
-    row_spec = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
-    return pl.pallas_call(
+    return pallas_dlogits(
         kernel,
-        grid=(pl.cdiv(rows, bn), pl.cdiv(width, bv)),
-        in_specs=[
-            _scalar_spec(),
-            _scalar_spec(),
-            pl.BlockSpec((bn, dim), lambda i, j: (i, 0)),
-            pl.BlockSpec((dim, bv), lambda i, j: (0, j)),
-            *[row_spec] * 5,
-        ],
-        out_specs=pl.BlockSpec((bn, bv), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((rows, width), hidden.dtype),
-        compiler_params=_params(),
-        interpret=interpret,
-        name="logprob_entropy_dlogits",
-    )(
-        jnp.reshape(temperature, (1,)),
-        jnp.reshape(first, (1,)).astype(jnp.int32),
         hidden,
         chunk,
         targets,
-        *row_values,
+        first,
+        temperature,
+        row_values,
+        blocks=(bn, BLOCK_VOCAB),
+        scalar_spec=_scalar_spec(),
+        compiler_params=_params(),
+        interpret=interpret,
     )
 
 
 @functools.cache
 def kernels(interpret: bool = False) -> Kernels:
     """The GPU kernels (`interpret`: run them in the Pallas interpreter, on any backend)."""
-    return Kernels(
-        "pallas_gpu",
-        functools.partial(forward, interpret=interpret),
-        functools.partial(dlogits, interpret=interpret),
-        CHUNK_ELEMENTS,
-        BLOCK_VOCAB,
-        MAX_CHUNK,
+    return pallas_kernels(
+        "pallas_gpu", forward, dlogits, CHUNK_ELEMENTS, BLOCK_VOCAB, MAX_CHUNK, interpret
     )

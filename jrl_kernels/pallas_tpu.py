@@ -21,7 +21,7 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from jrl_kernels import tiles
-from jrl_kernels.fused import Kernels
+from jrl_kernels.fused import Kernels, pallas_dlogits, pallas_kernels
 
 BLOCK_ROWS = 256
 BLOCK_VOCAB = 512
@@ -148,44 +148,25 @@ def dlogits(
     interpret: bool = False,
 ) -> jax.Array:
     """dz [N, w] (hidden dtype) of one chunk; `row_values` = lse, E[l], g_logprob, g_entropy."""
-    rows, dim = hidden.shape
     width = chunk.shape[1]
-    bn, bv = _row_block(rows), _vocab_block(width)
-    row_spec = pl.BlockSpec((bn, 1), lambda i, j: (i, 0))
-    smem = pl.BlockSpec(memory_space=pltpu.SMEM)
-    return pl.pallas_call(
+    return pallas_dlogits(
         functools.partial(_dlogits_kernel, width=width, softcap=softcap),
-        grid=(pl.cdiv(rows, bn), pl.cdiv(width, bv)),
-        in_specs=[
-            smem,
-            smem,
-            pl.BlockSpec((bn, dim), lambda i, j: (i, 0)),
-            pl.BlockSpec((dim, bv), lambda i, j: (0, j)),
-            *[row_spec] * 5,
-        ],
-        out_specs=pl.BlockSpec((bn, bv), lambda i, j: (i, j)),
-        out_shape=jax.ShapeDtypeStruct((rows, width), hidden.dtype),
-        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
-        interpret=_interpret(interpret),
-        name="logprob_entropy_dlogits",
-    )(
-        jnp.reshape(temperature, (1,)),
-        jnp.reshape(first, (1,)).astype(jnp.int32),
         hidden,
         chunk,
         targets,
-        *row_values,
+        first,
+        temperature,
+        row_values,
+        blocks=(_row_block(hidden.shape[0]), _vocab_block(width)),
+        scalar_spec=pl.BlockSpec(memory_space=pltpu.SMEM),
+        compiler_params=pltpu.CompilerParams(dimension_semantics=("parallel", "parallel")),
+        interpret=_interpret(interpret),
     )
 
 
 @functools.cache
 def kernels(interpret: bool = False) -> Kernels:
     """The TPU kernels (`interpret`: run them in the Pallas TPU interpreter, on any backend)."""
-    return Kernels(
-        "pallas_tpu",
-        functools.partial(forward, interpret=interpret),
-        functools.partial(dlogits, interpret=interpret),
-        CHUNK_ELEMENTS,
-        BLOCK_VOCAB,
-        MAX_CHUNK,
+    return pallas_kernels(
+        "pallas_tpu", forward, dlogits, CHUNK_ELEMENTS, BLOCK_VOCAB, MAX_CHUNK, interpret
     )

@@ -1,5 +1,6 @@
 """Shared pieces of the tests: a tiny llama configuration, a training run in a subprocess whose
-output is watched line by line, and a finiteness check of run metrics."""
+output is watched line by line, a finiteness check of run metrics and the arguments of a small
+generation run."""
 
 from __future__ import annotations
 
@@ -44,6 +45,34 @@ def assert_finite(metrics: dict, keys: Iterable[str]) -> None:
     """Each of `keys` is in `metrics` and finite."""
     for key in keys:
         assert math.isfinite(metrics[key]), (key, metrics.get(key))
+
+
+def generate_args(
+    prompts: str | Path,
+    output: str | Path,
+    model: str | Path,
+    *overrides: str,
+    samples: int,
+    batch_size: int,
+) -> list[str]:
+    """``jrl.generate`` arguments: `samples` answers of up to 3 tokens (float32, plain sampling,
+    on the CPU) per digits-task prompt in `prompts` by the model at `model`, then `overrides`."""
+    return [
+        f"data.path={prompts}",
+        f"data.output_path={output}",
+        f"model.path={model}",
+        f"data.n_samples={samples}",
+        f"data.batch_size={batch_size}",
+        "rollout.name=jax",
+        "rollout.dtype=float32",
+        "rollout.prompt_length=8",
+        "rollout.response_length=3",
+        "rollout.top_k=-1",
+        "rollout.top_p=1.0",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        *overrides,
+    ]
 
 
 def one_tiny_ppo_step(run_dir: Path, *overrides: str) -> dict:

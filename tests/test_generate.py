@@ -6,6 +6,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from helpers import generate_args
 
 from jrl.assets import prepare_digits
 from jrl.config import ConfigError, generation_config
@@ -27,22 +28,8 @@ def prompts(tmp_path_factory) -> str:
 
 
 def _args(prompts: str, output, *overrides: str) -> list[str]:
-    return [
-        f"data.path={prompts}",
-        f"data.output_path={output}",
-        f"model.path={prepare_digits()['model_path']}",
-        "data.n_samples=3",
-        f"data.batch_size={ROWS}",
-        "rollout.name=jax",
-        "rollout.dtype=float32",
-        "rollout.prompt_length=8",
-        "rollout.response_length=3",
-        "rollout.top_k=-1",
-        "rollout.top_p=1.0",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        *overrides,
-    ]
+    model = prepare_digits()["model_path"]
+    return generate_args(prompts, output, model, *overrides, samples=3, batch_size=ROWS)
 
 
 def _responses(path) -> list[list[str]]:

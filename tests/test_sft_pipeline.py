@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from helpers import generate_args
 from sft_digits import REPO, digits_sft_args
 
 from jrl.assets import prepare_digits
@@ -45,22 +46,7 @@ def test_sft_then_generate_then_evaluate(tmp_path: Path):
 
     prompts, generated = tmp_path / "prompts.parquet", tmp_path / "generated.parquet"
     pq.write_table(pq.read_table(prepare_digits()["val_files"]).slice(0, PROMPTS), prompts)
-    _run(
-        "jrl.generate",
-        f"data.path={prompts}",
-        f"data.output_path={generated}",
-        f"model.path={model}",
-        f"data.n_samples={SAMPLES}",
-        "data.batch_size=6",
-        "rollout.name=jax",
-        "rollout.dtype=float32",
-        "rollout.prompt_length=8",
-        "rollout.response_length=3",
-        "rollout.top_k=-1",
-        "rollout.top_p=1.0",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-    )
+    _run("jrl.generate", *generate_args(prompts, generated, model, samples=SAMPLES, batch_size=6))
     responses = [text for row in pq.read_table(generated)["responses"].to_pylist() for text in row]
     assert len(responses) == PROMPTS * SAMPLES
     # the EOS after the answer was trained on, so most answers stop after one digit

@@ -18,24 +18,47 @@ ACTOR = "actor_rollout_ref.actor"
 MODEL = "actor_rollout_ref.model"
 
 
-def _section(**fields: Any) -> ConfigDict:
+def section(**fields: Any) -> ConfigDict:
     """A section whose keys keep the order written here."""
     return ConfigDict(fields, sort_keys=False)
 
 
-def _either(default: Any, *types: type) -> FieldReference:
+def either(default: Any, *types: type) -> FieldReference:
     """A key that accepts any of `types` (e.g. one file or a list of files)."""
     return FieldReference(default, field_type=types)
 
 
-def _data() -> ConfigDict:
-    return _section(
-        tokenizer=placeholder(str),
-        use_shm=False,
-        train_files=_either("~/data/rlhf/gsm8k/train.parquet", str, list),
-        val_files=_either("~/data/rlhf/gsm8k/test.parquet", str, list),
+def data_files(train: str, val: str) -> dict[str, Any]:
+    """The `data` keys naming the train and validation files (one or a list) and capping their
+    rows (-1: all)."""
+    return dict(
+        train_files=either(train, str, list),
+        val_files=either(val, str, list),
         train_max_samples=-1,
         val_max_samples=-1,
+    )
+
+
+def lora_keys() -> dict[str, Any]:
+    """The LoRA keys of a `model` section: rank (0: no LoRA), alpha and the adapted modules."""
+    return dict(lora_rank=0, lora_alpha=16, target_modules=either("all-linear", str, list))
+
+
+def custom_reward_function() -> ConfigDict:
+    """The `custom_reward_function` section: a scoring function loaded from a file."""
+    return section(path=placeholder(str), name="compute_score", reward_kwargs=section())
+
+
+def ray_kwargs() -> ConfigDict:
+    """The `ray_kwargs` section (verl's Ray options)."""
+    return section(ray_init=section(num_cpus=placeholder(int)), timeline_json_file=placeholder(str))
+
+
+def _data() -> ConfigDict:
+    return section(
+        tokenizer=placeholder(str),
+        use_shm=False,
+        **data_files("~/data/rlhf/gsm8k/train.parquet", "~/data/rlhf/gsm8k/test.parquet"),
         prompt_key="prompt",
         reward_fn_key="data_source",
         max_prompt_length=512,
@@ -58,47 +81,45 @@ def _data() -> ConfigDict:
         image_key="images",
         video_key="videos",
         trust_remote_code=True,
-        custom_cls=_section(path=placeholder(str), name=placeholder(str)),
+        custom_cls=section(path=placeholder(str), name=placeholder(str)),
         return_multi_modal_inputs=True,
-        sampler=_section(class_path=placeholder(str), class_name=placeholder(str)),
-        datagen=_section(path=placeholder(str), name=placeholder(str)),
-        apply_chat_template_kwargs=_section(),
+        sampler=section(class_path=placeholder(str), class_name=placeholder(str)),
+        datagen=section(path=placeholder(str), name=placeholder(str)),
+        apply_chat_template_kwargs=section(),
         cache_dir="~/.cache/jrl/rlhf",
     )
 
 
 def _model() -> ConfigDict:
-    return _section(
+    return section(
         path="~/models/deepseek-llm-7b-chat",
         hf_config_path=placeholder(str),
         tokenizer_path=placeholder(str),
         use_shm=False,
         external_lib=placeholder(str),
-        override_config=_section(
+        override_config=section(
             attn_implementation="flash_attention_2",
-            model_config=_section(),
-            moe_config=_section(freeze_moe_router=False),
+            model_config=section(),
+            moe_config=section(freeze_moe_router=False),
         ),
         enable_gradient_checkpointing=False,
         enable_activation_offload=False,
         trust_remote_code=False,
         use_remove_padding=False,
         custom_chat_template=placeholder(str),
-        lora_rank=0,
-        lora_alpha=16,
-        target_modules=_either("all-linear", str, list),
+        **lora_keys(),
         exclude_modules=placeholder(str),
         lora_adapter_path=placeholder(str),
         use_liger=False,
         use_fused_kernels=False,
-        fused_kernel_options=_section(impl_backend="torch"),
-        tiled_mlp=_section(enabled=False, num_shards=4),
-        mtp=_section(enable=False),
+        fused_kernel_options=section(impl_backend="torch"),
+        tiled_mlp=section(enabled=False, num_shards=4),
+        mtp=section(enable=False),
     )
 
 
 def _optim(lr: float) -> ConfigDict:
-    return _section(
+    return section(
         optimizer="AdamW",
         optimizer_impl="torch.optim",
         lr=lr,
@@ -118,7 +139,7 @@ def _optim(lr: float) -> ConfigDict:
 
 def _fsdp(**changes: Any) -> ConfigDict:
     fields = dict(
-        wrap_policy=_section(min_num_params=0),
+        wrap_policy=section(min_num_params=0),
         param_offload=False,
         optimizer_offload=False,
         offload_policy=False,
@@ -137,11 +158,11 @@ def _fsdp(**changes: Any) -> ConfigDict:
         strategy="fsdp",
         dtype="bfloat16",
     )
-    return _section(**{**fields, **changes})
+    return section(**{**fields, **changes})
 
 
 def _checkpoint() -> ConfigDict:
-    return _section(
+    return section(
         save_contents=["model", "optimizer", "extra"],
         load_contents="${.save_contents}",
         async_save=False,
@@ -149,11 +170,33 @@ def _checkpoint() -> ConfigDict:
 
 
 def _router_replay() -> ConfigDict:
-    return _section(mode="disabled", record_file=placeholder(str), replay_file=placeholder(str))
+    return section(mode="disabled", record_file=placeholder(str), replay_file=placeholder(str))
+
+
+def _rollout_is_keys() -> dict[str, Any]:
+    """The rollout importance-sampling keys of `actor` and `algorithm` (off by default)."""
+    return dict(
+        rollout_is=False,
+        rollout_is_threshold=placeholder(float),
+        rollout_is_threshold_lower=placeholder(float),
+        rollout_is_level="token",
+        rollout_is_mode="truncate",
+        rollout_is_veto_threshold=placeholder(float),
+    )
+
+
+def _log_prob_keys() -> dict[str, Any]:
+    """The micro-batching keys of a log-prob pass (`ref`, `rollout`), following the actor's."""
+    return dict(
+        log_prob_micro_batch_size=placeholder(int),
+        log_prob_micro_batch_size_per_gpu=16,
+        log_prob_use_dynamic_bsz=f"${{{ACTOR}.use_dynamic_bsz}}",
+        log_prob_max_token_len_per_gpu=f"${{{ACTOR}.ppo_max_token_len_per_gpu}}",
+    )
 
 
 def _actor() -> ConfigDict:
-    return _section(
+    return section(
         strategy="fsdp",
         rollout_n="${actor_rollout_ref.rollout.n}",
         ppo_mini_batch_size=256,
@@ -169,7 +212,7 @@ def _actor() -> ConfigDict:
         tau_pos=1.0,
         tau_neg=1.05,
         freeze_vision_tower=False,
-        policy_loss=_section(
+        policy_loss=section(
             loss_mode="vanilla",
             clip_cov_ratio=0.0002,
             clip_cov_lb=1.0,
@@ -183,12 +226,7 @@ def _actor() -> ConfigDict:
         calculate_entropy=False,
         use_kl_loss=False,
         use_prefix_grouper=False,
-        rollout_is=False,
-        rollout_is_threshold=placeholder(float),
-        rollout_is_threshold_lower=placeholder(float),
-        rollout_is_level="token",
-        rollout_is_mode="truncate",
-        rollout_is_veto_threshold=placeholder(float),
+        **_rollout_is_keys(),
         use_torch_compile=True,
         kl_loss_coef=0.001,
         kl_loss_type="low_var_kl",
@@ -210,15 +248,12 @@ def _actor() -> ConfigDict:
 
 
 def _ref() -> ConfigDict:
-    return _section(
+    return section(
         strategy=f"${{{ACTOR}.strategy}}",
         rollout_n="${actor_rollout_ref.rollout.n}",
         use_torch_compile=f"${{{ACTOR}.use_torch_compile}}",
         fsdp_config=_fsdp(forward_only=True),
-        log_prob_micro_batch_size=placeholder(int),
-        log_prob_micro_batch_size_per_gpu=16,
-        log_prob_use_dynamic_bsz=f"${{{ACTOR}.use_dynamic_bsz}}",
-        log_prob_max_token_len_per_gpu=f"${{{ACTOR}.ppo_max_token_len_per_gpu}}",
+        **_log_prob_keys(),
         ulysses_sequence_parallel_size=f"${{{ACTOR}.ulysses_sequence_parallel_size}}",
         entropy_from_logits_with_chunking=False,
         entropy_checkpointing=False,
@@ -227,7 +262,7 @@ def _ref() -> ConfigDict:
 
 
 def _rollout() -> ConfigDict:
-    return _section(
+    return section(
         name="vllm",
         mode="async",
         temperature=1.0,
@@ -253,19 +288,16 @@ def _rollout() -> ConfigDict:
         enable_prefix_caching=True,
         logprobs_mode="processed_logprobs",
         scheduling_policy="fcfs",
-        log_prob_micro_batch_size=placeholder(int),
-        log_prob_micro_batch_size_per_gpu=16,
-        log_prob_use_dynamic_bsz=f"${{{ACTOR}.use_dynamic_bsz}}",
-        log_prob_max_token_len_per_gpu=f"${{{ACTOR}.ppo_max_token_len_per_gpu}}",
+        **_log_prob_keys(),
         disable_log_stats=True,
         do_sample=True,
-        engine_kwargs=_section(vllm=_section(), sglang=_section(), trtllm=_section()),
+        engine_kwargs=section(vllm=section(), sglang=section(), trtllm=section()),
         n=1,
         over_sample_rate=0.0,
         multi_stage_wake_up=False,
         calculate_log_probs=False,
-        val_kwargs=_section(top_k=-1, top_p=1.0, temperature=0.0, n=1, do_sample=False),
-        multi_turn=_section(
+        val_kwargs=section(top_k=-1, top_p=1.0, temperature=0.0, n=1, do_sample=False),
+        multi_turn=section(
             enable=False,
             max_assistant_turns=placeholder(int),
             tool_config_path=placeholder(str),
@@ -279,16 +311,16 @@ def _rollout() -> ConfigDict:
             format="hermes",
             num_repeat_rollouts=placeholder(int),
         ),
-        agent=_section(
+        agent=section(
             num_workers=8,
             default_agent_loop="single_turn_agent",
             agent_loop_config_path=placeholder(str),
-            custom_async_server=_section(path=placeholder(str), name=placeholder(str)),
+            custom_async_server=section(path=placeholder(str), name=placeholder(str)),
         ),
-        checkpoint_engine=_section(
-            backend="naive", update_weights_bucket_megabytes=2048, engine_kwargs=_section()
+        checkpoint_engine=section(
+            backend="naive", update_weights_bucket_megabytes=2048, engine_kwargs=section()
         ),
-        trace=_section(
+        trace=section(
             backend=placeholder(str),
             token2text=False,
             max_samples_per_step_per_worker=placeholder(int),
@@ -297,7 +329,7 @@ def _rollout() -> ConfigDict:
         skip_dump_dir="/tmp/rollout_dump",
         skip_tokenizer_init=True,
         enable_rollout_routing_replay=False,
-        prometheus=_section(
+        prometheus=section(
             enable=False,
             port=9090,
             file="/tmp/ray/session_latest/metrics/prometheus/prometheus.yml",
@@ -310,25 +342,23 @@ def _rollout() -> ConfigDict:
 
 
 def _critic() -> ConfigDict:
-    return _section(
+    return section(
         enable=placeholder(bool),
         strategy="fsdp",
         rollout_n="${actor_rollout_ref.rollout.n}",
         optim=_optim(lr=1e-5),
-        model=_section(
+        model=section(
             path=f"${{{MODEL}.path}}",
             tokenizer_path=f"${{{MODEL}.path}}",
-            override_config=_section(),
+            override_config=section(),
             external_lib=f"${{{MODEL}.external_lib}}",
             trust_remote_code=f"${{{MODEL}.trust_remote_code}}",
             use_shm=False,
             enable_gradient_checkpointing=True,
             enable_activation_offload=False,
             use_remove_padding=False,
-            lora_rank=0,
-            lora_alpha=16,
-            target_modules=_either("all-linear", str, list),
-            tiled_mlp=_section(enabled=False, num_shards=4),
+            **lora_keys(),
+            tiled_mlp=section(enabled=False, num_shards=4),
             fsdp_config=_fsdp(),
         ),
         ppo_mini_batch_size=f"${{{ACTOR}.ppo_mini_batch_size}}",
@@ -351,18 +381,18 @@ def _critic() -> ConfigDict:
 
 
 def _reward_model() -> ConfigDict:
-    return _section(
+    return section(
         enable=False,
         enable_resource_pool=False,
         n_gpus_per_node=8,
         nnodes=0,
         strategy="fsdp",
-        model=_section(
+        model=section(
             input_tokenizer=f"${{{MODEL}.path}}",
             path="~/models/Anomy-RM-v0.1",
             external_lib=f"${{{MODEL}.external_lib}}",
             trust_remote_code=False,
-            override_config=_section(),
+            override_config=section(),
             use_shm=False,
             use_remove_padding=False,
             use_fused_kernels=f"${{{MODEL}.use_fused_kernels}}",
@@ -374,16 +404,16 @@ def _reward_model() -> ConfigDict:
         use_dynamic_bsz="${critic.use_dynamic_bsz}",
         forward_max_token_len_per_gpu="${critic.forward_max_token_len_per_gpu}",
         reward_manager="naive",
-        overlong_buffer=_section(enable=False, len=0, penalty_factor=1.0, log=False),
+        overlong_buffer=section(enable=False, len=0, penalty_factor=1.0, log=False),
         reward_loop_source="register",
         reward_loop_module_path=placeholder(str),
         reward_loop_class_name=placeholder(str),
         launch_reward_fn_async=False,
-        sandbox_fusion=_section(url=placeholder(str), max_concurrent=64, memory_limit_mb=1024),
+        sandbox_fusion=section(url=placeholder(str), max_concurrent=64, memory_limit_mb=1024),
         ulysses_sequence_parallel_size=1,
         use_reward_loop=True,
         num_workers=1,
-        rollout=_section(
+        rollout=section(
             name="${actor_rollout_ref.rollout.name}",
             dtype="bfloat16",
             gpu_memory_utilization=0.5,
@@ -391,28 +421,23 @@ def _reward_model() -> ConfigDict:
             prompt_length=2048,
             response_length=2048,
         ),
-        reward_kwargs=_section(),
+        reward_kwargs=section(),
     )
 
 
 def _algorithm() -> ConfigDict:
-    return _section(
+    return section(
         gamma=1.0,
         lam=1.0,
         adv_estimator="gae",
         norm_adv_by_std_in_grpo=True,
         use_kl_in_reward=False,
         kl_penalty="kl",
-        kl_ctrl=_section(type="fixed", kl_coef=0.005, horizon=10000, target_kl=0.1),
+        kl_ctrl=section(type="fixed", kl_coef=0.005, horizon=10000, target_kl=0.1),
         use_pf_ppo=False,
-        pf_ppo=_section(reweight_method="pow", weight_pow=2.0),
-        rollout_is=False,
-        rollout_is_threshold=placeholder(float),
-        rollout_is_threshold_lower=placeholder(float),
-        rollout_is_level="token",
-        rollout_is_mode="truncate",
-        rollout_is_veto_threshold=placeholder(float),
-        rollout_correction=_section(
+        pf_ppo=section(reweight_method="pow", weight_pow=2.0),
+        **_rollout_is_keys(),
+        rollout_correction=section(
             rollout_is=placeholder(str),
             rollout_is_threshold=2.0,
             rollout_is_batch_normalize=False,
@@ -421,12 +446,12 @@ def _algorithm() -> ConfigDict:
             bypass_mode=False,
             loss_type="ppo_clip",
         ),
-        filter_groups=_section(enable=False, metric=placeholder(str), max_num_gen_batches=0),
+        filter_groups=section(enable=False, metric=placeholder(str), max_num_gen_batches=0),
     )
 
 
 def _trainer() -> ConfigDict:
-    return _section(
+    return section(
         balance_batch=True,
         total_epochs=30,
         total_training_steps=placeholder(int),
@@ -460,9 +485,9 @@ def _trainer() -> ConfigDict:
 
 def default_config() -> ConfigDict:
     """A fresh, locked config holding every key with its default (interpolations live)."""
-    config = _section(
+    config = section(
         data=_data(),
-        actor_rollout_ref=_section(
+        actor_rollout_ref=section(
             hybrid_engine=True,
             nccl_timeout=600,
             model=_model(),
@@ -472,25 +497,21 @@ def default_config() -> ConfigDict:
         ),
         critic=_critic(),
         reward_model=_reward_model(),
-        reward_manager=_section(
+        reward_manager=section(
             source="register",
             name="${reward_model.reward_manager}",
-            module=_section(path=placeholder(str), name="custom_reward_manager"),
+            module=section(path=placeholder(str), name="custom_reward_manager"),
         ),
-        custom_reward_function=_section(
-            path=placeholder(str), name="compute_score", reward_kwargs=_section()
-        ),
+        custom_reward_function=custom_reward_function(),
         algorithm=_algorithm(),
         trainer=_trainer(),
-        global_profiler=_section(
+        global_profiler=section(
             tool=placeholder(str),
             steps=placeholder(list),
             profile_continuous_steps=False,
             save_path="outputs/profile",
         ),
-        transfer_queue=_section(enable=False),
-        ray_kwargs=_section(
-            ray_init=_section(num_cpus=placeholder(int)), timeline_json_file=placeholder(str)
-        ),
+        transfer_queue=section(enable=False),
+        ray_kwargs=ray_kwargs(),
     )
     return link(config).lock()

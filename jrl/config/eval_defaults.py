@@ -15,22 +15,16 @@ from collections.abc import Iterator
 from ml_collections import ConfigDict
 from ml_collections.config_dict import placeholder
 
-from jrl.config.defaults import _section
+from jrl.config.defaults import custom_reward_function, ray_kwargs, section
 from jrl.config.errors import ConfigError
 from jrl.config.validate import ROLLOUT_NAMES, TRUNCATIONS
 
 
-def _ray_kwargs() -> ConfigDict:
-    return _section(
-        ray_init=_section(num_cpus=placeholder(int)), timeline_json_file=placeholder(str)
-    )
-
-
 def generation_config() -> ConfigDict:
     """A fresh, locked config holding every generation key with its default."""
-    config = _section(
-        trainer=_section(nnodes=1, n_gpus_per_node=8, device="cuda"),
-        data=_section(
+    config = section(
+        trainer=section(nnodes=1, n_gpus_per_node=8, device="cuda"),
+        data=section(
             path="~/data/rlhf/math/test.parquet",
             prompt_key="prompt",
             n_samples=5,
@@ -38,12 +32,12 @@ def generation_config() -> ConfigDict:
             batch_size=128,
             truncation="error",
         ),
-        model=_section(
+        model=section(
             path="~/models/Qwen2-7B-Instruct",
             external_lib=placeholder(str),
             trust_remote_code=False,
         ),
-        rollout=_section(
+        rollout=section(
             name="vllm",
             mode="sync",
             temperature=1.0,
@@ -70,26 +64,24 @@ def generation_config() -> ConfigDict:
             calculate_log_probs=False,
             seed=0,
         ),
-        ray_kwargs=_ray_kwargs(),
+        ray_kwargs=ray_kwargs(),
     )
     return config.lock()
 
 
 def evaluation_config() -> ConfigDict:
     """A fresh, locked config holding every evaluation key with its default."""
-    config = _section(
-        data=_section(
+    config = section(
+        data=section(
             path="/tmp/math_Qwen2-7B-Instruct.parquet",
             prompt_key="prompt",
             response_key="responses",
             data_source_key="data_source",
             reward_model_key="reward_model",
         ),
-        custom_reward_function=_section(
-            path=placeholder(str), name="compute_score", reward_kwargs=_section()
-        ),
-        pass_at_k=_section(k=placeholder(list), threshold=1.0),
-        ray_kwargs=_ray_kwargs(),
+        custom_reward_function=custom_reward_function(),
+        pass_at_k=section(k=placeholder(list), threshold=1.0),
+        ray_kwargs=ray_kwargs(),
     )
     return config.lock()
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from ml_collections import ConfigDict
 from ml_collections.config_dict import placeholder
 
-from jrl.config.defaults import _either, _section
+from jrl.config.defaults import data_files, lora_keys, section
 from jrl.config.errors import ConfigError
 from jrl.config.interpolation import link
 from jrl.config.validate import CHECKPOINT_ITEMS, RESUME_MODES
@@ -24,19 +24,16 @@ MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16")
 
 
 def _data() -> ConfigDict:
-    return _section(
+    return section(
         train_batch_size=256,
         micro_batch_size=placeholder(int),
         micro_batch_size_per_gpu=4,
-        train_files=_either("~/data/gsm8k/train.parquet", str, list),
-        val_files=_either("~/data/gsm8k/test.parquet", str, list),
-        train_max_samples=-1,
-        val_max_samples=-1,
+        **data_files("~/data/gsm8k/train.parquet", "~/data/gsm8k/test.parquet"),
         prompt_key="question",
         response_key="answer",
         prompt_dict_keys=placeholder(list),
         response_dict_keys=placeholder(list),
-        multiturn=_section(
+        multiturn=section(
             enable=False,
             messages_key="messages",
             tools_key="tools",
@@ -46,20 +43,20 @@ def _data() -> ConfigDict:
         truncation="error",
         balance_dp_token=False,
         chat_template=placeholder(str),
-        custom_cls=_section(path=placeholder(str), name=placeholder(str)),
+        custom_cls=section(path=placeholder(str), name=placeholder(str)),
         use_shm=False,
-        apply_chat_template_kwargs=_section(),
+        apply_chat_template_kwargs=section(),
         cache_dir="~/.cache/jrl/sft",
     )
 
 
 def _model() -> ConfigDict:
-    return _section(
+    return section(
         partial_pretrain="~/models/gemma-1.1-7b-it",
         use_shm=False,
-        fsdp_config=_section(
+        fsdp_config=section(
             model_dtype="fp32",
-            wrap_policy=_section(min_num_params=0),
+            wrap_policy=section(min_num_params=0),
             cpu_offload=False,
             offload_params=False,
             dtype="bfloat16",
@@ -67,9 +64,7 @@ def _model() -> ConfigDict:
         external_lib=placeholder(str),
         enable_gradient_checkpointing=False,
         trust_remote_code=False,
-        lora_rank=0,
-        lora_alpha=16,
-        target_modules=_either("all-linear", str, list),
+        **lora_keys(),
         exclude_modules=placeholder(str),
         use_liger=False,
         strategy="fsdp2",
@@ -77,7 +72,7 @@ def _model() -> ConfigDict:
 
 
 def _optim() -> ConfigDict:
-    return _section(
+    return section(
         optimizer="AdamW",
         optimizer_impl="torch.optim",
         lr=1e-5,
@@ -91,7 +86,7 @@ def _optim() -> ConfigDict:
 
 
 def _trainer() -> ConfigDict:
-    return _section(
+    return section(
         default_local_dir="checkpoints/${trainer.project_name}/${trainer.experiment_name}",
         default_hdfs_dir=placeholder(str),
         project_name="gsm8k-sft",
@@ -107,7 +102,7 @@ def _trainer() -> ConfigDict:
         max_ckpt_to_keep=placeholder(int),
         resume_mode="auto",
         resume_from_path=placeholder(str),
-        checkpoint=_section(
+        checkpoint=section(
             save_contents=["model", "optimizer", "extra"],
             load_contents="${.save_contents}",
         ),
@@ -117,7 +112,7 @@ def _trainer() -> ConfigDict:
 
 def sft_config() -> ConfigDict:
     """A fresh, locked config holding every SFT key with its default (interpolations live)."""
-    config = _section(
+    config = section(
         data=_data(),
         model=_model(),
         optim=_optim(),

@@ -13,7 +13,7 @@ by ``data.custom_cls.path`` / ``.name``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -34,7 +34,47 @@ from jrl.data.prompts import (
 )
 
 
-class RLDataset:
+class ParquetRows:
+    """Rows read from parquet files, each remembering its file and row (for error messages)."""
+
+    rows: list[dict[str, Any]]
+    origins: list[tuple[str, int]]
+
+    def _read_tables(
+        self,
+        data_files: str | Sequence[str],
+        config_key: str,
+        cache_dir: str | None,
+        check: Callable[[str, pa.Table], None],
+    ) -> list[tuple[str, pa.Table]]:
+        """(file, table) of each of `data_files`, after `check(file, table)`; sets `origins`."""
+        tables = []
+        for origin in file_list(data_files, config_key):
+            table = read_parquet(local_path(origin, cache_dir, config_key), origin, config_key)
+            check(origin, table)
+            tables.append((origin, table))
+        self.origins = [(origin, i) for origin, table in tables for i in range(table.num_rows)]
+        return tables
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def _where(self, index: int) -> str:
+        origin, row = self.origins[index]
+        return f"{origin} row {row}"
+
+
+def check_sized(dataset: Any, name: str | None, path: str | None) -> None:
+    """Raises TypeError unless `dataset`, made by the data.custom_cls `name` from `path`, is
+    indexable and sized."""
+    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
+        raise TypeError(
+            f"data.custom_cls {name!r} from {path!r} made a {type(dataset).__name__}, which "
+            "lacks __len__ or __getitem__; a dataset must be indexable and sized"
+        )
+
+
+class RLDataset(ParquetRows):
     """Prompt rows for RL, indexed like a sequence: ``dataset[i]`` is one tokenised row (a dict).
 
     Args:
@@ -79,14 +119,14 @@ class RLDataset:
         if tokenizer.pad_token_id is None:
             raise ValueError("the tokenizer has no pad token; load it with jrl.data.load_tokenizer")
 
-        cache_dir = getattr(config, "cache_dir", None)
-        tables = []
-        for origin in file_list(data_files, config_key):
-            table = read_parquet(local_path(origin, cache_dir, config_key), origin, config_key)
-            self._check_columns(origin, table, getattr(config, "image_key", None), config_key)
-            tables.append((origin, table))
+        image_key = getattr(config, "image_key", None)
+        tables = self._read_tables(
+            data_files,
+            config_key,
+            getattr(config, "cache_dir", None),
+            lambda origin, table: self._check_columns(origin, table, image_key, config_key),
+        )
         self.rows = pa.concat_tables([t for _, t in tables], promote_options="default").to_pylist()
-        self.origins = [(origin, i) for origin, table in tables for i in range(table.num_rows)]
         self.messages = [
             chat_messages(row[self.prompt_key], self._where(i), self.prompt_key)
             for i, row in enumerate(self.rows)
@@ -134,13 +174,6 @@ class RLDataset:
                     "(data.image_key), but jrl's models are text-only; drop the column or "
                     "use text-only data"
                 )
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _where(self, index: int) -> str:
-        origin, row = self.origins[index]
-        return f"{origin} row {row}"
 
     def __getitem__(self, index: int) -> dict[str, Any]:
         """Row `index`: its columns (less the prompt column) plus the tokenised prompt fields."""
@@ -205,11 +238,7 @@ def create_rl_dataset(
     if "config_key" in inspect.signature(cls).parameters:
         kwargs["config_key"] = config_key
     dataset = cls(**kwargs)
-    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raise TypeError(
-            f"data.custom_cls {name!r} from {path!r} made a {type(dataset).__name__}, which "
-            "lacks __len__ or __getitem__; a dataset must be indexable and sized"
-        )
+    check_sized(dataset, name, path)
     return dataset
 
 

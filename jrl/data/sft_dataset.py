@@ -27,11 +27,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
 from jrl.data.extern import load_object
-from jrl.data.files import file_list, local_path, read_parquet
+from jrl.data.files import file_list
 from jrl.data.prompts import chat_messages, position_ids_from_mask, render_prompt
+from jrl.data.rl_dataset import ParquetRows, check_sized
 
 ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
@@ -54,7 +56,7 @@ def read_field(row: Mapping[str, Any], path: Sequence[str], where: str, what: st
     return value
 
 
-class SFTDataset:
+class SFTDataset(ParquetRows):
     """Rows for supervised fine-tuning, indexed like a sequence (``dataset[i]`` is a dict).
 
     Args:
@@ -95,29 +97,19 @@ class SFTDataset:
                 "data.prompt_key": self.prompt_path[0],
                 "data.response_key": self.response_path[0],
             }
-        tables = []
-        for origin in file_list(data_files, config_key):
-            table = read_parquet(
-                local_path(origin, config.get("cache_dir"), config_key), origin, config_key
-            )
+
+        def check(origin: str, table: pa.Table) -> None:
             for key, column in first_columns.items():
                 if column not in table.column_names:
                     raise KeyError(
                         f"{config_key}: {origin} has no column {column!r} ({key}); its columns "
                         f"are {', '.join(table.column_names)}"
                     )
-            tables.append((origin, table))
+
+        tables = self._read_tables(data_files, config_key, config.get("cache_dir"), check)
         self.rows = [row for _, table in tables for row in table.to_pylist()]
-        self.origins = [(origin, i) for origin, table in tables for i in range(table.num_rows)]
         if 0 < max_samples < len(self.rows):
             self.rows, self.origins = self.rows[:max_samples], self.origins[:max_samples]
-
-    def __len__(self) -> int:
-        return len(self.rows)
-
-    def _where(self, index: int) -> str:
-        origin, row = self.origins[index]
-        return f"{origin} row {row}"
 
     def _single_turn(self, row: Mapping[str, Any], where: str) -> tuple[list[int], list[int]]:
         prompt = read_field(row, self.prompt_path, where, "data.prompt_key / prompt_dict_keys")
@@ -224,9 +216,5 @@ def create_sft_dataset(
         config=config,
         max_samples=max_samples,
     )
-    if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raise TypeError(
-            f"data.custom_cls {name!r} from {path!r} made a {type(dataset).__name__}, which "
-            "lacks __len__ or __getitem__; a dataset must be indexable and sized"
-        )
+    check_sized(dataset, name, path)
     return dataset

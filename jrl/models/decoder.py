@@ -6,7 +6,7 @@ import dataclasses
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -188,20 +188,22 @@ class _DecoderModel(nnx.Module):
     """A backbone under the HF name `model`, shared by the heads."""
 
     def __init__(
-        self, config: ModelConfig, *, dtype: Any, param_dtype: Any, rngs: nnx.Rngs
+        self,
+        config: ModelConfig,
+        *,
+        dtype: Any = jnp.float32,
+        param_dtype: Any = jnp.float32,
+        rngs: nnx.Rngs,
     ) -> None:
         self.config = config
         self.dtype = dtype
         self.param_dtype = param_dtype
         self.model = Decoder(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
+        self._init_head(rngs)
 
-    def _score(self, hidden: jax.Array) -> jax.Array:
-        """The one-output `score` head at every position: [B, T] float32."""
-        kernel = self.score.kernel[...].astype(self.dtype)
-        out = jnp.dot(hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32)[..., 0]
-        if self.score.bias is not None:
-            out = out + self.score.bias[...].astype(jnp.float32)[0]
-        return out
+    def _init_head(self, rngs: nnx.Rngs) -> None:
+        """Creates the head on top of the backbone (each model kind has its own)."""
+        raise NotImplementedError
 
     def _head(self, features: int, use_bias: bool, rngs: nnx.Rngs) -> nnx.Module:
         """An output projection from the hidden size, initialised as HF does."""
@@ -262,18 +264,10 @@ def _pad_length(x: jax.Array | None, length: int) -> jax.Array | None:
 class CausalLM(_DecoderModel):
     """Decoder with a language-model head (tied to the embedding or separate)."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        dtype: Any = jnp.float32,
-        param_dtype: Any = jnp.float32,
-        rngs: nnx.Rngs,
-    ) -> None:
-        super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.lm_head = (
-            None if config.tie_word_embeddings else self._head(config.vocab_size, False, rngs)
-        )
+    def _init_head(self, rngs: nnx.Rngs) -> None:
+        """The LM head `lm_head` [D, V] (None when tied to the embedding)."""
+        c = self.config
+        self.lm_head = None if c.tie_word_embeddings else self._head(c.vocab_size, False, rngs)
 
     def __call__(
         self,
@@ -329,19 +323,28 @@ class CausalLM(_DecoderModel):
         return self.model(input_ids, position_ids, visibility, cache, offset)
 
 
-class ValueModel(_DecoderModel):
+class _ScoreModel(_DecoderModel):
+    """A backbone with a one-output linear head `score` (with a bias when `score_bias`)."""
+
+    score_bias: ClassVar[bool]
+
+    def _init_head(self, rngs: nnx.Rngs) -> None:
+        """The one-output head `score`."""
+        self.score = self._head(1, self.score_bias, rngs)
+
+    def _score(self, hidden: jax.Array) -> jax.Array:
+        """The one-output `score` head at every position: [B, T] float32."""
+        kernel = self.score.kernel[...].astype(self.dtype)
+        out = jnp.dot(hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32)[..., 0]
+        if self.score.bias is not None:
+            out = out + self.score.bias[...].astype(jnp.float32)[0]
+        return out
+
+
+class ValueModel(_ScoreModel):
     """Critic: decoder plus a one-output linear head `score` (HF token-classification layout)."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        dtype: Any = jnp.float32,
-        param_dtype: Any = jnp.float32,
-        rngs: nnx.Rngs,
-    ) -> None:
-        super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.score = self._head(1, True, rngs)
+    score_bias = True
 
     def __call__(
         self,
@@ -381,7 +384,7 @@ def last_valid_index(attention_mask: jax.Array) -> jax.Array:
     return jnp.argmax(positions * attention_mask.astype(jnp.int32), axis=-1)
 
 
-class RewardModel(_DecoderModel):
+class RewardModel(_ScoreModel):
     """Reward model: decoder plus a bias-free one-output head `score` (HF sequence-classification
     layout with num_labels=1).
 
@@ -392,16 +395,7 @@ class RewardModel(_DecoderModel):
     token and this model scores the masked-in one.
     """
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        *,
-        dtype: Any = jnp.float32,
-        param_dtype: Any = jnp.float32,
-        rngs: nnx.Rngs,
-    ) -> None:
-        super().__init__(config, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
-        self.score = self._head(1, False, rngs)
+    score_bias = False
 
     def token_scores(
         self,

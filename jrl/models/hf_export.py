@@ -14,8 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jrl.models.layers import Linear
-from jrl.models.weights import BASE_PARAMS, _to_hf_layout, hf_name
+from jrl.models.weights import base_parameters, hf_name, to_hf_layout
 
 if TYPE_CHECKING:
     import torch
@@ -35,18 +34,12 @@ def hf_arrays(
     `device` (default: the lowest-numbered device holding the parameter) and put in HF layout
     there: device-to-device copies only.
     """
-    adapted = {
-        path: module
-        for path, module in nnx.iter_modules(model)
-        if isinstance(module, Linear) and module.has_adapter
-    }
-    for path, var in nnx.to_flat_state(nnx.state(model, BASE_PARAMS)):
-        layer = adapted.get(path[:-1]) if path[-1] == "kernel" else None
-        value = layer.merged_kernel() if layer is not None else var.get_value()
+    for path, _, fetch in base_parameters(model):
+        value = fetch()
         if dtype is not None and jnp.issubdtype(value.dtype, jnp.floating):
             value = value.astype(dtype)
         value = jax.device_put(value, device or _first_device(value))
-        yield hf_name(path), _to_hf_layout(path, value)
+        yield hf_name(path), to_hf_layout(path, value)
 
 
 def torch_tensors(named: Iterable[tuple[str, jax.Array]]) -> Iterator[tuple[str, torch.Tensor]]:

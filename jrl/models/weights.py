@@ -7,7 +7,7 @@ stored [in, out] here and [out, in] in HF files, so they are transposed on the w
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import jax
@@ -37,12 +37,31 @@ def hf_name(path: tuple[Any, ...]) -> str:
     return ".".join(str(p) for p in path[:-1]) + "." + _LEAF_NAMES[path[-1]]
 
 
-def _to_hf_layout(path: tuple[Any, ...], array: Any) -> Any:
+def to_hf_layout(path: tuple[Any, ...], array: Any) -> Any:
+    """The parameter at `path` in HF layout: kernels transposed to [out, in], the rest as is."""
     return array.T if path[-1] == "kernel" else array
 
 
 def _hf_shape(path: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(shape[::-1]) if path[-1] == "kernel" else tuple(shape)
+
+
+def base_parameters(
+    model: nnx.Module,
+) -> Iterator[tuple[tuple[Any, ...], Any, Callable[[], Any]]]:
+    """(path, stored value, fetch) of each base parameter (no LoRA adapters); `fetch()` gives its
+    value with the layer's adapter merged in when it has one (W + A @ B * alpha / rank, computed
+    on its device)."""
+    adapted = {
+        path: module
+        for path, module in nnx.iter_modules(model)
+        if isinstance(module, Linear) and module.has_adapter
+    }
+    for path, var in nnx.to_flat_state(nnx.state(model, BASE_PARAMS)):
+        value = var.get_value()
+        layer = adapted.get(path[:-1]) if path[-1] == "kernel" else None
+        fetch = layer.merged_kernel if layer is not None else (lambda value=value: value)
+        yield path, value, fetch
 
 
 def hf_tensor_specs(model: nnx.Module) -> list[TensorSpec]:
@@ -51,27 +70,15 @@ def hf_tensor_specs(model: nnx.Module) -> list[TensorSpec]:
     A layer with a LoRA adapter is written as one plain kernel, W + A @ B * alpha / rank, merged
     on its device when fetched.
     """
-    adapted = {
-        path: module
-        for path, module in nnx.iter_modules(model)
-        if isinstance(module, Linear) and module.has_adapter
-    }
-    specs = []
-    for path, var in nnx.to_flat_state(nnx.state(model, BASE_PARAMS)):
-        value = var.get_value()
-        layer = adapted.get(path[:-1]) if path[-1] == "kernel" else None
-        fetch = layer.merged_kernel if layer is not None else (lambda value=value: value)
-        specs.append(
-            TensorSpec(
-                hf_name(path),
-                _hf_shape(path, value.shape),
-                np.dtype(value.dtype),
-                lambda path=path, fetch=fetch: np.asarray(
-                    _to_hf_layout(path, jax.device_get(fetch()))
-                ),
-            )
+    return [
+        TensorSpec(
+            hf_name(path),
+            _hf_shape(path, value.shape),
+            np.dtype(value.dtype),
+            lambda path=path, fetch=fetch: np.asarray(to_hf_layout(path, jax.device_get(fetch()))),
         )
-    return specs
+        for path, value, fetch in base_parameters(model)
+    ]
 
 
 def initial_score_head(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:

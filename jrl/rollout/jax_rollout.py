@@ -16,7 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 from jrl.batch import Batch
 from jrl.models import CausalLM
 from jrl.parallel import agreed_minimum, batch_sharding
-from jrl.rollout.layout import prompt_bucket, row_layout
+from jrl.rollout.layout import check_prompts, prompt_bucket, rollout_batch, row_layout
 from jrl.rollout.limits import (
     EngineLimits,
     SlotPlan,
@@ -27,8 +27,6 @@ from jrl.rollout.limits import (
 from jrl.rollout.sampler import SlotCache, cache_length, generate_tokens
 from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.tensor_parallel import cache_sharding, param_shardings, rollout_mesh
-
-_PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 
 
 class JaxRollout:
@@ -101,7 +99,13 @@ class JaxRollout:
         prompts' meta repeated. Responses are right-padded to `response_length`. Row i of the
         result draws its tokens from keys derived from (rng, i) only.
         """
-        self._check(prompts, sampling)
+        check_prompts(
+            prompts,
+            sampling,
+            response_length=self.response_length,
+            pad_token_id=self.pad_token_id,
+            pad_hint="; build it with JaxRollout.sampling_params",
+        )
         batch = prompts.repeat(sampling.n, interleave=True)
         mask = np.asarray(batch["attention_mask"])
         out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, rng)
@@ -109,22 +113,8 @@ class JaxRollout:
         fill = {"responses": self.pad_token_id, "response_mask": 0, "rollout_log_probs": 0.0}
         out = {k: jnp.pad(v, ((0, 0), (0, width)), constant_values=fill[k]) for k, v in out.items()}
 
-        ids = jnp.asarray(batch["input_ids"])
-        positions = jnp.asarray(batch["position_ids"])
-        steps = jnp.arange(1, self.response_length + 1, dtype=positions.dtype)
-        tensors = {
-            "prompts": ids,
-            "responses": out["responses"],
-            "response_mask": out["response_mask"],
-            "input_ids": jnp.concatenate([ids, out["responses"].astype(ids.dtype)], axis=1),
-            "attention_mask": jnp.concatenate(
-                [jnp.asarray(mask), out["response_mask"].astype(mask.dtype)], axis=1
-            ),
-            "position_ids": jnp.concatenate([positions, positions[:, -1:] + steps], axis=1),
-        }
-        if sampling.calculate_log_probs:
-            tensors["rollout_log_probs"] = out["rollout_log_probs"]
-        return Batch(tensors, batch.meta)
+        log_probs = out["rollout_log_probs"] if sampling.calculate_log_probs else None
+        return rollout_batch(batch, out["responses"], out["response_mask"], log_probs)
 
     def plan(self, rows: int, prompt_length: int, sampling: SamplingParams) -> SlotPlan:
         """The slot plan of a call with `rows` rows (per replica) of `prompt_length` tokens."""
@@ -200,31 +190,6 @@ class JaxRollout:
             self._budget = None if free is None else int(util * free)
             self._budget_measured = True
         return self._budget
-
-    def _check(self, prompts: Batch, sampling: SamplingParams) -> None:
-        missing = [k for k in _PROMPT_KEYS if k not in prompts.tensors]
-        if missing:
-            raise KeyError(f"prompt batch lacks tensors {missing}; it needs {list(_PROMPT_KEYS)}")
-        shapes = {k: tuple(prompts.tensors[k].shape) for k in _PROMPT_KEYS}
-        if len(set(shapes.values())) > 1 or len(shapes["input_ids"]) != 2:
-            raise ValueError(f"prompt tensors must all be [batch, prompt_length]; got {shapes}")
-        if sampling.max_new_tokens > self.response_length:
-            raise ValueError(
-                f"SamplingParams.max_new_tokens={sampling.max_new_tokens} exceeds the rollout's "
-                f"response_length={self.response_length}"
-            )
-        if sampling.pad_token_id != self.pad_token_id:
-            raise ValueError(
-                f"SamplingParams.pad_token_id={sampling.pad_token_id} differs from the rollout's "
-                f"pad_token_id={self.pad_token_id}; build it with JaxRollout.sampling_params"
-            )
-        last = np.asarray(prompts.tensors["attention_mask"])[:, -1]
-        bad = np.flatnonzero(last == 0)
-        if bad.size:
-            raise ValueError(
-                f"prompt rows {bad[:8].tolist()} end with padding (attention_mask 0 in the last "
-                "column); prompts must be left-padded and non-empty"
-            )
 
     def _place(self, state: nnx.State) -> nnx.State:
         """Matrices in the compute dtype, vectors as given; on the rollout's layout."""

@@ -96,20 +96,27 @@ def _decode_rows(
     return hidden, SlotCache(k, v)
 
 
+class _Request(NamedTuple):
+    """What `generate_tokens` hands each replica besides the model and the cache."""
+
+    prompt_ids: jax.Array  # [N, P] int32, left-padded
+    prompt_mask: jax.Array  # [N, P]
+    row_ids: jax.Array  # [N] each row's index in the call
+    real_rows: jax.Array  # [1] rows of this replica that are not padding
+    rng: jax.Array
+    continuous: jax.Array  # [] bool
+
+
 def _generate_replica(
     graphdef: nnx.GraphDef,
     state: nnx.State,
-    prompt_ids: jax.Array,
-    prompt_mask: jax.Array,
-    row_ids: jax.Array,
-    real_rows: jax.Array,
-    rng: jax.Array,
-    continuous: jax.Array,
+    request: _Request,
     cache: SlotCache,
     *,
     params: SamplingParams,
     plan: SlotPlan,
 ) -> tuple[jax.Array, jax.Array, jax.Array, SlotCache]:
+    prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous = request
     model = nnx.merge(graphdef, state)
     rows, prompt_len = prompt_ids.shape
     slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
@@ -240,17 +247,17 @@ def generate_tokens(
     """
     rows = PartitionSpec(batch_axes())
     slots = PartitionSpec(batch_axes())
+    request_specs = _Request(rows, rows, rows, rows, PartitionSpec(), PartitionSpec())
     run = jax.shard_map(
         functools.partial(_generate_replica, graphdef, params=params, plan=plan),
         mesh=mesh,
-        in_specs=(PartitionSpec(), rows, rows, rows, rows, PartitionSpec(), PartitionSpec(), slots),
+        in_specs=(PartitionSpec(), request_specs, slots),
         out_specs=(rows, rows, rows, slots),
         axis_names=frozenset(batch_axes()),
     )
     layout = cache_sharding(mesh, cache.k.shape[3])  # the kept cache keeps its layout
-    responses, log_probs, decode_steps, cache = run(
-        state, prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous, cache
-    )
+    request = _Request(prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous)
+    responses, log_probs, decode_steps, cache = run(state, request, cache)
     cache = jax.lax.with_sharding_constraint(cache, SlotCache(layout, layout))
     mask = response_mask(responses, params)
     out = {"responses": responses, "response_mask": mask, "rollout_log_probs": log_probs * mask}

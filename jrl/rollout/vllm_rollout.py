@@ -35,42 +35,13 @@ from flax import nnx
 from jrl.batch import Batch
 from jrl.models import CausalLM
 from jrl.models.hf_export import hf_torch_tensors
+from jrl.rollout.layout import check_prompts, rollout_batch
 from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.vllm_args import check_vllm_version, engine_kwargs, sampling_kwargs, vllm_dtype
 
-_PROMPT_KEYS = ("input_ids", "attention_mask", "position_ids")
 _SLEEP_LEVEL = 1
 _ALL_MEMORY = frozenset({"weights", "kv_cache"})
 _DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
-
-
-def check_prompts(
-    prompts: Batch, sampling: SamplingParams, *, response_length: int, pad_token_id: int
-) -> None:
-    """Raise unless `prompts` holds left-padded, non-empty [batch, prompt_length] prompt tensors
-    and `sampling` fits this engine's response length and pad token."""
-    missing = [k for k in _PROMPT_KEYS if k not in prompts.tensors]
-    if missing:
-        raise KeyError(f"prompt batch lacks tensors {missing}; it needs {list(_PROMPT_KEYS)}")
-    shapes = {k: tuple(prompts.tensors[k].shape) for k in _PROMPT_KEYS}
-    if len(set(shapes.values())) > 1 or len(shapes["input_ids"]) != 2:
-        raise ValueError(f"prompt tensors must all be [batch, prompt_length]; got {shapes}")
-    if sampling.max_new_tokens > response_length:
-        raise ValueError(
-            f"SamplingParams.max_new_tokens={sampling.max_new_tokens} exceeds the rollout's "
-            f"response_length={response_length}"
-        )
-    if sampling.pad_token_id != pad_token_id:
-        raise ValueError(
-            f"SamplingParams.pad_token_id={sampling.pad_token_id} differs from the rollout's "
-            f"pad_token_id={pad_token_id}"
-        )
-    bad = np.flatnonzero(np.asarray(prompts.tensors["attention_mask"])[:, -1] == 0)
-    if bad.size:
-        raise ValueError(
-            f"prompt rows {bad[:8].tolist()} end with padding (attention_mask 0 in the last "
-            "column); prompts must be left-padded and non-empty"
-        )
 
 
 def prompt_token_ids(input_ids: np.ndarray, attention_mask: np.ndarray) -> list[list[int]]:
@@ -128,26 +99,13 @@ def assemble_batch(
     for i, row in enumerate(tokens):
         responses[i, : len(row)] = row
         mask[i, : len(row)] = 1
-    ids = jnp.asarray(batch["input_ids"])
-    prompt_mask = jnp.asarray(batch["attention_mask"])
-    positions = jnp.asarray(batch["position_ids"])
-    steps = jnp.arange(1, response_length + 1, dtype=positions.dtype)
-    tensors = {
-        "prompts": ids,
-        "responses": jnp.asarray(responses),
-        "response_mask": jnp.asarray(mask),
-        "input_ids": jnp.concatenate([ids, jnp.asarray(responses, ids.dtype)], axis=1),
-        "attention_mask": jnp.concatenate(
-            [prompt_mask, jnp.asarray(mask, prompt_mask.dtype)], axis=1
-        ),
-        "position_ids": jnp.concatenate([positions, positions[:, -1:] + steps], axis=1),
-    }
+    values = None
     if log_probs is not None:
-        values = np.zeros((len(tokens), response_length), np.float32)
+        padded = np.zeros((len(tokens), response_length), np.float32)
         for i, row in enumerate(log_probs):
-            values[i, : len(row)] = row
-        tensors["rollout_log_probs"] = jnp.asarray(values)
-    return Batch(tensors, batch.meta)
+            padded[i, : len(row)] = row
+        values = jnp.asarray(padded)
+    return rollout_batch(batch, jnp.asarray(responses), jnp.asarray(mask), values)
 
 
 def check_memory_handover() -> None:

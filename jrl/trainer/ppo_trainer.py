@@ -37,6 +37,7 @@ from jrl.parallel import (
     make_mesh,
     score_per_process,
 )
+from jrl.parallel.devices import check_device
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import SamplingParams, log_prob_mismatch_metrics
 from jrl.trainer.balance import balance_batch
@@ -61,20 +62,6 @@ from jrl.trainer.reward_model import RewardModelScorer
 from jrl.trainer.stopping import StopRequest, check_losses_finite
 from jrl.trainer.tracking import Tracking
 from jrl.trainer.validation import select_val_generations, validation_metrics
-
-BACKENDS = {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}
-
-
-def check_device(config: Any) -> None:
-    """`trainer.device` must name the backend JAX runs on."""
-    wanted = str(config.trainer.device)
-    backend = jax.default_backend()
-    if BACKENDS.get(wanted) != backend:
-        raise ValueError(
-            f"trainer.device={wanted!r} but JAX runs on {backend!r}; set trainer.device="
-            f"{'cuda' if backend == 'gpu' else backend} "
-            "(or install the matching extra, e.g. jrl[cuda])"
-        )
 
 
 def retention(trainer: Any) -> dict[str, int | None]:

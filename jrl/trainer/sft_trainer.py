@@ -38,6 +38,7 @@ from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam, apply_lora, from_pretrained
 from jrl.models.decoder import set_memory_options
 from jrl.parallel import batch_sharding, make_mesh
+from jrl.parallel.devices import check_device
 from jrl.trainer.batching import forward_pass
 from jrl.trainer.checkpoint import (
     CheckpointManager,
@@ -49,7 +50,6 @@ from jrl.trainer.checkpoint import (
 )
 from jrl.trainer.packing import packing_plan
 from jrl.trainer.policy import compute_dtype, lora_settings, memory_options
-from jrl.trainer.ppo_trainer import check_device
 from jrl.trainer.sft_loss import row_nll, sft_loss, sft_tensors
 from jrl.trainer.sft_optim import make_sft_optimizer, sft_lr
 from jrl.trainer.stopping import StopRequest, check_losses_finite

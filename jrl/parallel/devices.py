@@ -1,0 +1,21 @@
+"""The backend a run asks for (``trainer.device``) against the one JAX runs on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+BACKENDS = {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}
+
+
+def check_device(config: Any) -> None:
+    """`trainer.device` must name the backend JAX runs on."""
+    wanted = str(config.trainer.device)
+    backend = jax.default_backend()
+    if BACKENDS.get(wanted) != backend:
+        raise ValueError(
+            f"trainer.device={wanted!r} but JAX runs on {backend!r}; set trainer.device="
+            f"{'cuda' if backend == 'gpu' else backend} "
+            "(or install the matching extra, e.g. jrl[cuda])"
+        )
