@@ -194,7 +194,15 @@ def update_split(section: Any, prefix: str, world: int, mesh: Mesh, packed: bool
 
 
 def actor_loss(
-    model, micro, norm, *, cfg, temperature: float, on_policy: bool, impl: str, packing=None
+    model,
+    micro,
+    norm,
+    *,
+    cfg,
+    temperature: float,
+    on_policy: bool,
+    impl: str = "naive",
+    packing=None,
 ):
     """Actor objective of one micro-batch, already divided by the mini-batch normaliser; log-probs
     by the kernel implementation `impl` (entropy only with ``entropy_coeff`` != 0)."""
