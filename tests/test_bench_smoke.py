@@ -91,23 +91,9 @@ def test_actor_update_memory_drops_with_fused_kernels():
     sys.path.insert(0, str(ROOT))
     from bench.actor_memory import update_memory
     from jrl.config import load_config
-    from jrl.models import ModelConfig
+    from tests.helpers import tiny_llama
 
-    model = ModelConfig(
-        vocab_size=65536,
-        hidden_size=64,
-        intermediate_size=128,
-        num_layers=1,
-        num_heads=2,
-        num_kv_heads=1,
-        head_dim=32,
-        tie_word_embeddings=True,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        attention_bias=True,
-        max_position_embeddings=128,
-        model_type="qwen2",
-    )
+    model = tiny_llama(vocab_size=65536, max_position_embeddings=128)
     sizes = [
         "data.max_prompt_length=16",
         "data.max_response_length=64",
