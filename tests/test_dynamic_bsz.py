@@ -19,7 +19,7 @@ from jrl.parallel import make_mesh, shard_params
 from jrl.trainer.dynamic_batching import TokenBudget, plan_micro_batches, token_minibatches
 from jrl.trainer.partition import karmarkar_karp
 from jrl.trainer.policy import Policy, actor_loss
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.train_state import TrainState, verl_row_order
 
 CONFIG = ModelConfig.from_hf(
     {
@@ -200,6 +200,45 @@ def test_dynamic_update_matches_fixed_micro_batches():
             np.testing.assert_allclose(history[key], fixed_history[key], rtol=1e-5, atol=1e-7)
         for a, b in zip(params, fixed_params, strict=True):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_verl_row_order_deals_local_mini_batches():
+    # 8 rows, 2 ranks (rows 0-3 and 4-7), mini-batches of 4: each takes 2 rows of each rank
+    np.testing.assert_array_equal(verl_row_order(8, 2, 4), [0, 1, 4, 5, 2, 3, 6, 7])
+    assert verl_row_order(8, 1, 4) is None and verl_row_order(8, 2, 8) is None
+    shuffled = verl_row_order(8, 2, 4, np.random.default_rng(0))
+    assert set(shuffled[:2]) | set(shuffled[4:6]) == {0, 1, 2, 3}  # rank 0 stays rank 0's
+    np.testing.assert_array_equal(  # one rank: the plain shuffle
+        verl_row_order(8, 1, 4, np.random.default_rng(0)), np.random.default_rng(0).permutation(8)
+    )
+
+
+@pytest.mark.parametrize("budget", [None, TokenBudget(40, "k")], ids=["fixed", "dynamic"])
+def test_two_ranks_update_on_verls_mini_batches(budget):
+    """Two optimizer steps on 2 data-parallel devices equal one device stepping through verl's
+    mini-batches (each rank's half of its own rows), not through consecutive rows."""
+    tensors = _batch(seed=6)
+    loss_fn = lambda *a, **k: actor_loss(  # noqa: E731
+        *a, cfg=_actor_cfg("token-mean"), temperature=1.0, on_policy=False, **k
+    )
+    split = {"micro_rows": 4} if budget is None else {"token_budget": budget}
+    common = dict(variant="tm", grad_clip=10.0, mini_rows=8, epochs=1, lr=0.5, **split)
+    params = {}
+    for name, devices, order in [
+        ("two ranks", 2, None),
+        ("verl order", 1, verl_row_order(16, 2, 8)),
+        ("in order", 1, None),
+    ]:
+        state = _state(make_mesh(devices))
+        rows = tensors if order is None else {k: v[order] for k, v in tensors.items()}
+        state.train(loss_fn, rows, **common)
+        params[name] = jax.tree.leaves(jax.device_get(state.params))
+    for a, b in zip(params["two ranks"], params["verl order"], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    gap = max(
+        np.abs(a - b).max() for a, b in zip(params["two ranks"], params["in order"], strict=True)
+    )
+    assert gap > 1e-4  # consecutive rows make different mini-batches
 
 
 def test_dynamic_forward_log_probs_match_in_row_order():

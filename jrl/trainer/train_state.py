@@ -8,6 +8,11 @@ by token budget (``use_dynamic_bsz``); a micro-batch without response tokens (pa
 is skipped. Gradients are clipped by global norm as
 torch's ``clip_grad_norm_`` does, and a non-finite norm skips the update.
 
+Mini-batches are verl's: the batch is dealt to the data-parallel ranks in contiguous chunks,
+each rank cuts its chunk (shuffled per epoch with ``shuffle``) into local mini-batches, and
+optimizer step k takes every rank's k-th local mini-batch (`verl_row_order`). With one rank, or
+one mini-batch, that is the batch in order.
+
 Only the parameters that the `trainable` filter selects (all of them by default; the LoRA adapters
 when LoRA is on) are differentiated, updated and given optimizer state. The rest stay frozen: they
 are inputs of the update, never outputs or donated buffers, so other roles (the LoRA reference) may
@@ -40,6 +45,7 @@ from jrl.parallel import (
     ON_DEVICE,
     Offload,
     batch_sharding,
+    data_parallel_size,
     param_shardings,
     put_global,
     replicated,
@@ -167,8 +173,9 @@ class TrainState:
     ) -> dict[str, list[float]]:
         """`epochs` passes over mini-batches, one optimizer step each.
 
-        Mini-batches are consecutive rows (verl's split), or, with `shuffle_seed` (the `shuffle`
-        key), rows permuted afresh each epoch by a generator seeded with (*shuffle_seed, epoch).
+        Mini-batches are verl's (`verl_row_order` over the mesh's data-parallel ranks), with
+        `shuffle_seed` (the `shuffle` key) each rank's rows permuted afresh each epoch by a
+        generator seeded with (*shuffle_seed, epoch).
         Each is split into micro-batches of `micro_rows`, or under `token_budget` (which then
         also says whether they are packed). `packing` (packed sequences, with `micro_rows`)
         plans each epoch's rows once they are in order, returning them with their plan and the
@@ -186,11 +193,13 @@ class TrainState:
         self.opt_state = self.optimizer_offload.fetch(self.opt_state, self.opt_shardings)
         history: dict[str, list[float]] = {}
         rows = next(iter(tensors.values())).shape[0]
+        ranks = data_parallel_size(self.mesh)
         for epoch in range(epochs):
-            epoch_tensors = tensors
+            rng = None
             if shuffle_seed is not None:
-                order = np.random.default_rng([*shuffle_seed, epoch]).permutation(rows)
-                epoch_tensors = {k: v[order] for k, v in tensors.items()}
+                rng = np.random.default_rng([*shuffle_seed, epoch])
+            order = verl_row_order(rows, ranks, mini_rows, rng)
+            epoch_tensors = tensors if order is None else {k: v[order] for k, v in tensors.items()}
             if dynamic:
                 split = token_minibatches(epoch_tensors, mini_rows, token_budget, self.mesh)
             else:
@@ -212,6 +221,26 @@ class TrainState:
         self.frozen = stored_frozen
         self.opt_state = self.optimizer_offload.store(self.opt_state, self.opt_shardings)
         return history
+
+
+def verl_row_order(
+    rows: int, ranks: int, mini_rows: int, rng: np.random.Generator | None = None
+) -> np.ndarray | None:
+    """The row order whose consecutive `mini_rows` slices are verl's mini-batches over `ranks`
+    data-parallel ranks: rank r holds the r-th contiguous chunk of the batch (permuted by `rng`
+    when given, as each rank's shuffle), cut into local mini-batches of ``mini_rows // ranks``
+    rows; mini-batch k is the ranks' k-th local mini-batches, rank after rank. None when that is
+    the batch in order; with one rank only the shuffle applies. Rows that do not split evenly
+    over the ranks keep their order (shuffled as one chunk)."""
+    if rows % ranks or mini_rows % ranks:
+        ranks = 1
+    if ranks == 1 or rows == mini_rows:
+        return None if rng is None else rng.permutation(rows)
+    chunks = np.arange(rows).reshape(ranks, rows // ranks)
+    if rng is not None:
+        chunks = np.stack([rng.permutation(chunk) for chunk in chunks])
+    local = chunks.reshape(ranks, -1, mini_rows // ranks)
+    return local.transpose(1, 0, 2).reshape(-1)
 
 
 def normalisers(mask: np.ndarray, loss_scale_factor: float | None) -> dict[str, jax.Array]:
