@@ -50,8 +50,9 @@ from jrl.config import load_config  # noqa: E402
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
 from jrl.parallel import make_mesh, param_shardings  # noqa: E402
+from jrl.trainer.log_probs import logprob_impl  # noqa: E402
 from jrl.trainer.optim import make_optimizer  # noqa: E402
-from jrl.trainer.policy import actor_loss, compute_dtype, logprob_impl, memory_options  # noqa: E402
+from jrl.trainer.policy import actor_loss, compute_dtype, memory_options  # noqa: E402
 from jrl.trainer.train_state import TrainState, build_update, normalisers  # noqa: E402
 from jrl_kernels import resolve_impl  # noqa: E402
 

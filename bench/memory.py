@@ -54,8 +54,8 @@ from flax import nnx  # noqa: E402
 
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
+from jrl.trainer.log_probs import response_log_probs  # noqa: E402
 from jrl.trainer.packing import PackLayout, with_packing  # noqa: E402
-from jrl.trainer.policy import response_log_probs  # noqa: E402
 from jrl_kernels import IMPLEMENTATIONS  # noqa: E402
 
 # Hugging Face config.json content of each shape, with its batch, prompt and response lengths and

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jrl.models import ModelConfig, from_pretrained, init_random, save_pretrained
-from jrl.trainer.policy import response_log_probs
+from jrl.trainer.log_probs import response_log_probs
 
 BASE = {
     "vocab_size": 96,
@@ -109,7 +109,7 @@ PPO_CARD = "configs/gsm8k_ppo.py:tiny"
 )
 def test_logprob_impl_follows_use_fused_kernels(overrides, actor, ref):
     from jrl.config import load_config
-    from jrl.trainer.policy import logprob_impl
+    from jrl.trainer.log_probs import logprob_impl
 
     config, _ = load_config([f"--config={PPO_CARD}", *overrides])
     arr = config.actor_rollout_ref

@@ -16,8 +16,8 @@ import numpy as np
 from jrl.batch import Batch
 from jrl.data.sft_dataset import ROW_KEYS
 from jrl.models import CausalLM
-from jrl.trainer.packing import PackLayout, response_window
-from jrl_kernels import logprob_entropy
+from jrl.trainer.log_probs import response_log_probs
+from jrl.trainer.packing import PackLayout
 
 
 def sft_tensors(batch: Batch) -> dict[str, np.ndarray]:
@@ -44,15 +44,8 @@ def target_log_probs(
 ) -> jax.Array:
     """log p(target) [B, L - 1] of every target of `tensors` under `model`, by the log-prob
     kernel `impl` (``naive`` materialises the logits; ``auto`` is the fused kernel)."""
-    width = tensors["responses"].shape[1]
-    hidden = response_window(model.hidden, tensors, width, packing)
-    log_prob, _ = logprob_entropy(
-        hidden,
-        model.lm_head_kernel(),
-        tensors["responses"],
-        1.0,
-        impl=impl,
-        softcap=model.config.final_logit_softcapping,
+    log_prob, _ = response_log_probs(
+        model, tensors, 1.0, packing, impl=impl, calculate_entropy=False
     )
     return log_prob
 
