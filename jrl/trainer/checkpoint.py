@@ -427,6 +427,13 @@ class CheckpointManager:
         fs.put(str(step_dir(self.root, step)) + "/", target, recursive=True)
         fs.pipe(f"{remote_root.rstrip('/')}/{TRACKER_FILE}", str(step).encode())
 
+    def latest(self) -> str:
+        """The newest complete checkpoint folder (after any save in progress), or "none": for
+        messages."""
+        self.wait()
+        step = read_tracker(self.root)
+        return "none" if step is None else str(self.root / f"global_step_{step}")
+
     def wait(self) -> None:
         """Blocks until the last save is complete; raises its error if it failed."""
         if self._finisher is not None:

@@ -45,7 +45,6 @@ from jrl.trainer.checkpoint import (
     CheckpointManager,
     RoleSnapshot,
     find_resume_dir,
-    read_tracker,
     restore_role,
     step_of,
 )
@@ -319,7 +318,7 @@ class PPOTrainer:
                     metrics.update(self.actor.update(batch, step))
                 with timer("update_weights", timing):
                     self.rollout.update_weights(self.actor.state.params)
-            check_losses_finite(metrics, step, self.last_checkpoint)
+            check_losses_finite(metrics, step, self.checkpoints.latest)
             last_step = step >= self.total_training_steps
             freq = config.trainer.test_freq
             if freq > 0 and (last_step or step % freq == 0):
@@ -396,13 +395,6 @@ class PPOTrainer:
         """verl's rule: ``save_freq`` > 0 and the step is a multiple of it or the last one."""
         freq = self.config.trainer.save_freq
         return freq > 0 and (step >= self.total_training_steps or step % freq == 0)
-
-    def last_checkpoint(self) -> str:
-        """The newest complete checkpoint (after any save in progress), for messages."""
-        self.checkpoints.wait()
-        root = Path(self.config.trainer.default_local_dir).absolute()
-        step = read_tracker(root)
-        return "none" if step is None else str(root / f"global_step_{step}")
 
     def save_checkpoint(self, step: int) -> None:
         """Starts writing ``global_step_<step>`` (actor, critic) in the background."""
@@ -483,7 +475,7 @@ class PPOTrainer:
             self.save_checkpoint(step)
         self.checkpoints.wait()
         print(
-            f"jrl: stopped after step {step} on {reason}; checkpoint: {self.last_checkpoint()}",
+            f"jrl: stopped after step {step} on {reason}; checkpoint: {self.checkpoints.latest()}",
             flush=True,
         )
 

@@ -44,7 +44,6 @@ from jrl.trainer.checkpoint import (
     CheckpointManager,
     RoleSnapshot,
     find_resume_dir,
-    read_tracker,
     restore_role,
     step_of,
 )
@@ -218,13 +217,6 @@ class SFTTrainer:
         freq = self.config.trainer.test_freq
         return step >= self.total_steps or (freq > 0 and step % freq == 0)
 
-    def last_checkpoint(self) -> str:
-        """The newest complete checkpoint (after any save in progress), for messages."""
-        self.checkpoints.wait()
-        root = Path(self.config.trainer.default_local_dir).absolute()
-        step = read_tracker(root)
-        return "none" if step is None else str(root / f"global_step_{step}")
-
     def save_checkpoint(self, step: int) -> None:
         """Starts writing ``global_step_<step>/actor`` in the background."""
         extra = {"global_step": step, "lr_step": step, "data_loader": self.train_loader.get_state()}
@@ -279,7 +271,7 @@ class SFTTrainer:
                 for batch in self.batches():
                     step += 1
                     last = self.train_step(batch, step)
-                    check_losses_finite(last, step, self.last_checkpoint)
+                    check_losses_finite(last, step, self.checkpoints.latest)
                     if self.validates_at(step):
                         last.update(self.validate())
                     if self.saves_at(step):
@@ -296,7 +288,7 @@ class SFTTrainer:
                             self.save_checkpoint(step)
                         print(
                             f"jrl: stopped after step {step} on {stop.signal_name}; checkpoint: "
-                            f"{self.last_checkpoint()}",
+                            f"{self.checkpoints.latest()}",
                             flush=True,
                         )
                         break
