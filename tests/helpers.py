@@ -41,6 +41,17 @@ def tiny_llama(**changes) -> ModelConfig:
     return dataclasses.replace(TINY_LLAMA, **changes)
 
 
+def flatten(tree: dict, prefix: str = "") -> dict:
+    """Dotted leaf path -> value of a nested dict (empty dicts are leaves)."""
+    flat = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def assert_finite(metrics: dict, keys: Iterable[str]) -> None:
     """Each of `keys` is in `metrics` and finite."""
     for key in keys:

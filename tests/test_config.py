@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import flatten
 
 from jrl.config import (
     ConfigError,
@@ -37,16 +38,6 @@ _BLOCK = re.compile(
 )
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _document_defaults() -> dict:
     """Leaf path -> value of every YAML block of the PPO part (before the evaluation config)."""
     lines = DOCUMENT.read_text(encoding="utf-8").split("评估配置")[0].splitlines()
@@ -59,7 +50,7 @@ def _document_defaults() -> dict:
         while end < len(lines) and (not lines[end].strip() or lines[end][0].isspace()):
             end += 1
         block = yaml.safe_load("\n".join(lines[start:end]))
-        flat.update(_flatten({"data": block} if "custom_cls" in block else block))
+        flat.update(flatten({"data": block} if "custom_cls" in block else block))
         start = end
     return flat
 

@@ -20,7 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from flax import nnx
-from helpers import tiny_llama
+from helpers import flatten, tiny_llama
 from sft_digits import SFT_CARD, digits_sft_args
 
 from jrl.assets import prepare_digits, prepare_tiny
@@ -59,16 +59,6 @@ FORWARD = ("input_ids", "attention_mask", "position_ids")
 # --- the document's SFT and evaluation sections ------------------------------------------------
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict:
-    flat = {}
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            flat.update(_flatten(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def _document_section(start: str, end: str) -> dict:
     """Leaf path -> value of every YAML block between the headings `start` and `end`."""
     text = DOCUMENT.read_text(encoding="utf-8")
@@ -81,7 +71,7 @@ def _document_section(start: str, end: str) -> dict:
         last = first + 1
         while last < len(lines) and (not lines[last].strip() or lines[last][0].isspace()):
             last += 1
-        flat.update(_flatten(yaml.safe_load("\n".join(lines[first:last]))))
+        flat.update(flatten(yaml.safe_load("\n".join(lines[first:last]))))
         first = last
     return flat
 
