@@ -164,7 +164,13 @@ def training_loss(
 
 def compiled_memory(loss: Callable[..., jax.Array], params: Any, tensors: Any) -> dict[str, int]:
     """XLA's memory statistics of the compiled value_and_grad of `loss`."""
-    stats = jax.jit(jax.value_and_grad(loss)).lower(params, tensors).compile().memory_analysis()
+    return memory_bytes(jax.jit(jax.value_and_grad(loss)).lower(params, tensors).compile())
+
+
+def memory_bytes(compiled: Any) -> dict[str, int]:
+    """A compiled program's memory analysis: temp, argument and output bytes, their peak (less
+    aliased, i.e. donated, buffers) and host temp bytes (offloaded activations)."""
+    stats = compiled.memory_analysis()
     out = {
         "temp_bytes": stats.temp_size_in_bytes,
         "argument_bytes": stats.argument_size_in_bytes,
