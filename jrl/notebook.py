@@ -102,6 +102,37 @@ def _read_lines(stream: Any, lines: queue.Queue) -> None:
     lines.put(None)
 
 
+class _Output:
+    """A command's output lines: the last ones kept for an error message, all written to the
+    log file (when there is one), the ``jrl:`` ones (or all, with `echo`) printed."""
+
+    def __init__(self, log_path: Path | None, echo: bool) -> None:
+        self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self.log = open(log_path, "w", encoding="utf-8") if log_path else None  # noqa: SIM115
+        self.echo = echo
+
+    def drain(self, lines: queue.Queue, seconds: float) -> bool:
+        """Takes the lines that arrive within `seconds`; True once the command's output ended."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = lines.get(timeout=left)
+            except queue.Empty:
+                return False
+            if line is None:
+                return True
+            self.tail.append(line)
+            if self.log is not None:
+                self.log.write(line + "\n")
+            if self.echo or line.startswith("jrl"):
+                print(line, flush=True)
+        return False
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
 def run(
     module: str,
     args: Sequence[str] = (),
@@ -128,11 +159,10 @@ def run(
     metrics_file = run_path / METRICS_FILE if run_path else None
     figures = live_figures(live)
     summary_keys = [key for figure in figures for key in figure.keys]
-    view, seen_steps, tail = _LiveView(), -1, collections.deque(maxlen=TAIL_LINES)
-    log = None
+    view, seen_steps = _LiveView(), -1
     if run_path is not None:
         run_path.mkdir(parents=True, exist_ok=True)
-        log = open(run_path / f"{module}.log", "w", encoding="utf-8")  # noqa: SIM115
+    output = _Output(run_path / f"{module}.log" if run_path else None, echo)
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
@@ -147,20 +177,7 @@ def run(
     finished = False
     try:
         while not finished:
-            deadline = time.monotonic() + poll_s
-            while time.monotonic() < deadline:
-                try:
-                    line = lines.get(timeout=max(0.0, deadline - time.monotonic()))
-                except queue.Empty:
-                    break
-                if line is None:
-                    finished = True
-                    break
-                tail.append(line)
-                if log is not None:
-                    log.write(line + "\n")
-                if echo or line.startswith("jrl"):
-                    print(line, flush=True)
+            finished = output.drain(lines, poll_s)
             if metrics_file is None or not metrics_file.is_file():
                 continue
             try:
@@ -177,14 +194,14 @@ def run(
                 if png is not None:
                     view.show(png)
     finally:
-        if log is not None:
-            log.close()
+        output.close()
         if process.poll() is None:  # interrupted (or failed) here: stop the command too
             process.terminate()
     status = process.wait()
     if status != 0:
         raise RuntimeError(
-            f"python -m {module} failed (exit status {status}); its last lines:\n" + "\n".join(tail)
+            f"python -m {module} failed (exit status {status}); its last lines:\n"
+            + "\n".join(output.tail)
         )
     if run_path is None:
         return {}
