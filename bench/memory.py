@@ -2,7 +2,7 @@
 
 One batch with heavy padding (prompts left-padded and responses right-padded to about half of
 their room, so about half the tokens are padding) goes through the policy's
-`jrl.trainer.policy.response_log_probs` with `--logprob-impl` (default `auto`; `naive`
+`jrl.trainer.log_probs.response_log_probs` with `--logprob-impl` (default `auto`; `naive`
 materialises the [tokens, vocab] logits, `chunked` does not); the loss is minus the mean log-prob
 of the response tokens and the gradient is taken over every parameter (`bench/actor_memory.py`
 measures the whole actor update instead). Variants:
