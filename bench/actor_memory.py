@@ -1,7 +1,7 @@
 """Device memory of the whole actor update with and without ``use_fused_kernels``.
 
-The update is the trainer's own: `jrl.trainer.train_state.build_update` around
-`jrl.trainer.policy.actor_loss` (clipped PPO objective, KL loss to the reference, AdamW step,
+The update is the trainer's own: `jrl.trainer.update.learner.build_update` around
+`jrl.trainer.roles.policy.actor_loss` (clipped PPO objective, KL loss to the reference, AdamW step,
 gradient clipping) for the ``configs/gsm8k_grpo.py`` card, with the role's log-prob
 implementation taken from the config exactly as `Policy.actor` does (`logprob_impl`):
 
@@ -50,10 +50,10 @@ from jrl.config import load_config  # noqa: E402
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
 from jrl.parallel import make_mesh, param_shardings  # noqa: E402
-from jrl.trainer.log_probs import logprob_impl  # noqa: E402
-from jrl.trainer.optim import make_optimizer  # noqa: E402
-from jrl.trainer.policy import actor_loss, compute_dtype, memory_options  # noqa: E402
-from jrl.trainer.train_state import TrainState, build_update, normalisers  # noqa: E402
+from jrl.trainer.roles.log_probs import logprob_impl  # noqa: E402
+from jrl.trainer.roles.policy import actor_loss, compute_dtype, memory_options  # noqa: E402
+from jrl.trainer.update.learner import TrainState, build_update, normalisers  # noqa: E402
+from jrl.trainer.update.optim import make_optimizer  # noqa: E402
 from jrl_kernels import resolve_impl  # noqa: E402
 
 CARD = str(ROOT / "configs" / "gsm8k_grpo.py")

@@ -54,15 +54,15 @@ from train_step import BETAS, LR, SHAPES, WEIGHT_DECAY  # noqa: E402
 
 from jrl.models import ModelConfig, init_random  # noqa: E402
 from jrl.parallel import make_mesh  # noqa: E402
-from jrl.trainer.checkpoint import (  # noqa: E402
+from jrl.trainer.io.checkpoint import (  # noqa: E402
     HF_FOLDER,
     CheckpointManager,
     RoleSnapshot,
     restore_role,
     step_dir,
 )
-from jrl.trainer.optim import make_optimizer  # noqa: E402
-from jrl.trainer.train_state import TrainState  # noqa: E402
+from jrl.trainer.update.learner import TrainState  # noqa: E402
+from jrl.trainer.update.optim import make_optimizer  # noqa: E402
 
 STEP = 1
 ROLE = "actor"

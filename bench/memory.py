@@ -2,7 +2,7 @@
 
 One batch with heavy padding (prompts left-padded and responses right-padded to about half of
 their room, so about half the tokens are padding) goes through the policy's
-`jrl.trainer.log_probs.response_log_probs` with `--logprob-impl` (default `auto`; `naive`
+`jrl.trainer.roles.log_probs.response_log_probs` with `--logprob-impl` (default `auto`; `naive`
 materialises the [tokens, vocab] logits, `chunked` does not); the loss is minus the mean log-prob
 of the response tokens and the gradient is taken over every parameter (`bench/actor_memory.py`
 measures the whole actor update instead). Variants:
@@ -54,8 +54,8 @@ from flax import nnx  # noqa: E402
 
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
-from jrl.trainer.log_probs import response_log_probs  # noqa: E402
-from jrl.trainer.packing import PackLayout, with_packing  # noqa: E402
+from jrl.trainer.roles.log_probs import response_log_probs  # noqa: E402
+from jrl.trainer.update.packing import PackLayout, with_packing  # noqa: E402
 from jrl_kernels import IMPLEMENTATIONS  # noqa: E402
 
 # Hugging Face config.json content of each shape, with its batch, prompt and response lengths and

@@ -210,8 +210,8 @@ def run_jrl(args: argparse.Namespace) -> dict[str, Any]:
 
     from jrl.models import ModelConfig, init_random
     from jrl.parallel import make_mesh
-    from jrl.trainer.optim import make_optimizer
-    from jrl.trainer.train_state import TrainState, build_update
+    from jrl.trainer.update.learner import TrainState, build_update
+    from jrl.trainer.update.optim import make_optimizer
     from jrl_kernels import logprob_entropy
 
     base_rss = rss_bytes()

@@ -64,7 +64,7 @@ def build_rollout(config: ConfigDict, tokenizer: Any) -> Any:
     from jrl.parallel.devices import check_device
     from jrl.rollout import EngineLimits, make_rollout
     from jrl.rollout.sampling import as_token_ids
-    from jrl.trainer.policy import compute_dtype
+    from jrl.trainer.roles.policy import compute_dtype
 
     check_device(config)
     mesh = make_mesh(config.trainer.nnodes * config.trainer.n_gpus_per_node)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jrl.plot import FIGURES, Figure, Series, draw_axis, figure_keys, read_metrics
-from jrl.trainer.tracking import METRICS_FILE
+from jrl.trainer.io.tracking import METRICS_FILE
 
 FIGURES_BY_NAME = {figure.name: figure for figure in FIGURES}
 DEFAULT_LIVE = ("reward", "response_length")

@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jrl.trainer.tracking import METRICS_FILE
+from jrl.trainer.io.tracking import METRICS_FILE
 
 PLOT_EXTRA = 'pip install "jrl[plot]"'
 

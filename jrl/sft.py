@@ -53,7 +53,7 @@ import time
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config.entry import INPUT_ERRORS, load_entry_config, run_entry
 from jrl.config.sft_defaults import sft_config, validate_sft
-from jrl.trainer.stopping import NonFiniteLossError
+from jrl.trainer.loop.stopping import NonFiniteLossError
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return {}
     config = load_entry_config(argv, sft_config, validate_sft)
     enable_compilation_cache()
-    from jrl.trainer.sft_trainer import SFTTrainer
+    from jrl.trainer.sft.trainer import SFTTrainer
 
     start = time.perf_counter()
     trainer = SFTTrainer(config)

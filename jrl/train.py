@@ -47,7 +47,7 @@ from jrl.compile_cache import enable_compilation_cache
 from jrl.config import ConfigError, load_config
 from jrl.parallel import distributed
 from jrl.plot import plot_after_training
-from jrl.trainer.stopping import NonFiniteLossError
+from jrl.trainer.loop.stopping import NonFiniteLossError
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     distributed.check_topology(config.trainer.nnodes, config.trainer.n_gpus_per_node)
     enable_compilation_cache()
     prepare_for(config)
-    from jrl.trainer.ppo_trainer import PPOTrainer
+    from jrl.trainer.ppo.trainer import PPOTrainer
 
     start = time.perf_counter()
     trainer = PPOTrainer(config)

@@ -9,8 +9,8 @@ import pytest
 
 from jrl import algos
 from jrl.batch import Batch
-from jrl.trainer.balance import balance_batch, balanced_order
-from jrl.trainer.partition import karmarkar_karp, workload
+from jrl.trainer.update.balance import balance_batch, balanced_order
+from jrl.trainer.update.partition import karmarkar_karp, workload
 
 
 def _batch(lengths: list[int], width: int = 64, group: int = 2) -> Batch:

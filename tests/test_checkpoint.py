@@ -26,7 +26,7 @@ from jrl.config import ConfigError, load_config
 from jrl.models import CausalLM, from_pretrained
 from jrl.parallel import make_mesh
 from jrl.parallel.mesh import MESH_AXES
-from jrl.trainer.checkpoint import (
+from jrl.trainer.io.checkpoint import (
     TRACKER_FILE,
     CheckpointError,
     CheckpointManager,
@@ -37,8 +37,8 @@ from jrl.trainer.checkpoint import (
     restore_role,
     step_dir,
 )
-from jrl.trainer.ppo_trainer import retention
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.ppo.trainer import retention
+from jrl.trainer.update.learner import TrainState
 
 REPO = Path(__file__).resolve().parents[1]
 PPO = f"--config={REPO / 'configs' / 'gsm8k_ppo.py'}:tiny"
@@ -207,7 +207,7 @@ def test_auto_falls_back_past_a_truncated_newest_step(ppo_run, tmp_path, caplog)
     run_dir = _copy_run(ppo_run, tmp_path)
     damaged = _largest_file(run_dir / "global_step_5" / "actor" / "model")
     _truncate(damaged)
-    with caplog.at_level(logging.WARNING, logger="jrl.trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="jrl.trainer.io.checkpoint"):
         metrics = _ppo(run_dir, "trainer.total_training_steps=5", "trainer.save_freq=5")
     warning = "\n".join(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert str(damaged) in warning

@@ -19,9 +19,9 @@ import pytest
 from jrl import train
 from jrl.config import load_config
 from jrl.parallel.distributed import Launch, launch_from_env
-from jrl.trainer.checkpoint import restore_role
-from jrl.trainer.ppo_trainer import PPOTrainer
-from jrl.trainer.tracking import Tracking
+from jrl.trainer.io.checkpoint import restore_role
+from jrl.trainer.io.tracking import Tracking
+from jrl.trainer.ppo.trainer import PPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 DEVICES = 4

@@ -16,10 +16,10 @@ from jrl.batch import Batch
 from jrl.config import ConfigError, default_config, load_config
 from jrl.models import ModelConfig, init_random
 from jrl.parallel import make_mesh, shard_params
-from jrl.trainer.dynamic_batching import TokenBudget, plan_micro_batches, token_minibatches
-from jrl.trainer.partition import karmarkar_karp
-from jrl.trainer.policy import Policy, actor_loss
-from jrl.trainer.train_state import TrainState, verl_row_order
+from jrl.trainer.roles.policy import Policy, actor_loss
+from jrl.trainer.update.dynamic_batching import TokenBudget, plan_micro_batches, token_minibatches
+from jrl.trainer.update.learner import TrainState, verl_row_order
+from jrl.trainer.update.partition import karmarkar_karp
 
 CONFIG = ModelConfig.from_hf(
     {

@@ -15,7 +15,7 @@ from helpers import one_tiny_ppo_step
 from ml_collections import ConfigDict
 
 from jrl import train
-from jrl.trainer.optim import lr_multiplier, make_optimizer, set_learning_rate
+from jrl.trainer.update.optim import lr_multiplier, make_optimizer, set_learning_rate
 
 
 def test_loop_keys_follow_verls_rules(tmp_path):

@@ -28,8 +28,8 @@ from jrl.models import (
 )
 from jrl.models.lora import adapted_modules, lora_targets
 from jrl.parallel import make_mesh
-from jrl.trainer.policy import Policy
-from jrl.trainer.train_state import TrainState, build_update
+from jrl.trainer.roles.policy import Policy
+from jrl.trainer.update.learner import TrainState, build_update
 
 HF = dict(
     model_type="qwen2",

@@ -20,11 +20,11 @@ from jrl.batch import Batch
 from jrl.models import ModelConfig, init_random
 from jrl.models.decoder import host_offload_supported, set_memory_options
 from jrl.parallel import make_mesh, shard_batch, shard_params
-from jrl.trainer.critic import response_values
-from jrl.trainer.log_probs import response_log_probs
-from jrl.trainer.packing import PACK_START, pack, packing_plan, plan_packing, with_packing
-from jrl.trainer.policy import Policy, memory_options
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.roles.critic import response_values
+from jrl.trainer.roles.log_probs import response_log_probs
+from jrl.trainer.roles.policy import Policy, memory_options
+from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.packing import PACK_START, pack, packing_plan, plan_packing, with_packing
 
 ROOT = Path(__file__).resolve().parents[1]
 # Gemma 2: sliding-window and global layers, soft-capped attention and logits.

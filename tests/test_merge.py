@@ -18,9 +18,9 @@ from jrl.assets import prepare_for
 from jrl.config import load_config
 from jrl.models import init_random
 from jrl.parallel import make_mesh
-from jrl.trainer.checkpoint import CheckpointManager, RoleSnapshot
-from jrl.trainer.ppo_trainer import PPOTrainer
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
+from jrl.trainer.ppo.trainer import PPOTrainer
+from jrl.trainer.update.learner import TrainState
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -20,8 +20,8 @@ from jrl.config import load_config
 from jrl.models import init_random
 from jrl.parallel import ON_DEVICE, Offload, make_mesh, memory_bytes
 from jrl.parallel.offload import HOST_MEMORY, host_memory_kind
-from jrl.trainer.ppo_trainer import PPOTrainer
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.ppo.trainer import PPOTrainer
+from jrl.trainer.update.learner import TrainState
 
 
 def _kinds(tree) -> set[str]:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from jrl.models import ModelConfig, from_pretrained, init_random, save_pretrained
-from jrl.trainer.log_probs import response_log_probs
+from jrl.trainer.roles.log_probs import response_log_probs
 
 BASE = {
     "vocab_size": 96,
@@ -109,7 +109,7 @@ PPO_CARD = "configs/gsm8k_ppo.py:tiny"
 )
 def test_logprob_impl_follows_use_fused_kernels(overrides, actor, ref):
     from jrl.config import load_config
-    from jrl.trainer.log_probs import logprob_impl
+    from jrl.trainer.roles.log_probs import logprob_impl
 
     config, _ = load_config([f"--config={PPO_CARD}", *overrides])
     arr = config.actor_rollout_ref
@@ -130,7 +130,7 @@ def test_unknown_impl_backend_is_a_config_error():
 @pytest.fixture
 def logprob_calls(monkeypatch):
     """Every (impl, entropy wanted) the policy roles pass to the real kernel entry point."""
-    from jrl.trainer import policy
+    from jrl.trainer.roles import policy
 
     calls = []
     real = policy.response_log_probs

@@ -95,7 +95,7 @@ def test_greedy_matches_transformers_generate(family, prompts, tmp_path):
 def test_bf16_log_probs_match_the_trainer(prompts, tmp_path):
     """A bf16 rollout (bf16 weights) against the trainer's recomputation: bf16 compute from fp32
     master weights, fused log-prob kernel."""
-    from jrl.trainer.log_probs import response_log_probs
+    from jrl.trainer.roles.log_probs import response_log_probs
 
     _hf_model("qwen2").save_pretrained(tmp_path, safe_serialization=True)
     model = from_pretrained(tmp_path, dtype=jnp.bfloat16, param_dtype=jnp.float32)
@@ -126,7 +126,7 @@ def test_decode_log_probs_match_the_trainer_in_fp32(prompts, tmp_path, impl):
     """The sampler's `calculate_log_probs` and the trainer's recomputation by each log-prob
     implementation (`use_fused_kernels` off: naive, on: chunked on a CPU) agree in fp32, softcap
     and temperature included; only the KV cache's summation order separates them."""
-    from jrl.trainer.log_probs import response_log_probs
+    from jrl.trainer.roles.log_probs import response_log_probs
 
     _hf_model("qwen2").save_pretrained(tmp_path, safe_serialization=True)
     model = from_pretrained(tmp_path, dtype=jnp.float32)

@@ -19,7 +19,7 @@ from jrl.config import load_config
 from jrl.models import init_random
 from jrl.models.layers import check_sequence_heads
 from jrl.parallel import batch_sharding, make_mesh, shard_params
-from jrl.trainer.policy import Policy
+from jrl.trainer.roles.policy import Policy
 
 ACTOR = "actor_rollout_ref.actor"
 

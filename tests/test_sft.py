@@ -41,14 +41,14 @@ from jrl.data.sft_dataset import SFTDataset, create_sft_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam, init_random
 from jrl.models.lora import adapted_modules, linear_layers
-from jrl.trainer.packing import with_packing
-from jrl.trainer.sft_loss import row_nll, sft_loss
-from jrl.trainer.sft_optim import (
+from jrl.trainer.sft.loss import row_nll, sft_loss
+from jrl.trainer.update.optim import (
     make_sft_optimizer,
     optimizer_family,
     sft_lr,
     wsd_multiplier,
 )
+from jrl.trainer.update.packing import with_packing
 
 REPO = Path(__file__).parents[1]
 DOCUMENT = Path(__file__).parents[2] / "shared" / "reference" / "000_6f542af57068b9ca.txt"
@@ -463,7 +463,7 @@ def test_loss_is_the_token_mean_cross_entropy_with_every_kernel_and_packing(
 def _trainer(run_dir: Path, *overrides: str):
     """An SFT trainer of the digits task (compiled programs shared through the persistent
     cache, as `python -m jrl.sft` shares them)."""
-    from jrl.trainer.sft_trainer import SFTTrainer
+    from jrl.trainer.sft.trainer import SFTTrainer
 
     enable_compilation_cache()
     return SFTTrainer(

@@ -14,10 +14,10 @@ from jrl.assets import prepare_tiny, tiny_paths
 from jrl.config import load_config
 from jrl.models import from_pretrained
 from jrl.parallel import make_mesh
-from jrl.trainer.checkpoint import problems, read_tracker, restore_role
-from jrl.trainer.optim import make_optimizer
-from jrl.trainer.stopping import NonFiniteLossError, StopRequest
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.io.checkpoint import problems, read_tracker, restore_role
+from jrl.trainer.loop.stopping import NonFiniteLossError, StopRequest
+from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.optim import make_optimizer
 
 QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 

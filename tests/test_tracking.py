@@ -15,9 +15,9 @@ from flax import nnx
 from jrl import train
 from jrl.models import ModelConfig, init_random
 from jrl.plot import plot_run
-from jrl.trainer.flops import dense_params, peak_flops, train_flops
-from jrl.trainer.metrics import memory_metrics, mfu_metrics
-from jrl.trainer.tracking import OPTIONAL_LOGGERS, Tracking, mlflow_metric_name
+from jrl.trainer.io.flops import dense_params, peak_flops, train_flops
+from jrl.trainer.io.metrics import memory_metrics, mfu_metrics
+from jrl.trainer.io.tracking import OPTIONAL_LOGGERS, Tracking, mlflow_metric_name
 
 VAL_KEY = "val-core/openai/gsm8k/reward/mean@1"
 LOGGER_ENV = (

@@ -16,7 +16,7 @@ from jrl import train
 from jrl.assets import prepare_for
 from jrl.batch import Batch
 from jrl.config import load_config
-from jrl.trainer.ppo_trainer import PPOTrainer
+from jrl.trainer.ppo.trainer import PPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
-from jrl.trainer.batching import minibatches, pad_rows
-from jrl.trainer.optim import lr_multiplier, warmup_steps
-from jrl.trainer.tracking import Tracking, format_console_line
+from jrl.trainer.io.tracking import Tracking, format_console_line
+from jrl.trainer.update.batching import minibatches, pad_rows
+from jrl.trainer.update.optim import lr_multiplier, warmup_steps
 
 
 def test_console_line_is_verls_format():
@@ -80,7 +80,7 @@ def test_train_state_shuffles_mini_batches_per_epoch_with_the_seed():
     from flax import nnx
 
     from jrl.parallel import make_mesh
-    from jrl.trainer.train_state import TrainState
+    from jrl.trainer.update.learner import TrainState
 
     sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0)
     state = TrainState.create(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), sgd, make_mesh(1))
@@ -109,7 +109,7 @@ def test_non_finite_gradient_skips_the_update_and_is_counted():
     from flax import nnx
 
     from jrl.parallel import make_mesh
-    from jrl.trainer.train_state import TrainState
+    from jrl.trainer.update.learner import TrainState
 
     sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
     state = TrainState.create(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), sgd, make_mesh(1))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from jrl.trainer.validation import (
+from jrl.trainer.ppo.validation import (
     answer_codes,
     majority_values,
     select_val_generations,

@@ -58,7 +58,7 @@ def _choices(config: ConfigDict) -> Iterator[str]:
         rules.append(("critic.loss_agg_mode", LOSS_AGG_MODES, ""))
     arr = config.actor_rollout_ref
     if arr.model.use_fused_kernels or arr.actor.get("use_fused_kernels"):
-        from jrl.trainer.log_probs import FUSED_KERNEL_IMPLS
+        from jrl.trainer.roles.log_probs import FUSED_KERNEL_IMPLS
 
         backends = tuple(FUSED_KERNEL_IMPLS)
         note = " (triton: the Pallas kernel, torch: chunked XLA)"

@@ -1,1 +1,3 @@
-"""Training loops: the PPO family (``PPOTrainer``) and its roles, metrics and loggers."""
+"""The trainers, by job: `loop` (the one fit loop), `ppo` and `sft` (the step each supplies),
+`roles` (the models a step uses), `update` (how a role is trained) and `io` (checkpoints,
+loggers, metrics)."""

@@ -21,8 +21,8 @@ from jrl.batch import Batch
 from jrl.config import n_gpus
 from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import batch_sharding
-from jrl.trainer.batching import forward_pass
-from jrl.trainer.policy import forward_split, load_model
+from jrl.trainer.roles.policy import forward_split, load_model
+from jrl.trainer.update.batching import forward_pass
 
 
 class RewardModelScorer:

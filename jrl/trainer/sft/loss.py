@@ -1,6 +1,6 @@
 """The SFT objective: cross-entropy of the tokens that the loss mask selects.
 
-An SFT batch reuses the RL layout of `jrl.trainer.train_state`: ``responses`` are the targets
+An SFT batch reuses the RL layout of `jrl.trainer.update.learner`: ``responses`` are the targets
 ``input_ids[:, 1:]`` and ``response_mask`` is ``loss_mask[:, 1:]``, so target t is predicted from
 position t and the update, packing (``use_remove_padding``) and global token normalisation are
 those of the RL trainer. The loss of a batch is the mean over every trained token of the batch
@@ -16,8 +16,8 @@ import numpy as np
 from jrl.batch import Batch
 from jrl.data.sft_dataset import ROW_KEYS
 from jrl.models import CausalLM
-from jrl.trainer.log_probs import response_log_probs
-from jrl.trainer.packing import PackLayout
+from jrl.trainer.roles.log_probs import response_log_probs
+from jrl.trainer.update.packing import PackLayout
 
 
 def sft_tensors(batch: Batch) -> dict[str, np.ndarray]:

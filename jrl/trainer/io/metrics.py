@@ -12,7 +12,7 @@ import numpy as np
 
 from jrl.batch import Batch
 from jrl.models.config import ModelConfig
-from jrl.trainer.flops import peak_flops, train_flops
+from jrl.trainer.io.flops import peak_flops, train_flops
 
 GB = 1024**3
 

@@ -40,7 +40,7 @@ from jrl.config.validate import CHECKPOINT_ITEMS as ITEMS
 from jrl.models import save_pretrained
 from jrl.models.safetensors_io import replace_directory
 from jrl.parallel.distributed import shared_token
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.update.learner import TrainState
 
 log = logging.getLogger(__name__)
 

@@ -51,8 +51,9 @@ from jrl.parallel import (
     replicated,
     shard_params,
 )
-from jrl.trainer.batching import PackingPlan, fixed_minibatches
-from jrl.trainer.dynamic_batching import TokenBudget, token_minibatches
+from jrl.trainer.update.batching import PackingPlan, fixed_minibatches
+from jrl.trainer.update.dynamic_batching import TokenBudget, token_minibatches
+from jrl.trainer.update.optim import set_learning_rate
 
 # loss_fn(model, micro_batch, normaliser) -> (loss, {metric_name: contribution})
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
@@ -294,7 +295,7 @@ def build_update(
         finite = jnp.isfinite(grad_norm)
         scale = jnp.minimum(1.0, grad_clip / (grad_norm + 1e-6))
         grads = jax.tree.map(lambda g: g * scale, grads)
-        opt_state.hyperparams["learning_rate"] = jnp.asarray(lr, jnp.float32)
+        opt_state = set_learning_rate(opt_state, jnp.asarray(lr, jnp.float32))
         updates, new_opt_state = state.tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731

@@ -1,5 +1,5 @@
 """Host-side batching: padding rows to a multiple, forward chunks and PPO mini/micro-batches,
-by row counts or by token budget (`jrl.trainer.dynamic_batching`)."""
+by row counts or by token budget (`jrl.trainer.update.dynamic_batching`)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jrl.parallel import host_array, shard_batch
-from jrl.trainer.dynamic_batching import TokenBudget, budget_forward
-from jrl.trainer.packing import PackLayout, with_packing
+from jrl.trainer.update.dynamic_batching import TokenBudget, budget_forward
+from jrl.trainer.update.packing import PackLayout, with_packing
 
 # forward(micro_batch, packed layout or None) -> per-row outputs
 Forward = Callable[[dict[str, jax.Array], PackLayout | None], Any]

@@ -12,7 +12,7 @@ learning rate times 1000), ``train/grad_norm``, ``train/time(s)``, ``val/loss``.
 The loss is normalised by the trained tokens of the whole batch on every device (verl's
 ``data.balance_dp_token=True``), whatever the key's value, so splitting into micro-batches or
 devices never changes the gradient. Checkpoints hold the trained model as the ``actor`` role of
-`jrl.trainer.checkpoint` (``python -m jrl.merge`` reads them like an RL actor).
+`jrl.trainer.io.checkpoint` (``python -m jrl.merge`` reads them like an RL actor).
 """
 
 from __future__ import annotations
@@ -39,21 +39,21 @@ from jrl.models import LoRAParam, apply_lora, from_pretrained
 from jrl.models.decoder import set_memory_options
 from jrl.parallel import batch_sharding, make_mesh
 from jrl.parallel.devices import check_device
-from jrl.trainer.batching import forward_pass
-from jrl.trainer.checkpoint import (
+from jrl.trainer.io.checkpoint import (
     CheckpointManager,
     RoleSnapshot,
     find_resume_dir,
     restore_role,
     step_of,
 )
-from jrl.trainer.packing import packing_plan
-from jrl.trainer.policy import compute_dtype, lora_settings, memory_options
-from jrl.trainer.sft_loss import row_nll, sft_loss, sft_tensors
-from jrl.trainer.sft_optim import make_sft_optimizer, sft_lr
-from jrl.trainer.stopping import StopRequest, check_losses_finite
-from jrl.trainer.tracking import Tracking
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.io.tracking import Tracking
+from jrl.trainer.loop.stopping import StopRequest, check_losses_finite
+from jrl.trainer.roles.policy import compute_dtype, lora_settings, memory_options
+from jrl.trainer.sft.loss import row_nll, sft_loss, sft_tensors
+from jrl.trainer.update.batching import forward_pass
+from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.optim import make_sft_optimizer, sft_lr
+from jrl.trainer.update.packing import packing_plan
 
 ROLE = "actor"
 STRATEGIES = ("fsdp", "fsdp2")

@@ -46,12 +46,12 @@ from jrl.parallel import (
     shard_params,
 )
 from jrl.rollout import EngineLimits, make_rollout
-from jrl.trainer.batching import forward_pass
-from jrl.trainer.dynamic_batching import TokenBudget
-from jrl.trainer.log_probs import logprob_impl, response_log_probs
-from jrl.trainer.optim import lr_multiplier, make_optimizer
-from jrl.trainer.packing import packing_plan
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.roles.log_probs import logprob_impl, response_log_probs
+from jrl.trainer.update.batching import forward_pass
+from jrl.trainer.update.dynamic_batching import TokenBudget
+from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.optim import lr_multiplier, make_optimizer
+from jrl.trainer.update.packing import packing_plan
 
 DTYPES = {
     "float32": jnp.float32,

@@ -19,10 +19,7 @@ from jax.sharding import Mesh
 from jrl import algos
 from jrl.batch import Batch
 from jrl.parallel import batch_sharding, data_parallel_size, on_mesh, sequence_parallel_size
-from jrl.trainer.batching import forward_pass
-from jrl.trainer.optim import lr_multiplier, make_optimizer
-from jrl.trainer.packing import PackLayout, response_window
-from jrl.trainer.policy import (
+from jrl.trainer.roles.policy import (
     check_heads,
     forward_split,
     load_model,
@@ -31,7 +28,10 @@ from jrl.trainer.policy import (
     shuffle_seed,
     update_split,
 )
-from jrl.trainer.train_state import TrainState
+from jrl.trainer.update.batching import forward_pass
+from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.optim import lr_multiplier, make_optimizer
+from jrl.trainer.update.packing import PackLayout, response_window
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
 
@@ -40,7 +40,7 @@ def response_values(
     model: Any, tensors: dict[str, jax.Array], packing: PackLayout | None = None
 ) -> jax.Array:
     """Values [B, R] of the response tokens (positions ``-R-1 .. -2``), zero where masked; with
-    `packing` the model runs on packed rows (see `jrl.trainer.packing`)."""
+    `packing` the model runs on packed rows (see `jrl.trainer.update.packing`)."""
     width = tensors["response_mask"].shape[1]
     return response_window(model, tensors, width, packing) * tensors["response_mask"]
 

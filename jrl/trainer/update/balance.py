@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from jrl.batch import Batch
-from jrl.trainer.partition import karmarkar_karp, workload
+from jrl.trainer.update.partition import karmarkar_karp, workload
 
 
 def balanced_order(lengths: Sequence[int], dp_size: int) -> list[list[int]]:

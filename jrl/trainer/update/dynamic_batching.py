@@ -28,8 +28,14 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jrl.parallel import host_array, shard_batch
-from jrl.trainer.packing import PACK_START, PackLayout, batch_shards, first_fit, packed_sharding
-from jrl.trainer.partition import karmarkar_karp, workload
+from jrl.trainer.update.packing import (
+    PACK_START,
+    PackLayout,
+    batch_shards,
+    first_fit,
+    packed_sharding,
+)
+from jrl.trainer.update.partition import karmarkar_karp, workload
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from jrl.models import CausalLM
-from jrl.trainer.packing import PackLayout, response_window
+from jrl.trainer.update.packing import PackLayout, response_window
 from jrl_kernels import logprob_entropy
 
 # `jrl_kernels.logprob_entropy` implementation of each ``fused_kernel_options.impl_backend``:
@@ -50,7 +50,7 @@ def response_log_probs(
     """Per-token log-prob and entropy [B, R] of `responses` under `model` at `temperature` by
     the `jrl_kernels.logprob_entropy` implementation `impl` (entropy None unless
     `calculate_entropy`); with `packing` the model runs on packed rows (see
-    `jrl.trainer.packing`)."""
+    `jrl.trainer.update.packing`)."""
     width = tensors["responses"].shape[1]
     hidden = response_window(model.hidden, tensors, width, packing)
     log_prob, entropy = logprob_entropy(

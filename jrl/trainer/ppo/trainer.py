@@ -40,27 +40,27 @@ from jrl.parallel import (
 from jrl.parallel.devices import check_device
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import SamplingParams, log_prob_mismatch_metrics
-from jrl.trainer.balance import balance_batch
-from jrl.trainer.checkpoint import (
+from jrl.trainer.io.checkpoint import (
     CheckpointManager,
     RoleSnapshot,
     find_resume_dir,
     restore_role,
     step_of,
 )
-from jrl.trainer.critic import Critic
-from jrl.trainer.metrics import (
+from jrl.trainer.io.metrics import (
     data_metrics,
     memory_metrics,
     mfu_metrics,
     throughput_metrics,
     timer,
 )
-from jrl.trainer.policy import Policy, build_rollout, lora_settings
-from jrl.trainer.reward_model import RewardModelScorer
-from jrl.trainer.stopping import StopRequest, check_losses_finite
-from jrl.trainer.tracking import Tracking
-from jrl.trainer.validation import select_val_generations, validation_metrics
+from jrl.trainer.io.tracking import Tracking
+from jrl.trainer.loop.stopping import StopRequest, check_losses_finite
+from jrl.trainer.ppo.validation import select_val_generations, validation_metrics
+from jrl.trainer.roles.critic import Critic
+from jrl.trainer.roles.policy import Policy, build_rollout, lora_settings
+from jrl.trainer.roles.reward_model import RewardModelScorer
+from jrl.trainer.update.balance import balance_batch
 
 
 def retention(trainer: Any) -> dict[str, int | None]:

@@ -1,0 +1,1 @@
+"""What a run writes: checkpoints, loggers (tracking) and the metrics it computes."""

@@ -1,0 +1,1 @@
+"""Supervised fine-tuning (verl's SFT trainer): its step and its loss."""
