@@ -1,9 +1,9 @@
 """Device memory of the whole actor update with and without ``use_fused_kernels``.
 
 The update is the trainer's own: `jrl.trainer.update.learner.build_update` around
-`jrl.trainer.roles.policy.actor_loss` (clipped PPO objective, KL loss to the reference, AdamW step,
+`jrl.trainer.roles.actor.ActorLoss` (clipped PPO objective, KL loss to the reference, AdamW step,
 gradient clipping) for the ``configs/gsm8k_grpo.py`` card, with the role's log-prob
-implementation taken from the config exactly as `Policy.actor` does (`logprob_impl`):
+implementation taken from the config exactly as `Actor.from_config` does (`logprob_impl`):
 
 - ``use_fused_kernels=False`` (the baseline): ``naive``, the [tokens, vocab] logits materialised;
 - ``use_fused_kernels=True``, ``impl_backend=torch``: ``chunked`` (XLA loop over vocabulary chunks);
@@ -29,7 +29,6 @@ and keeps attention scores), so on a CPU `saved_gb` is the figure that speaks, n
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 from pathlib import Path
@@ -50,9 +49,10 @@ from jrl.config import load_config  # noqa: E402
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
 from jrl.parallel import make_mesh, param_shardings  # noqa: E402
+from jrl.trainer.roles.actor import ActorLoss  # noqa: E402
 from jrl.trainer.roles.log_probs import logprob_impl  # noqa: E402
-from jrl.trainer.roles.policy import actor_loss, compute_dtype, memory_options  # noqa: E402
-from jrl.trainer.update.learner import TrainState, build_update, normalisers  # noqa: E402
+from jrl.trainer.roles.specs import ModelSpec  # noqa: E402
+from jrl.trainer.update.learner import Learner, build_update, normalisers  # noqa: E402
 from jrl.trainer.update.optim import make_optimizer  # noqa: E402
 from jrl_kernels import resolve_impl  # noqa: E402
 
@@ -68,22 +68,22 @@ VARIANTS = (
 GIB = 1024**3
 
 
-def abstract_state(config: Any, model_config: ModelConfig) -> TrainState:
-    """The actor's `TrainState` on one device with abstract parameters and optimizer state."""
+def abstract_state(config: Any, model_config: ModelConfig) -> Learner:
+    """The actor's `Learner` on one device with abstract parameters and optimizer state."""
     arr = config.actor_rollout_ref
-    fsdp = arr.actor.fsdp_config
-    dtype = compute_dtype(fsdp.get("dtype", "bfloat16"))
-    param_dtype = compute_dtype(fsdp.get("model_dtype", "fp32"))
+    spec = ModelSpec.resolve(arr.model, arr.actor.fsdp_config)
     model = nnx.eval_shape(
-        lambda: CausalLM(model_config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(0))
+        lambda: CausalLM(
+            model_config, dtype=spec.dtype, param_dtype=spec.param_dtype, rngs=nnx.Rngs(0)
+        )
     )
-    set_memory_options(model, **memory_options(arr.model))
+    set_memory_options(model, **spec.memory_options())
     graphdef, trainable, frozen = nnx.split(model, nnx.Param, ...)
     tx = make_optimizer(arr.actor.optim)
     opt_state = jax.eval_shape(tx.init, trainable)
     mesh = make_mesh(1)
     shardings = [param_shardings(tree, mesh) for tree in (trainable, frozen, opt_state)]
-    return TrainState(graphdef, trainable, frozen, opt_state, tx, mesh, *shardings)
+    return Learner(graphdef, trainable, frozen, opt_state, tx, mesh, *shardings)
 
 
 def actor_minibatch(config: Any, vocab: int, micro_batches: int) -> dict[str, np.ndarray]:
@@ -105,13 +105,7 @@ def update_memory(config: Any, model_config: ModelConfig, micro_batches: int) ->
     """Compiled memory statistics of one actor update under `config`."""
     arr = config.actor_rollout_ref
     state = abstract_state(config, model_config)
-    loss = functools.partial(
-        actor_loss,
-        cfg=arr.actor,
-        temperature=arr.rollout.temperature,
-        on_policy=False,
-        impl=logprob_impl(arr, "actor"),
-    )
+    loss = ActorLoss.resolve(arr.actor, arr.rollout.temperature, logprob_impl(arr, "actor"))
     minibatch = actor_minibatch(config, model_config.vocab_size, micro_batches)
     norm = normalisers(minibatch["response_mask"], arr.actor.loss_scale_factor)
     update = build_update(state, loss, arr.actor.grad_clip, minibatch)

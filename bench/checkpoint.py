@@ -61,7 +61,7 @@ from jrl.trainer.io.checkpoint import (  # noqa: E402
     restore_role,
     step_dir,
 )
-from jrl.trainer.update.learner import TrainState  # noqa: E402
+from jrl.trainer.update.learner import Learner  # noqa: E402
 from jrl.trainer.update.optim import make_optimizer  # noqa: E402
 
 STEP = 1
@@ -69,15 +69,15 @@ ROLE = "actor"
 EXTRA = {"global_step": STEP, "lr_step": STEP, "data": {"epoch": 0, "index": 0}}
 
 
-def build_state(shape: str, devices: int, seed: int) -> TrainState:
+def build_state(shape: str, devices: int, seed: int) -> Learner:
     """A random-init fp32 causal LM of the shape with AdamW state, FSDP-sharded on `devices`."""
     config = ModelConfig.from_hf(SHAPES[shape]["config"])
     model = init_random(config, seed=seed, dtype=jnp.float32, param_dtype=jnp.float32)
     optim = ConfigDict({"lr": LR, "betas": BETAS, "weight_decay": WEIGHT_DECAY})
-    return TrainState.create(model, make_optimizer(optim), make_mesh(devices, fsdp_size=-1))
+    return Learner.create(model, make_optimizer(optim), make_mesh(devices, fsdp_size=-1))
 
 
-def fill_moments(state: TrainState) -> None:
+def fill_moments(state: Learner) -> None:
     """One AdamW update of the optimizer state (only), the parameters standing in for the
     gradient, so that the moments and the step count are not zeros."""
 
@@ -85,10 +85,10 @@ def fill_moments(state: TrainState) -> None:
         return state.tx.update(params, opt_state, params)[1]
 
     step = jax.jit(advance, out_shardings=state.opt_shardings, donate_argnums=1)
-    state.opt_state = jax.block_until_ready(step(state.trainable, state.opt_state))
+    state.load(optimizer=jax.block_until_ready(step(state.trainable, state.opt_state)))
 
 
-def saved_tree(state: TrainState) -> dict[str, Any]:
+def saved_tree(state: Learner) -> dict[str, Any]:
     """What both writers save: the parameters and the optimizer state."""
     return {"params": state.params.to_pure_dict(), "optimizer": state.opt_state}
 
@@ -104,7 +104,7 @@ def digests(tree: Any) -> list[str]:
     return out
 
 
-def matches(state: TrainState, params: list[str], optimizer: list[str]) -> dict[str, bool]:
+def matches(state: Learner, params: list[str], optimizer: list[str]) -> dict[str, bool]:
     """Whether the state's parameters and optimizer state have the given digests."""
     tree = saved_tree(state)
     return {
@@ -138,7 +138,7 @@ def seconds(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def jrl_save(state: TrainState, root: Path, hf_model: bool) -> dict[str, Any]:
+def jrl_save(state: Learner, root: Path, hf_model: bool) -> dict[str, Any]:
     """Saves the state with CheckpointManager; returns times and the bytes of each part."""
     items = ["model", "optimizer", "extra"] + (["hf_model"] if hf_model else [])
     manager = CheckpointManager(root)
@@ -163,7 +163,7 @@ def jrl_save(state: TrainState, root: Path, hf_model: bool) -> dict[str, Any]:
     }
 
 
-def jrl_restore(root: Path, state: TrainState) -> float:
+def jrl_restore(root: Path, state: Learner) -> float:
     """Seconds to restore the saved role into `state` with restore_role (arrays ready)."""
 
     def restore() -> None:

@@ -203,14 +203,14 @@ def record(
 
 
 def run_jrl(args: argparse.Namespace) -> dict[str, Any]:
-    """jrl's own jitted update (TrainState + build_update) on one device."""
+    """jrl's own jitted update (Learner + build_update) on one device."""
     import jax
     import jax.numpy as jnp
     from ml_collections import ConfigDict
 
     from jrl.models import ModelConfig, init_random
     from jrl.parallel import make_mesh
-    from jrl.trainer.update.learner import TrainState, build_update
+    from jrl.trainer.update.learner import Learner, build_update
     from jrl.trainer.update.optim import make_optimizer
     from jrl_kernels import logprob_entropy
 
@@ -219,7 +219,7 @@ def run_jrl(args: argparse.Namespace) -> dict[str, Any]:
     compute = jnp.bfloat16 if args.dtype == "bf16" else jnp.float32
     model = init_random(ModelConfig.from_hf(hf), dtype=compute, param_dtype=jnp.float32)
     optim = ConfigDict({"lr": LR, "betas": BETAS, "weight_decay": WEIGHT_DECAY})
-    state = TrainState.create(model, make_optimizer(optim), make_mesh(1))
+    state = Learner.create(model, make_optimizer(optim), make_mesh(1))
     del model
 
     def loss_fn(model, micro, normaliser):

@@ -60,15 +60,15 @@ def prompt_dataset(config: ConfigDict, tokenizer: Any) -> Any:
 def build_rollout(config: ConfigDict, tokenizer: Any) -> Any:
     """The rollout engine of ``rollout.name`` with the model of ``model.path`` on the mesh."""
     from jrl.models import from_pretrained
+    from jrl.models.dtypes import parse_dtype
     from jrl.parallel import make_mesh
     from jrl.parallel.devices import check_device
     from jrl.rollout import EngineLimits, make_rollout
     from jrl.rollout.sampling import as_token_ids
-    from jrl.trainer.roles.policy import compute_dtype
 
     check_device(config)
     mesh = make_mesh(config.trainer.nnodes * config.trainer.n_gpus_per_node)
-    dtype = compute_dtype(config.rollout.dtype)
+    dtype = parse_dtype(config.rollout.dtype)
     model = from_pretrained(
         config.model.path,
         dtype=dtype,

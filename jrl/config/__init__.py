@@ -13,6 +13,7 @@ from jrl.config.loading import load_config, load_config_file, to_yaml
 from jrl.config.overrides import apply_overrides, parse_command_line
 from jrl.config.presets import apply_preset, apply_sft_preset
 from jrl.config.sft_defaults import sft_config
+from jrl.config.tree import frozen
 from jrl.config.validate import n_gpus, uses_critic, uses_reference, validate
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "apply_sft_preset",
     "default_config",
     "evaluation_config",
+    "frozen",
     "generation_config",
     "load_config",
     "load_config_file",

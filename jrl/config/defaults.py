@@ -145,6 +145,9 @@ def _fsdp(**changes: Any) -> ConfigDict:
         offload_policy=False,
         reshard_after_forward=True,
         fsdp_size=-1,
+        # jrl's own: devices that split each parameter tensor-parallel (the mesh's `tensor`
+        # axis, `jrl.parallel.TRAINING_RULES`: heads, MLP and vocabulary); 1 turns it off.
+        tensor_parallel_size=1,
         forward_prefetch=False,
         model_dtype="fp32",
         use_orig_params=False,

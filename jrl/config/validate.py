@@ -18,6 +18,10 @@ ROLLOUT_NAMES = ("jax", "vllm")
 TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
 CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
+# `jrl_kernels.logprob_entropy` implementation of each ``fused_kernel_options.impl_backend``:
+# triton -> the Pallas kernel of the backend (auto: Pallas TPU / GPU where it runs, else chunked),
+# torch -> the chunked XLA loop (portable).
+FUSED_KERNEL_IMPLS = {"triton": "auto", "torch": "chunked"}
 _GPUS = "trainer.nnodes * trainer.n_gpus_per_node"
 _N = "actor_rollout_ref.rollout.n"
 
@@ -57,9 +61,7 @@ def _choices(config: ConfigDict) -> Iterator[str]:
     if uses_critic(config):
         rules.append(("critic.loss_agg_mode", LOSS_AGG_MODES, ""))
     arr = config.actor_rollout_ref
-    if arr.model.use_fused_kernels or arr.actor.get("use_fused_kernels"):
-        from jrl.trainer.roles.log_probs import FUSED_KERNEL_IMPLS
-
+    if any(section.get("use_fused_kernels") for section in (arr.model, arr.actor, arr.ref)):
         backends = tuple(FUSED_KERNEL_IMPLS)
         note = " (triton: the Pallas kernel, torch: chunked XLA)"
         rules.append(("actor_rollout_ref.model.fused_kernel_options.impl_backend", backends, note))

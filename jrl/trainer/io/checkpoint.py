@@ -34,13 +34,13 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 from etils import epath
-from flax import nnx, traverse_util
+from flax import traverse_util
 
 from jrl.config.validate import CHECKPOINT_ITEMS as ITEMS
 from jrl.models import save_pretrained
 from jrl.models.safetensors_io import replace_directory
 from jrl.parallel.distributed import shared_token
-from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.learner import Learner
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +60,7 @@ class CheckpointError(ValueError):
 class RoleSnapshot:
     """What one role (actor, critic) puts into a checkpoint."""
 
-    state: TrainState
+    learner: Learner
     items: Sequence[str]
     extra: dict[str, Any]
     kind: str = "causal_lm"
@@ -231,15 +231,6 @@ def _check_model_shapes(role_dir: Path, saved_tree: Any, target: dict[str, Any])
         )
 
 
-def _fill(state: nnx.State, values: dict[str, Any]) -> nnx.State:
-    """A copy of `state` with each array replaced by the one at the same path in `values`."""
-    flat = traverse_util.flatten_dict(values)
-    paths = traverse_util.flatten_dict(nnx.to_pure_dict(state))
-    out = jax.tree.map(lambda x: x, state)
-    nnx.replace_by_pure_dict(out, traverse_util.unflatten_dict({k: flat[k] for k in paths}))
-    return out
-
-
 def _composite_handler() -> ocp.CompositeCheckpointHandler:
     """Orbax handlers of a role folder's items (the ``huggingface`` folder is not one)."""
     return ocp.CompositeCheckpointHandler(
@@ -249,9 +240,9 @@ def _composite_handler() -> ocp.CompositeCheckpointHandler:
     )
 
 
-def restore_role(role_dir: str | os.PathLike, state: TrainState, items: Sequence[str]) -> dict:
-    """Loads the Orbax `items` of a role folder into `state` in place, resharded onto the
-    state's mesh; returns the role's ``extra`` ({} when not loaded)."""
+def restore_role(role_dir: str | os.PathLike, learner: Learner, items: Sequence[str]) -> dict:
+    """Loads the Orbax `items` of a role folder into `learner` (`Learner.load`), resharded
+    onto its mesh; returns the role's ``extra`` ({} when not loaded)."""
     role_dir = Path(role_dir)
     wanted = [item for item in items if item in ORBAX_ITEMS]
     if not wanted:
@@ -265,14 +256,14 @@ def restore_role(role_dir: str | os.PathLike, state: TrainState, items: Sequence
             "checkpoint.load_contents"
         )
     checkpointer = ocp.Checkpointer(_composite_handler())
+    current = learner.state_dict()
     args: dict[str, Any] = {}
     if "model" in wanted:
         metadata = ocp.StandardCheckpointHandler().metadata(epath.Path(role_dir / "model"))
-        params = nnx.to_pure_dict(state.params)
-        _check_model_shapes(role_dir, metadata.tree, params)
-        args["model"] = ocp.args.StandardRestore(_abstract(params))
+        _check_model_shapes(role_dir, metadata.tree, current["model"])
+        args["model"] = ocp.args.StandardRestore(_abstract(current["model"]))
     if "optimizer" in wanted:
-        args["optimizer"] = ocp.args.StandardRestore(_abstract(state.opt_state))
+        args["optimizer"] = ocp.args.StandardRestore(_abstract(current["optimizer"]))
     if "extra" in wanted:
         args["extra"] = ocp.args.JsonRestore()
     try:
@@ -282,11 +273,10 @@ def restore_role(role_dir: str | os.PathLike, state: TrainState, items: Sequence
             f"could not read {role_dir}: {str(err).splitlines()[0][:300]}; the checkpoint is "
             "damaged or was saved with a different model or optimizer"
         ) from err
-    if "model" in wanted:
-        state.trainable = _fill(state.trainable, restored["model"])
-        state.frozen = _fill(state.frozen, restored["model"])
-    if "optimizer" in wanted:
-        state.opt_state = restored["optimizer"]
+    learner.load(
+        restored["model"] if "model" in wanted else None,
+        restored["optimizer"] if "optimizer" in wanted else None,
+    )
     return dict(restored["extra"]) if "extra" in wanted else {}
 
 
@@ -346,10 +336,10 @@ class CheckpointManager:
                     "multi-process run; drop it and convert a checkpoint with python -m jrl.merge"
                 )
             args = {}
-            if "model" in role.items:
-                args["model"] = ocp.args.StandardSave(nnx.to_pure_dict(role.state.params))
-            if "optimizer" in role.items:
-                args["optimizer"] = ocp.args.StandardSave(role.state.opt_state)
+            state = role.learner.state_dict()
+            for item in ("model", "optimizer"):
+                if item in role.items:
+                    args[item] = ocp.args.StandardSave(state[item])
             if "extra" in role.items:
                 args["extra"] = ocp.args.JsonSave(role.extra)
             if args:
@@ -362,7 +352,7 @@ class CheckpointManager:
                 (tmp / name).mkdir()
             if self.primary:
                 save_pretrained(
-                    role.state.model(),
+                    role.learner.model(),
                     tmp / f".{name}.{HF_FOLDER}",
                     self.tokenizer,
                     weights="hf_model" in role.items,

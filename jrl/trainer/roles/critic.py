@@ -7,6 +7,7 @@ memory between uses.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -18,19 +19,17 @@ from jax.sharding import Mesh
 
 from jrl import algos
 from jrl.batch import Batch
-from jrl.parallel import batch_sharding, data_parallel_size, on_mesh, sequence_parallel_size
-from jrl.trainer.roles.policy import (
+from jrl.parallel import batch_sharding, on_mesh
+from jrl.trainer.roles.specs import (
+    ForwardSpec,
+    ModelSpec,
+    TrainSpec,
     check_heads,
-    forward_split,
-    load_model,
     offloads,
-    sequence_mesh_of,
-    shuffle_seed,
-    update_split,
+    role_mesh_of,
 )
-from jrl.trainer.update.batching import forward_pass
-from jrl.trainer.update.learner import TrainState
-from jrl.trainer.update.optim import lr_multiplier, make_optimizer
+from jrl.trainer.update.learner import Learner
+from jrl.trainer.update.optim import make_optimizer
 from jrl.trainer.update.packing import PackLayout, response_window
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
@@ -45,93 +44,125 @@ def response_values(
     return response_window(model, tensors, width, packing) * tensors["response_mask"]
 
 
-def critic_loss(model, micro, norm, *, cfg, packing=None):
-    """Clipped value loss of one micro-batch, already divided by the mini-batch normaliser."""
-    mask = micro["response_mask"]
-    vpreds = response_values(model, micro, packing)
-    terms = algos.value_loss_terms(
-        vpreds, micro["returns"], micro["values"], cliprange_value=cfg.cliprange_value
-    )
-    numerator = algos.agg_loss_terms(terms.loss_mat, mask, cfg.loss_agg_mode)[0]
-    vf_loss = numerator / norm[cfg.loss_agg_mode]
-    metrics = {"critic/vf_loss": vf_loss}
-    for name, mat in terms.metrics.items():
-        metrics[name] = jnp.sum(mat * mask) / norm["tokens"]
-    metrics["critic/vpred_mean"] = jnp.sum(vpreds * mask) / norm["tokens"]
-    return vf_loss, metrics
+@dataclasses.dataclass(frozen=True)
+class CriticLoss:
+    """Clipped value loss of one micro-batch, already divided by the mini-batch normaliser
+    (``critic.cliprange_value``, aggregated by ``critic.loss_agg_mode``). Frozen and hashable:
+    the key of the learner's compiled update."""
+
+    cliprange_value: float
+    loss_agg_mode: str
+
+    def __call__(self, model, micro, norm, packing=None):
+        mask = micro["response_mask"]
+        vpreds = response_values(model, micro, packing)
+        terms = algos.value_loss_terms(
+            vpreds, micro["returns"], micro["values"], cliprange_value=self.cliprange_value
+        )
+        numerator = algos.agg_loss_terms(terms.loss_mat, mask, self.loss_agg_mode)[0]
+        vf_loss = numerator / norm[self.loss_agg_mode]
+        metrics = {"critic/vf_loss": vf_loss}
+        for name, mat in terms.metrics.items():
+            metrics[name] = jnp.sum(mat * mask) / norm["tokens"]
+        metrics["critic/vpred_mean"] = jnp.sum(vpreds * mask) / norm["tokens"]
+        return vf_loss, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticSpec:
+    """The critic's settings, resolved once from the config: its value model, how its forward
+    pass and its update split a batch, its loss and learning-rate schedule."""
+
+    model: ModelSpec
+    forward: ForwardSpec
+    train: TrainSpec
+    loss: CriticLoss
+
+    @classmethod
+    def resolve(cls, config: Any, mesh: Mesh, total_training_steps: int) -> CriticSpec:
+        """The spec of the ``critic`` section on the critic's `mesh`."""
+        critic = config.critic
+        packed = bool(critic.model.use_remove_padding)
+        return cls(
+            model=ModelSpec.resolve(critic.model, critic_fsdp(config), kind="value"),
+            forward=ForwardSpec.resolve(
+                critic,
+                "critic",
+                mesh,
+                packed,
+                flag_key="use_dynamic_bsz",
+                limit_key="forward_max_token_len_per_gpu",
+                micro_key="forward_micro_batch_size",
+            ),
+            train=TrainSpec.resolve(
+                critic,
+                "critic",
+                mesh,
+                packed,
+                rollout_n=config.actor_rollout_ref.rollout.n,
+                total_training_steps=total_training_steps,
+            ),
+            loss=CriticLoss(float(critic.cliprange_value), critic.loss_agg_mode),
+        )
+
+
+def critic_fsdp(config: Any) -> Any:
+    """The critic's ``fsdp_config`` (the actor's when ``critic.model`` has none)."""
+    return config.critic.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
 
 
 class Critic:
     """Value model on the mesh: computes values and runs verl's critic update."""
 
-    def __init__(self, config: Any, mesh: Mesh, total_training_steps: int):
-        critic = config.critic
-        self.config = config
-        self.total_training_steps = total_training_steps
-        fsdp = critic.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
-        mesh = sequence_mesh_of(critic, "critic", mesh, fsdp)
+    def __init__(self, spec: CriticSpec, mesh: Mesh, learner: Learner):
+        self.spec = spec
         self.mesh = mesh
-        model = load_model(critic.model, fsdp, mesh, kind="value")
-        check_heads(model, mesh, "critic")
-        self.state = TrainState.create(
-            model,
-            make_optimizer(critic.optim),
-            mesh,
-            **offloads(fsdp, "critic.model.fsdp_config", mesh),
-        )
-        self.world = data_parallel_size(mesh)
-        self.remove_padding = bool(critic.model.use_remove_padding)
-        self.forward_rows, self.forward_budget = forward_split(
-            critic,
-            "critic",
-            self.world,
-            self.remove_padding,
-            flag_key="use_dynamic_bsz",
-            limit_key="forward_max_token_len_per_gpu",
-            micro_key="forward_micro_batch_size",
-            sequence_parallel=sequence_parallel_size(mesh),
-        )
+        self.learner = learner
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
         forward = jax.jit(
             self._forward_fn,
             static_argnums=2,
-            in_shardings=(self.state.param_shardings, rows),
+            in_shardings=(learner.param_shardings, rows),
             out_shardings=rows,
         )
         self._forward = on_mesh(forward, mesh)
 
+    @classmethod
+    def from_config(cls, config: Any, mesh: Mesh, total_training_steps: int) -> Critic:
+        """The critic of `config` on `mesh`'s devices, with AdamW from ``critic.optim``."""
+        fsdp = critic_fsdp(config)
+        mesh = role_mesh_of(config.critic, "critic", mesh, fsdp)
+        spec = CriticSpec.resolve(config, mesh, total_training_steps)
+        model = spec.model.load(mesh)
+        check_heads(model, mesh, "critic")
+        learner = Learner.create(
+            model,
+            make_optimizer(config.critic.optim),
+            mesh,
+            **offloads(fsdp, "critic.model.fsdp_config", mesh),
+        )
+        return cls(spec, mesh, learner)
+
     def _forward_fn(self, params, tensors, packing):
-        return response_values(nnx.merge(self.state.graphdef, params), tensors, packing)
+        return response_values(nnx.merge(self.learner.graphdef, params), tensors, packing)
 
     def compute_values(self, batch: Batch) -> np.ndarray:
         """Values [B, R] for the batch's responses."""
         tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
-        return forward_pass(
-            functools.partial(self._forward, self.state.params),
-            tensors,
-            self.mesh,
-            rows=self.forward_rows,
-            remove_padding=self.remove_padding,
-            budget=self.forward_budget,
-        )
+        forward = functools.partial(self._forward, self.learner.params)
+        return self.spec.forward.run(forward, tensors, self.mesh)
 
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """ppo_epochs x mini-batches of the clipped value loss, with gradient accumulation."""
-        critic = self.config.critic
-        n = self.config.actor_rollout_ref.rollout.n
-        mini_rows = critic.ppo_mini_batch_size * n
+        spec = self.spec
         tensors = {k: np.asarray(batch.tensors[k]) for k in (*FORWARD_KEYS, "values", "returns")}
-        lr = critic.optim.lr * lr_multiplier(critic.optim, step - 1, self.total_training_steps)
-        history = self.state.train(
-            functools.partial(critic_loss, cfg=critic),
+        lr = spec.train.schedule(step - 1)
+        history = self.learner.train(
+            spec.loss,
             tensors,
-            variant="critic",
-            grad_clip=critic.grad_clip,
-            mini_rows=mini_rows,
-            epochs=critic.ppo_epochs,
+            spec.train.plan,
             lr=lr,
-            shuffle_seed=shuffle_seed(critic, step),
-            **update_split(critic, "critic", self.world, self.mesh, self.remove_padding),
+            shuffle_seed=spec.train.shuffle_seed(step),
         )
         out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("critic/")}
         out["critic/grad_norm"] = float(np.mean(history["grad_norm"]))

@@ -1,21 +1,29 @@
 """Per-token log-probs (and entropy) of the responses under a causal LM, by the log-prob kernel a
 config selects: verl's ``use_fused_kernels`` / ``fused_kernel_options.impl_backend`` mapped onto
-`jrl_kernels.logprob_entropy`'s implementations. Used by the policy roles and by SFT."""
+`jrl_kernels.logprob_entropy`'s implementations (`jrl.config.validate.FUSED_KERNEL_IMPLS`). Used
+by the policy roles (`LogProbForward`, the actor's loss) and by SFT.
+
+Log-probs and entropy of response token t come from the logits at position ``-R-1+t`` divided by
+the rollout temperature, here and in the sampler alike."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
 
+from jrl.batch import Batch
+from jrl.config.validate import FUSED_KERNEL_IMPLS
 from jrl.models import CausalLM
+from jrl.parallel import batch_sharding, on_mesh
+from jrl.trainer.roles.specs import ForwardSpec
 from jrl.trainer.update.packing import PackLayout, response_window
 from jrl_kernels import logprob_entropy
 
-# `jrl_kernels.logprob_entropy` implementation of each ``fused_kernel_options.impl_backend``:
-# triton -> the Pallas kernel of the backend (auto: Pallas TPU / GPU where it runs, else chunked),
-# torch -> the chunked XLA loop (portable).
-FUSED_KERNEL_IMPLS = {"triton": "auto", "torch": "chunked"}
+FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
 
 
 def logprob_impl(arr: Any, role: str) -> str:
@@ -27,15 +35,7 @@ def logprob_impl(arr: Any, role: str) -> str:
     if not (arr.model.use_fused_kernels if fused is None else fused):
         return "naive"
     options = arr.model.get("fused_kernel_options") or {}
-    backend = options.get("impl_backend") or "torch"
-    try:
-        return FUSED_KERNEL_IMPLS[backend]
-    except KeyError:
-        raise ValueError(
-            f"actor_rollout_ref.model.fused_kernel_options.impl_backend={backend!r} is not "
-            f"supported; use one of "
-            f"{', '.join(FUSED_KERNEL_IMPLS)}"
-        ) from None
+    return FUSED_KERNEL_IMPLS[options.get("impl_backend") or "torch"]
 
 
 def response_log_probs(
@@ -62,3 +62,56 @@ def response_log_probs(
         softcap=model.config.final_logit_softcapping,
     )
     return log_prob, (entropy if calculate_entropy else None)
+
+
+class LogProbForward:
+    """The jitted log-prob (and entropy) pass of a policy model (`graphdef` over parameters
+    laid out as `param_shardings` on `mesh`): rows split over the batch axes in and out, the
+    batch split as `forward` says, tokens scored at `temperature` by the kernel `impl`."""
+
+    def __init__(
+        self,
+        graphdef: Any,
+        param_shardings: Any,
+        mesh: Mesh,
+        *,
+        temperature: float,
+        forward: ForwardSpec,
+        impl: str,
+    ):
+        self.graphdef = graphdef
+        self.mesh = mesh
+        self.temperature = float(temperature)
+        self.forward = forward
+        self.impl = impl
+        rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
+        jitted = jax.jit(
+            self._forward_fn,
+            static_argnums=(2, 3),
+            in_shardings=(param_shardings, rows),
+            out_shardings=rows,
+        )
+        self._forward = on_mesh(jitted, mesh)
+
+    def _forward_fn(self, params, tensors, packing, calculate_entropy):
+        model = nnx.merge(self.graphdef, params)
+        return response_log_probs(
+            model,
+            tensors,
+            self.temperature,
+            packing,
+            impl=self.impl,
+            calculate_entropy=calculate_entropy,
+        )
+
+    def __call__(
+        self, params: Any, batch: Batch, calculate_entropy: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Log-probs [B, R] of the batch's responses under `params` (and entropy, only computed
+        when asked)."""
+        tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
+        return self.forward.run(
+            lambda micro, layout: self._forward(params, micro, layout, calculate_entropy),
+            tensors,
+            self.mesh,
+        )

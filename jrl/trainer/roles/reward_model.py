@@ -21,28 +21,29 @@ from jrl.batch import Batch
 from jrl.config import n_gpus
 from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import batch_sharding
-from jrl.trainer.roles.policy import forward_split, load_model
-from jrl.trainer.update.batching import forward_pass
+from jrl.trainer.roles.specs import ForwardSpec, ModelSpec
 
 
-class RewardModelScorer:
+class RewardModel:
     """Scores a generated batch with the reward model on the mesh."""
 
     def __init__(self, config: Any, mesh: Mesh, policy_tokenizer: Any):
         rm = config.reward_model
         self.mesh = mesh
         fsdp = rm.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
-        model = load_model(rm.model, fsdp, mesh, kind="reward")
+        model = ModelSpec.resolve(rm.model, fsdp, kind="reward").load(mesh)
         self.graphdef, self.params = nnx.split(model)
         self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
-        self.forward_rows, self.forward_budget = forward_split(
+        self.forward = ForwardSpec.resolve(
             rm,
             "reward_model",
-            n_gpus(config),
+            mesh,
             False,
             flag_key="use_dynamic_bsz",
             limit_key="forward_max_token_len_per_gpu",
             micro_key="micro_batch_size",
+            world=n_gpus(config),
+            sequence_parallel=1,
         )
         self.policy_tokenizer = policy_tokenizer
         self.retemplate = rm.model.get("input_tokenizer") is not None
@@ -65,12 +66,8 @@ class RewardModelScorer:
     def rm_scores(self, batch: Batch) -> np.ndarray:
         """[B, R] float32: each row's reward at its last valid response token, zero elsewhere."""
         inputs = self._inputs(batch)
-        scores = forward_pass(
-            lambda chunk, _: self._forward(self.params, chunk),
-            inputs,
-            self.mesh,
-            rows=self.forward_rows,
-            budget=self.forward_budget,
+        scores = self.forward.run(
+            lambda chunk, _: self._forward(self.params, chunk), inputs, self.mesh
         )
         mask = np.asarray(batch.tensors["response_mask"])
         out = np.zeros(mask.shape, np.float32)

@@ -9,6 +9,8 @@ those of the RL trainer. The loss of a batch is the mean over every trained toke
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -50,18 +52,23 @@ def target_log_probs(
     return log_prob
 
 
-def sft_loss(
-    model: CausalLM,
-    micro: dict[str, jax.Array],
-    norm: dict[str, jax.Array],
-    *,
-    impl: str,
-    packing: PackLayout | None = None,
-) -> tuple[jax.Array, dict[str, jax.Array]]:
+@dataclasses.dataclass(frozen=True)
+class SFTLoss:
     """Summed negative log-likelihood of a micro-batch's trained tokens divided by the token
-    count of the whole batch (``norm['token-mean']``)."""
-    log_prob = target_log_probs(model, micro, impl, packing)
-    return -jnp.sum(log_prob * micro["response_mask"]) / norm["token-mean"], {}
+    count of the whole batch (``norm['token-mean']``), log-probs by the kernel `impl`. Frozen and
+    hashable: the key of the learner's compiled update."""
+
+    impl: str
+
+    def __call__(
+        self,
+        model: CausalLM,
+        micro: dict[str, jax.Array],
+        norm: dict[str, jax.Array],
+        packing: PackLayout | None = None,
+    ) -> tuple[jax.Array, dict[str, jax.Array]]:
+        log_prob = target_log_probs(model, micro, self.impl, packing)
+        return -jnp.sum(log_prob * micro["response_mask"]) / norm["token-mean"], {}
 
 
 def row_nll(

@@ -17,46 +17,36 @@ devices never changes the gradient. Checkpoints hold the trained model as the ``
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-import itertools
 import time
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from flax import nnx
-from tqdm.auto import tqdm
 
 from jrl.batch import Batch
 from jrl.config import to_yaml
 from jrl.data.loader import DataLoader
 from jrl.data.sft_dataset import create_sft_dataset
 from jrl.data.tokenizer import load_tokenizer
-from jrl.models import LoRAParam, apply_lora, from_pretrained
-from jrl.models.decoder import set_memory_options
+from jrl.models import LoRAParam
 from jrl.parallel import batch_sharding, make_mesh
 from jrl.parallel.devices import check_device
-from jrl.trainer.io.checkpoint import (
-    CheckpointManager,
-    RoleSnapshot,
-    find_resume_dir,
-    restore_role,
-    step_of,
-)
-from jrl.trainer.io.tracking import Tracking
-from jrl.trainer.loop.stopping import StopRequest, check_losses_finite
-from jrl.trainer.roles.policy import compute_dtype, lora_settings, memory_options
-from jrl.trainer.sft.loss import row_nll, sft_loss, sft_tensors
+from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
+from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
+from jrl.trainer.loop.resume import resume
+from jrl.trainer.roles.specs import ModelSpec
+from jrl.trainer.sft.loss import SFTLoss, row_nll, sft_tensors
 from jrl.trainer.update.batching import forward_pass
-from jrl.trainer.update.learner import TrainState
-from jrl.trainer.update.optim import make_sft_optimizer, sft_lr
+from jrl.trainer.update.learner import Learner, UpdatePlan
+from jrl.trainer.update.optim import Schedule, make_sft_optimizer
 from jrl.trainer.update.packing import packing_plan
 
 ROLE = "actor"
-STRATEGIES = ("fsdp", "fsdp2")
 
 
 def warn_offload(fsdp_cfg: Any) -> None:
@@ -72,50 +62,54 @@ def warn_offload(fsdp_cfg: Any) -> None:
         )
 
 
-def load_sft_model(config: Any, mesh: Any) -> tuple[Any, Any]:
-    """The model of ``model.partial_pretrain`` on the mesh (``fsdp_config.model_dtype`` parameters,
-    ``fsdp_config.dtype`` compute, gradient checkpointing, LoRA) and the filter of its trained
-    parameters."""
-    model_cfg = config.model
-    fsdp = model_cfg.fsdp_config
-    model = from_pretrained(
-        model_cfg.partial_pretrain,
-        dtype=compute_dtype(fsdp.dtype),
-        param_dtype=compute_dtype(fsdp.model_dtype),
-        mesh=mesh,
-        trust_remote_code=bool(model_cfg.trust_remote_code),
-        external_lib=model_cfg.external_lib,
-    )
-    set_memory_options(model, **memory_options(model_cfg))
-    lora = lora_settings(model_cfg)
-    if lora is None:
-        return model, nnx.Param
-    try:
-        apply_lora(model, seed=int(config.trainer.seed), **lora)
-    except ValueError as err:
-        raise ValueError(f"model: {err}") from err
-    return model, LoRAParam
+@dataclasses.dataclass(frozen=True)
+class SFTSpec:
+    """SFT's settings, resolved once from the config: the model (``model.partial_pretrain``),
+    the update (one optimizer step per batch, micro-batches of ``micro_batch_size_per_gpu`` rows
+    per device, packed with ``use_remove_padding``), the loss and the learning-rate schedule."""
+
+    model: ModelSpec
+    plan: UpdatePlan
+    loss: SFTLoss
+    schedule: Schedule
+
+    @classmethod
+    def resolve(cls, config: Any, mesh: Any, total_steps: int) -> SFTSpec:
+        data, model_cfg = config.data, config.model
+        world = mesh.size
+        micro_rows = world * (data.micro_batch_size_per_gpu or data.micro_batch_size // world)
+        packed = bool(config.use_remove_padding)
+        plan = UpdatePlan(
+            grad_clip=float(config.optim.clip_grad),
+            micro_rows=micro_rows,
+            packing=packing_plan(micro_rows, mesh, packed),
+        )
+        return cls(
+            model=ModelSpec.resolve(
+                model_cfg,
+                model_cfg.fsdp_config,
+                path_key="partial_pretrain",
+                lora_seed=int(config.trainer.seed),
+            ),
+            plan=plan,
+            loss=SFTLoss("auto" if model_cfg.use_liger else "naive"),
+            schedule=Schedule.sft(config.optim, total_steps),
+        )
 
 
 class SFTTrainer:
-    """Builds the model, data and optimizer from an SFT config and runs the fit loop."""
+    """Builds the model, data and optimizer from an SFT config; supplies the fit loop with one
+    optimizer step per batch."""
+
+    name = "SFT"
 
     def __init__(self, config: Any):
         self.created_at = time.perf_counter()
         check_device(config)
-        if config.ulysses_sequence_parallel_size > 1:
-            raise NotImplementedError(
-                "ulysses_sequence_parallel_size > 1 is not supported yet; set it to 1"
-            )
-        if config.model.strategy not in STRATEGIES:
-            raise ValueError(
-                f"model.strategy={config.model.strategy!r} is not supported; use fsdp or fsdp2"
-            )
         warn_offload(config.model.fsdp_config)
         self.config = config
         data, trainer = config.data, config.trainer
-        self.world = trainer.nnodes * trainer.n_gpus_per_node
-        self.mesh = make_mesh(self.world)
+        self.mesh = make_mesh(trainer.nnodes * trainer.n_gpus_per_node)
         try:
             self.tokenizer = load_tokenizer(
                 config.model.partial_pretrain,
@@ -137,22 +131,23 @@ class SFTTrainer:
         self.train_loader = DataLoader(
             self.train_dataset, data.train_batch_size, shuffle=True, seed=int(trainer.seed)
         )
-        self.total_steps = int(
-            trainer.total_training_steps or len(self.train_loader) * trainer.total_epochs
+        total = int(trainer.total_training_steps or len(self.train_loader) * trainer.total_epochs)
+        self.cadence = Cadence(
+            total_steps=total,
+            test_freq=int(trainer.test_freq),
+            save_freq=int(trainer.save_freq),
+            after_last=True,
         )
-        micro = data.micro_batch_size_per_gpu or data.micro_batch_size // self.world
-        self.micro_rows = self.world * micro
-        model, trainable = load_sft_model(config, self.mesh)
-        self.state = TrainState.create(
-            model, make_sft_optimizer(config.optim), self.mesh, trainable
-        )
-        self.impl = "auto" if config.model.use_liger else "naive"
-        self.packed = bool(config.use_remove_padding)
+        self.spec = SFTSpec.resolve(config, self.mesh, total)
+        model = self.spec.model.load(self.mesh, lora_key="model")
+        trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
+        self.learner = Learner.create(model, make_sft_optimizer(config.optim), self.mesh, trainable)
+        self.val_generations: list[dict[str, Any]] = []
         rows = batch_sharding(self.mesh, 1)
         self._val_forward = jax.jit(
             self._val_fn,
             static_argnums=2,
-            in_shardings=(self.state.param_shardings, rows),
+            in_shardings=(self.learner.param_shardings, rows),
             out_shardings=rows,
         )
         self.checkpoints = CheckpointManager(
@@ -162,141 +157,85 @@ class SFTTrainer:
             tokenizer=self.tokenizer,
         )
 
+    @property
+    def total_steps(self) -> int:
+        """The run's last step."""
+        return self.cadence.total_steps
+
     def _val_fn(self, params: Any, tensors: dict[str, jax.Array], packing: Any) -> jax.Array:
-        model = nnx.merge(self.state.graphdef, params)
-        return row_nll(model, tensors, self.impl, packing)
+        model = nnx.merge(self.learner.graphdef, params)
+        return row_nll(model, tensors, self.spec.loss.impl, packing)
 
     # -- steps ----------------------------------------------------------------------------------
-    def train_step(self, batch: Batch, step: int) -> dict[str, float]:
-        """One optimizer step on a batch of rows; returns its metrics."""
+    def train_step(
+        self, batch: Batch, step: int, epoch: int, timing: dict[str, float]
+    ) -> StepOutput:
+        """One optimizer step on a batch of rows."""
         start = time.perf_counter()
-        lr = sft_lr(self.config.optim, step - 1, self.total_steps)
-        history = self.state.train(
-            functools.partial(sft_loss, impl=self.impl),
-            sft_tensors(batch),
-            variant="sft",
-            grad_clip=float(self.config.optim.clip_grad),
-            mini_rows=len(batch),
-            epochs=1,
-            lr=lr,
-            micro_rows=self.micro_rows,
-            packing=packing_plan(self.micro_rows, self.mesh, self.packed),
-        )
-        return {
+        lr = self.spec.schedule(step - 1)
+        history = self.learner.train(self.spec.loss, sft_tensors(batch), self.spec.plan, lr=lr)
+        metrics = {
             "train/loss": history["loss"][0],
             "train/lr(1e-3)": lr * 1e3,
             "train/grad_norm": history["grad_norm"][0],
             "train/skipped": history["skipped"][0],
             "train/time(s)": time.perf_counter() - start,
         }
+        return StepOutput(metrics)
 
-    def validate(self) -> dict[str, float]:
+    def step_metrics(
+        self, output: StepOutput, step: int, epoch: int, timing: dict[str, float]
+    ) -> dict[str, float]:
+        """None beyond the step's own (verl's SFT trainer logs no timing breakdown)."""
+        return {}
+
+    def validate(self, step: int) -> dict[str, float]:
         """``val/loss``: the cross-entropy of every trained token of the validation files."""
         loader = DataLoader(
             self.val_dataset, len(self.val_dataset), shuffle=False, seed=0, drop_last=False
         )
         tensors = sft_tensors(next(iter(loader.epoch(0))))
         nll = forward_pass(
-            functools.partial(self._val_forward, self.state.params),
+            functools.partial(self._val_forward, self.learner.params),
             tensors,
             self.mesh,
-            rows=self.micro_rows,
-            remove_padding=self.packed,
+            rows=self.spec.plan.micro_rows,
+            remove_padding=self.spec.plan.packing is not None,
         )
         tokens = float(tensors["response_mask"].sum())
         return {"val/loss": float(np.sum(nll)) / max(tokens, 1.0)}
 
     # -- checkpoints ----------------------------------------------------------------------------
-    def saves_at(self, step: int) -> bool:
-        """verl's SFT rule: every ``save_freq`` steps (when > 0) and after the last step."""
-        freq = self.config.trainer.save_freq
-        return step >= self.total_steps or (freq > 0 and step % freq == 0)
-
-    def validates_at(self, step: int) -> bool:
-        """Every ``test_freq`` steps (when > 0) and after the last step."""
-        freq = self.config.trainer.test_freq
-        return step >= self.total_steps or (freq > 0 and step % freq == 0)
-
     def save_checkpoint(self, step: int) -> None:
         """Starts writing ``global_step_<step>/actor`` in the background."""
         extra = {"global_step": step, "lr_step": step, "data_loader": self.train_loader.get_state()}
         snapshot = RoleSnapshot(
-            self.state,
+            self.learner,
             list(self.config.trainer.checkpoint.save_contents),
             extra,
-            lora=lora_settings(self.config.model),
+            lora=self.spec.model.lora,
         )
         self.checkpoints.save(step, {ROLE: snapshot})
 
-    def load_checkpoint(self) -> int:
+    def resume(self) -> int:
         """Restores the checkpoint that ``trainer.resume_mode`` selects; returns its step."""
-        folder = find_resume_dir(self.config.trainer, [ROLE])
-        if folder is None:
-            return 0
-        step = step_of(folder)
         items = self.config.trainer.checkpoint.load_contents
-        extra = restore_role(folder / ROLE, self.state, items)
-        if extra:
-            self.train_loader.set_state(extra["data_loader"])
-        else:  # one batch per step: the position follows from the step
-            batches = len(self.train_loader)
-            self.train_loader.set_state({"epoch": step // batches, "position": step % batches})
-        print(f"jrl: resumed from {folder} at global step {step}", flush=True)
+        step, folder, _ = resume(
+            self.config.trainer, {ROLE: (self.learner, items)}, self.train_loader
+        )
+        if folder is not None:
+            print(f"jrl: resumed from {folder} at global step {step}", flush=True)
         return step
 
     # -- the loop -------------------------------------------------------------------------------
-    def batches(self) -> Iterator[Batch]:
-        """Batches from the data loader's position on, epoch after epoch (the loop stops at the
-        last step: ``total_training_steps`` when set, else ``total_epochs`` epochs)."""
-        for epoch in itertools.count(self.train_loader.get_state()["epoch"]):
-            yield from self.train_loader.epoch(epoch)
+    def batches(self) -> Iterator[tuple[int, Batch]]:
+        """(epoch, batch) from the data loader's position on, epoch after epoch (the loop stops
+        at the last step: ``total_training_steps`` when set, else ``total_epochs`` epochs)."""
+        return epochs_of(self.train_loader, None)
 
     def fit(self) -> dict[str, float]:
         """Train for the configured steps; returns the last step's metrics."""
-        trainer = self.config.trainer
-        tracking = Tracking(
-            trainer.logger,
-            project=trainer.project_name,
-            experiment=trainer.experiment_name,
-            run_dir=Path(trainer.default_local_dir),
-            config=self.config.to_dict(),
-        )
-        last: dict[str, float] = {}
-        try:
-            step = self.load_checkpoint()
-            if step >= self.total_steps:
-                return last
-            progress = tqdm(total=self.total_steps, initial=step, desc="SFT", unit="step")
-            with StopRequest() as stop:
-                for batch in self.batches():
-                    step += 1
-                    last = self.train_step(batch, step)
-                    check_losses_finite(last, step, self.checkpoints.latest)
-                    if self.validates_at(step):
-                        last.update(self.validate())
-                    if self.saves_at(step):
-                        self.save_checkpoint(step)
-                    tracking.log(last, step=step)
-                    progress.update(1)
-                    if step == 1 or step == self.total_steps:
-                        elapsed = time.perf_counter() - self.created_at
-                        print(f"jrl: step {step} done after {elapsed:.1f}s", flush=True)
-                    if step >= self.total_steps:
-                        break
-                    if stop.requested:
-                        if not self.saves_at(step):
-                            self.save_checkpoint(step)
-                        print(
-                            f"jrl: stopped after step {step} on {stop.signal_name}; checkpoint: "
-                            f"{self.checkpoints.latest()}",
-                            flush=True,
-                        )
-                        break
-            progress.close()
-            return last
-        finally:
-            tracking.close()
-            self.checkpoints.close()
+        return fit(self, self.config, self.created_at)
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""

@@ -37,7 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
+from flax import nnx, traverse_util
 from jax.sharding import Mesh
 
 from jrl.algos import LOSS_AGG_MODES, global_denominator
@@ -55,14 +55,45 @@ from jrl.trainer.update.batching import PackingPlan, fixed_minibatches
 from jrl.trainer.update.dynamic_batching import TokenBudget, token_minibatches
 from jrl.trainer.update.optim import set_learning_rate
 
-# loss_fn(model, micro_batch, normaliser) -> (loss, {metric_name: contribution})
+# loss_fn(model, micro_batch, normaliser) -> (loss, {metric_name: contribution}). It is hashable
+# and its hash covers every option it closes over (a frozen dataclass, or a plain function): the
+# compiled update is cached per loss, so a changed option always compiles a new program.
 LossFn = Callable[[Any, dict[str, jax.Array], jax.Array], tuple[jax.Array, dict[str, jax.Array]]]
 
 
+@dataclasses.dataclass(frozen=True)
+class UpdatePlan:
+    """How one role's update walks a batch, resolved once from the config.
+
+    `epochs` passes over mini-batches of `mini_rows` rows (None: the whole batch), one optimizer
+    step each, gradients clipped to `grad_clip`. Each mini-batch is split into micro-batches of
+    `micro_rows` rows, or under `token_budget` (``use_dynamic_bsz``, which then also says whether
+    they are packed); `packing` (packed sequences, with `micro_rows`) plans each epoch's rows
+    once they are in order. `loss_scale_factor` fixes the ``seq-mean-token-sum-norm`` divisor.
+    """
+
+    grad_clip: float
+    mini_rows: int | None = None
+    epochs: int = 1
+    micro_rows: int | None = None
+    token_budget: TokenBudget | None = None
+    packing: PackingPlan | None = None
+    loss_scale_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        if (self.micro_rows is None) == (self.token_budget is None):
+            raise ValueError("an UpdatePlan needs exactly one of micro_rows and token_budget")
+
+
 @dataclasses.dataclass
-class TrainState:
+class Learner:
     """Graph definition, sharded trainable and frozen parameters, and the optimizer state (of the
-    trainable part only) of one trainable role, each stored where its `Offload` says."""
+    trainable part only) of one trainable role, each stored where its `Offload` says.
+
+    Its state changes only through its own methods: `train` (the updates) and `load` (a
+    checkpoint); `state_dict` is what a checkpoint saves. Compiled updates are cached per
+    (loss, layout, shapes).
+    """
 
     graphdef: Any
     trainable: Any
@@ -89,7 +120,7 @@ class TrainState:
         *,
         param_offload: Offload = ON_DEVICE,
         optimizer_offload: Offload = ON_DEVICE,
-    ) -> TrainState:
+    ) -> Learner:
         """Split `model` into the `trainable` variables (an NNX filter, e.g. `LoRAParam`) and the
         frozen rest, place both FSDP-sharded and initialise the optimizer for the trainable part;
         the parameters and the optimizer state are then stored as their offloads say."""
@@ -141,6 +172,20 @@ class TrainState:
         """The model with the current parameters (for host-side use)."""
         return nnx.merge(self.graphdef, self.trainable, self.frozen)
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint saves: ``model`` (every parameter, as a pure dict) and
+        ``optimizer`` (the optimizer state, where it is stored)."""
+        return {"model": nnx.to_pure_dict(self.params), "optimizer": self.opt_state}
+
+    def load(self, model: dict[str, Any] | None = None, optimizer: Any = None) -> None:
+        """Replaces the parameters with the arrays at the same paths of `model` (a pure dict, as
+        `state_dict` gives) and the optimizer state with `optimizer`; None keeps that part."""
+        if model is not None:
+            self.trainable = _fill(self.trainable, model)
+            self.frozen = _fill(self.frozen, model)
+        if optimizer is not None:
+            self.opt_state = optimizer
+
     def step(
         self, update: Any, minibatch: dict[str, Any], normaliser: dict[str, Any], lr: float
     ) -> dict[str, jax.Array]:
@@ -160,61 +205,48 @@ class TrainState:
         self,
         loss_fn: LossFn,
         tensors: dict[str, np.ndarray],
+        plan: UpdatePlan,
         *,
-        variant: Any,
-        grad_clip: float,
-        mini_rows: int,
-        epochs: int,
         lr: float,
-        micro_rows: int | None = None,
-        token_budget: TokenBudget | None = None,
-        loss_scale_factor: float | None = None,
         shuffle_seed: Sequence[int] | None = None,
-        packing: PackingPlan | None = None,
     ) -> dict[str, list[float]]:
-        """`epochs` passes over mini-batches, one optimizer step each.
+        """`plan.epochs` passes over mini-batches, one optimizer step each.
 
         Mini-batches are verl's (`verl_row_order` over the mesh's data-parallel ranks), with
         `shuffle_seed` (the `shuffle` key) each rank's rows permuted afresh each epoch by a
-        generator seeded with (*shuffle_seed, epoch).
-        Each is split into micro-batches of `micro_rows`, or under `token_budget` (which then
-        also says whether they are packed). `packing` (packed sequences, with `micro_rows`)
-        plans each epoch's rows once they are in order, returning them with their plan and the
-        static layout. `loss_fn` receives a packed layout as `packing=`. `variant` names the
-        loss configuration for the compile cache. Offloaded states are in device memory for
-        the passes and back in host memory after. Returns every update's metrics as lists (one
-        entry per mini-batch update).
+        generator seeded with (*shuffle_seed, epoch). `loss_fn` receives a packed layout as
+        `packing=`. Offloaded states are in device memory for the passes and back in host memory
+        after. Returns every update's metrics as lists (one entry per mini-batch update).
         """
-        dynamic = token_budget is not None
-        if (micro_rows is None) != dynamic:
-            raise ValueError("TrainState.train needs exactly one of micro_rows and token_budget")
+        dynamic = plan.token_budget is not None
         stored_frozen = self.frozen
         self.trainable, self.frozen = self._on_device("trainable"), self._on_device("frozen")
         self._device_copies.pop("trainable", None)  # the updates consume it
         self.opt_state = self.optimizer_offload.fetch(self.opt_state, self.opt_shardings)
         history: dict[str, list[float]] = {}
         rows = next(iter(tensors.values())).shape[0]
+        mini_rows = plan.mini_rows or rows
         ranks = data_parallel_size(self.mesh)
-        for epoch in range(epochs):
+        for epoch in range(plan.epochs):
             rng = None
             if shuffle_seed is not None:
                 rng = np.random.default_rng([*shuffle_seed, epoch])
             order = verl_row_order(rows, ranks, mini_rows, rng)
             epoch_tensors = tensors if order is None else {k: v[order] for k, v in tensors.items()}
             if dynamic:
-                split = token_minibatches(epoch_tensors, mini_rows, token_budget, self.mesh)
+                split = token_minibatches(epoch_tensors, mini_rows, plan.token_budget, self.mesh)
             else:
-                split = fixed_minibatches(epoch_tensors, mini_rows, micro_rows, packing)
+                split = fixed_minibatches(epoch_tensors, mini_rows, plan.micro_rows, plan.packing)
             for mb, layout in split:
-                key = (variant, layout, dynamic, tuple((k, v.shape) for k, v in mb.items()))
+                key = (loss_fn, layout, dynamic, tuple((k, v.shape) for k, v in mb.items()))
                 if key not in self.compiled:
                     micro_loss = loss_fn
                     if layout is not None:
                         micro_loss = functools.partial(loss_fn, packing=layout)
                     self.compiled[key] = build_update(
-                        self, micro_loss, grad_clip, mb, skip_empty=dynamic
+                        self, micro_loss, plan.grad_clip, mb, skip_empty=dynamic
                     )
-                norm = normalisers(mb["response_mask"], loss_scale_factor)
+                norm = normalisers(mb["response_mask"], plan.loss_scale_factor)
                 metrics = self.step(self.compiled[key], mb, norm, lr)
                 for k, v in jax.device_get(metrics).items():
                     history.setdefault(k, []).append(float(v))
@@ -222,6 +254,15 @@ class TrainState:
         self.frozen = stored_frozen
         self.opt_state = self.optimizer_offload.store(self.opt_state, self.opt_shardings)
         return history
+
+
+def _fill(state: nnx.State, values: dict[str, Any]) -> nnx.State:
+    """A copy of `state` with each array replaced by the one at the same path in `values`."""
+    flat = traverse_util.flatten_dict(values)
+    paths = traverse_util.flatten_dict(nnx.to_pure_dict(state))
+    out = jax.tree.map(lambda x: x, state)
+    nnx.replace_by_pure_dict(out, traverse_util.unflatten_dict({k: flat[k] for k in paths}))
+    return out
 
 
 def verl_row_order(
@@ -259,17 +300,17 @@ def micro_batch_shardings(mesh: Mesh, minibatch: dict[str, Any]) -> dict[str, An
 
 
 def build_update(
-    state: TrainState,
+    learner: Learner,
     loss_fn: LossFn,
     grad_clip: float,
     example: dict[str, Any],
     skip_empty: bool = False,
 ):
     """Jitted ``update(trainable, frozen, opt_state, minibatch, normaliser, lr)``, returning the
-    new trainable params, optimizer state and metrics (`TrainState.step` calls it). The trainable
+    new trainable params, optimizer state and metrics (`Learner.step` calls it). The trainable
     params and the optimizer state are donated; the frozen params are only read. With
     `skip_empty`, micro-batches whose ``response_mask`` is all zero are not computed."""
-    graphdef = state.graphdef
+    graphdef = learner.graphdef
 
     def micro_loss(params, frozen, micro, normaliser):
         return loss_fn(nnx.merge(graphdef, params, frozen), micro, normaliser)
@@ -296,7 +337,7 @@ def build_update(
         scale = jnp.minimum(1.0, grad_clip / (grad_norm + 1e-6))
         grads = jax.tree.map(lambda g: g * scale, grads)
         opt_state = set_learning_rate(opt_state, jnp.asarray(lr, jnp.float32))
-        updates, new_opt_state = state.tx.update(grads, opt_state, params)
+        updates, new_opt_state = learner.tx.update(grads, opt_state, params)
         new_params = optax.apply_updates(params, updates)
         keep = lambda new, old: jnp.where(finite, new, old)  # noqa: E731
         metrics = {k: v.sum() for k, v in aux.items()}
@@ -307,17 +348,17 @@ def build_update(
             metrics,
         )
 
-    rep = replicated(state.mesh)
+    rep = replicated(learner.mesh)
     return jax.jit(
         update,
         in_shardings=(
-            state.trainable_shardings,
-            state.frozen_shardings,
-            state.opt_shardings,
-            micro_batch_shardings(state.mesh, example),
+            learner.trainable_shardings,
+            learner.frozen_shardings,
+            learner.opt_shardings,
+            micro_batch_shardings(learner.mesh, example),
             rep,
             rep,
         ),
-        out_shardings=(state.trainable_shardings, state.opt_shardings, rep),
+        out_shardings=(learner.trainable_shardings, learner.opt_shardings, rep),
         donate_argnums=(0, 2),
     )

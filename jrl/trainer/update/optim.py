@@ -28,6 +28,7 @@ quantisation options of torchao/bitsandbytes are accepted and have no effect. Th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import warnings
 from typing import Any
@@ -53,18 +54,69 @@ def scheduler_type(optim_cfg: Any) -> str:
     return name
 
 
+@dataclasses.dataclass(frozen=True)
+class Schedule:
+    """A learning-rate schedule resolved from an ``optim`` section: after `step` scheduler steps
+    (0 for the first update) the rate is ``lr * multiplier(step)``. The multiplier rises linearly
+    over `warmup` steps (step / warmup), then follows `style`:
+
+    - ``constant``: 1;
+    - ``cosine`` (verl's): max(m, (1 - m) cos(2 pi c p) / 2 + (1 + m) / 2) with m = `min_lr_ratio`,
+      c = `num_cycles`, p = (step - warmup) / (total - warmup);
+    - ``wsd``: `wsd_multiplier`.
+    """
+
+    lr: float
+    total: int
+    warmup: int
+    style: str
+    min_lr_ratio: float = 0.0
+    num_cycles: float = 0.5
+
+    @classmethod
+    def rl(cls, optim_cfg: Any, total_training_steps: int) -> Schedule:
+        """The schedule of an RL role's ``optim`` (``lr_scheduler_type``: constant or cosine)."""
+        return cls(
+            lr=float(optim_cfg.get("lr", 1.0)),
+            total=int(total_training_steps),
+            warmup=warmup_steps(optim_cfg, total_training_steps),
+            style=scheduler_type(optim_cfg),
+            min_lr_ratio=float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0),
+            num_cycles=float(optim_cfg.get("num_cycles", 0.5)),
+        )
+
+    @classmethod
+    def sft(cls, optim_cfg: Any, total_steps: int) -> Schedule:
+        """The schedule of the SFT ``optim`` (``lr_scheduler``: cosine or wsd)."""
+        if optim_cfg.lr_scheduler not in ("cosine", "wsd"):
+            raise ValueError(
+                f"optim.lr_scheduler={optim_cfg.lr_scheduler!r} is not supported; use cosine or wsd"
+            )
+        warmup = warmup_steps(optim_cfg, total_steps)
+        return cls(float(optim_cfg.lr), int(total_steps), warmup, optim_cfg.lr_scheduler)
+
+    def multiplier(self, step: int) -> float:
+        """The factor of `lr` after `step` scheduler steps."""
+        if self.style == "wsd":
+            return wsd_multiplier(step, self.warmup, self.total)
+        if step < self.warmup:
+            return step / max(1, self.warmup)
+        if self.style == "constant":
+            return 1.0
+        m = self.min_lr_ratio
+        progress = (step - self.warmup) / max(1, self.total - self.warmup)
+        cosine = math.cos(math.pi * self.num_cycles * 2.0 * progress)
+        return max(m, cosine * (1.0 - m) * 0.5 + (1.0 + m) * 0.5)
+
+    def __call__(self, step: int) -> float:
+        """The learning rate after `step` scheduler steps."""
+        return self.lr * self.multiplier(step)
+
+
 def lr_multiplier(optim_cfg: Any, step: int, total_training_steps: int) -> float:
-    """The LR factor after `step` scheduler steps (0 for the first update), as verl's schedulers."""
-    warmup = warmup_steps(optim_cfg, total_training_steps)
-    if step < warmup:
-        return step / max(1, warmup)
-    if scheduler_type(optim_cfg) == "constant":
-        return 1.0
-    min_ratio = float(optim_cfg.get("min_lr_ratio", 0.0) or 0.0)
-    cycles = float(optim_cfg.get("num_cycles", 0.5))
-    progress = (step - warmup) / max(1, total_training_steps - warmup)
-    cosine = math.cos(math.pi * cycles * 2.0 * progress)
-    return max(min_ratio, cosine * (1.0 - min_ratio) * 0.5 + (1.0 + min_ratio) * 0.5)
+    """The LR factor of an RL ``optim`` section after `step` scheduler steps, as verl's
+    schedulers (`Schedule.rl`)."""
+    return Schedule.rl(optim_cfg, total_training_steps).multiplier(step)
 
 
 def make_optimizer(optim_cfg: Any) -> optax.GradientTransformation:
@@ -214,15 +266,5 @@ def wsd_multiplier(step: int, warmup: int, total: int) -> float:
 
 
 def sft_lr(optim_cfg: Any, step: int, total_steps: int) -> float:
-    """The learning rate after `step` scheduler steps (0 for the first update)."""
-    warmup = warmup_steps(optim_cfg, total_steps)
-    if optim_cfg.lr_scheduler == "wsd":
-        factor = wsd_multiplier(step, warmup, total_steps)
-    elif optim_cfg.lr_scheduler == "cosine":
-        cosine = {"lr_scheduler_type": "cosine", "lr_warmup_steps": warmup}
-        factor = lr_multiplier(cosine, step, total_steps)
-    else:
-        raise ValueError(
-            f"optim.lr_scheduler={optim_cfg.lr_scheduler!r} is not supported; use cosine or wsd"
-        )
-    return float(optim_cfg.lr) * factor
+    """The SFT learning rate after `step` scheduler steps (0 for the first update)."""
+    return Schedule.sft(optim_cfg, total_steps)(step)

@@ -1,0 +1,263 @@
+"""The actor: the trained policy, its loss and verl's mini/micro-batch update.
+
+With LoRA (``model.lora_rank`` > 0) the actor trains only its adapters. It runs on a mesh whose
+``sequence`` axis has ``actor.ulysses_sequence_parallel_size`` devices, and
+``actor.fsdp_config.param_offload`` / ``optimizer_offload`` keep its states in host memory between
+uses (`jrl.parallel.Offload`). ``model.use_fused_kernels`` picks the log-prob kernel
+(`logprob_impl`); entropy is computed only for the ``actor/entropy`` metric and, with
+``entropy_coeff`` != 0, the loss.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from jrl import algos
+from jrl.batch import Batch
+from jrl.models import LoRAParam
+from jrl.trainer.roles import log_probs
+from jrl.trainer.roles.log_probs import FORWARD_KEYS, LogProbForward, logprob_impl
+from jrl.trainer.roles.specs import (
+    ForwardSpec,
+    ModelSpec,
+    TrainSpec,
+    check_heads,
+    offloads,
+    role_mesh_of,
+)
+from jrl.trainer.update.learner import Learner
+from jrl.trainer.update.optim import make_optimizer
+
+ACTOR = "actor_rollout_ref.actor"
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLossOptions:
+    """``actor.policy_loss``: the loss mode and the options of the covariance losses."""
+
+    loss_mode: str = "vanilla"
+    clip_cov_ratio: float | None = None
+    clip_cov_lb: float | None = None
+    clip_cov_ub: float | None = None
+    kl_cov_ratio: float | None = None
+    ppo_kl_coef: float | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorLoss:
+    """The actor objective of one micro-batch, already divided by the mini-batch normaliser:
+    the policy loss of ``policy_loss.loss_mode`` (aggregated by its own mode or
+    `loss_agg_mode`), minus ``entropy_coeff`` x entropy, plus ``kl_loss_coef`` x the KL loss to
+    the reference. Log-probs at `temperature` by the kernel `impl`; `on_policy` (one epoch over
+    one mini-batch) takes the old log-probs as the current ones without gradient.
+
+    Frozen and hashable: it is the key of the learner's compiled update, so every option here
+    that changes selects its own program. The policy-loss functions read their options from it
+    (`jrl.algos.config_option`), as from the actor's config section."""
+
+    temperature: float
+    impl: str
+    loss_agg_mode: str
+    loss_scale_factor: float | None
+    clip_ratio: float
+    clip_ratio_low: float | None
+    clip_ratio_high: float | None
+    clip_ratio_c: float
+    tau_pos: float
+    tau_neg: float
+    policy_loss: PolicyLossOptions
+    entropy_coeff: float
+    use_kl_loss: bool
+    kl_loss_coef: float
+    kl_loss_type: str
+    on_policy: bool = False
+
+    @classmethod
+    def resolve(cls, actor_cfg: Any, temperature: float, impl: str) -> ActorLoss:
+        """The loss options of the ``actor_rollout_ref.actor`` section."""
+        fields = {f.name for f in dataclasses.fields(PolicyLossOptions)}
+        policy = actor_cfg.get("policy_loss") or {}
+        return cls(
+            temperature=float(temperature),
+            impl=impl,
+            loss_agg_mode=actor_cfg.loss_agg_mode,
+            loss_scale_factor=actor_cfg.get("loss_scale_factor"),
+            clip_ratio=actor_cfg.get("clip_ratio"),
+            clip_ratio_low=actor_cfg.get("clip_ratio_low"),
+            clip_ratio_high=actor_cfg.get("clip_ratio_high"),
+            clip_ratio_c=actor_cfg.get("clip_ratio_c"),
+            tau_pos=actor_cfg.get("tau_pos"),
+            tau_neg=actor_cfg.get("tau_neg"),
+            policy_loss=PolicyLossOptions(**{k: v for k, v in policy.items() if k in fields}),
+            entropy_coeff=actor_cfg.entropy_coeff,
+            use_kl_loss=bool(actor_cfg.use_kl_loss),
+            kl_loss_coef=actor_cfg.kl_loss_coef,
+            kl_loss_type=actor_cfg.kl_loss_type,
+        )
+
+    def __call__(self, model, micro, norm, packing=None):
+        log_prob, entropy = log_probs.response_log_probs(
+            model,
+            micro,
+            self.temperature,
+            packing,
+            impl=self.impl,
+            calculate_entropy=self.entropy_coeff != 0,
+        )
+        mask = micro["response_mask"]
+        old = jax.lax.stop_gradient(log_prob) if self.on_policy else micro["old_log_probs"]
+        terms_fn = algos.get_policy_loss_terms_fn(self.policy_loss.loss_mode or "vanilla")
+        terms = terms_fn(
+            old,
+            log_prob,
+            micro["advantages"],
+            mask,
+            self,
+            rollout_is_weights=micro.get("rollout_is_weights"),
+        )
+        mode = terms.loss_agg_mode or self.loss_agg_mode
+        agg = algos.agg_loss_terms
+        pg_loss = agg(terms.loss_mat, mask, mode, self.loss_scale_factor)[0] / norm[mode]
+        loss = pg_loss
+        metrics = {"actor/pg_loss": pg_loss}
+        for name, mat in terms.metrics.items():
+            metrics[name] = jnp.sum(mat * mask) / norm["tokens"]
+        own = self.loss_agg_mode
+        if self.entropy_coeff != 0:
+            ent = agg(entropy, mask, own, self.loss_scale_factor)[0]
+            loss = loss - self.entropy_coeff * ent / norm[own]
+        if self.use_kl_loss:
+            kld = algos.kl_penalty(log_prob, micro["ref_log_prob"], self.kl_loss_type)
+            kl_loss = agg(kld, mask, own, self.loss_scale_factor)[0] / norm[own]
+            loss = loss + self.kl_loss_coef * kl_loss
+            metrics["actor/kl_loss"] = kl_loss
+        return loss, metrics
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorSpec:
+    """The actor's settings, resolved once from the config: its model, how its log-prob pass
+    and its update split a batch, its loss and learning-rate schedule."""
+
+    model: ModelSpec
+    forward: ForwardSpec
+    train: TrainSpec
+    loss: ActorLoss
+
+    @classmethod
+    def resolve(cls, config: Any, mesh: Mesh, total_training_steps: int) -> ActorSpec:
+        """The spec of ``actor_rollout_ref.actor`` on the actor's `mesh` (its log-prob pass
+        splits as ``rollout.log_prob_*`` say, as verl's)."""
+        arr = config.actor_rollout_ref
+        packed = bool(arr.model.use_remove_padding)
+        seed = config.data.get("seed")
+        return cls(
+            model=ModelSpec.resolve(
+                arr.model, arr.actor.fsdp_config, lora_seed=int(seed if seed is not None else 0)
+            ),
+            forward=log_prob_split(arr.rollout, "actor_rollout_ref.rollout", mesh, packed),
+            train=TrainSpec.resolve(
+                arr.actor,
+                ACTOR,
+                mesh,
+                packed,
+                rollout_n=arr.rollout.n,
+                total_training_steps=total_training_steps,
+            ),
+            loss=ActorLoss.resolve(arr.actor, arr.rollout.temperature, logprob_impl(arr, "actor")),
+        )
+
+
+def log_prob_split(section: Any, prefix: str, mesh: Mesh, packed: bool) -> ForwardSpec:
+    """How the log-prob pass of ``actor_rollout_ref.{rollout,ref}`` splits a batch on `mesh`."""
+    return ForwardSpec.resolve(
+        section,
+        prefix,
+        mesh,
+        packed,
+        flag_key="log_prob_use_dynamic_bsz",
+        limit_key="log_prob_max_token_len_per_gpu",
+        micro_key="log_prob_micro_batch_size",
+    )
+
+
+class Actor:
+    """The trained policy on its mesh: log-probs of a batch's responses and verl's update."""
+
+    def __init__(self, spec: ActorSpec, mesh: Mesh, learner: Learner):
+        self.spec = spec
+        self.mesh = mesh
+        self.learner = learner
+        self.log_probs = LogProbForward(
+            learner.graphdef,
+            learner.param_shardings,
+            mesh,
+            temperature=spec.loss.temperature,
+            forward=spec.forward,
+            impl=spec.loss.impl,
+        )
+
+    @classmethod
+    def from_config(cls, config: Any, mesh: Mesh, total_training_steps: int) -> Actor:
+        """The actor of `config` on `mesh`'s devices, with AdamW from ``actor.optim``."""
+        arr = config.actor_rollout_ref
+        fsdp = arr.actor.fsdp_config
+        mesh = role_mesh_of(arr.actor, ACTOR, mesh, fsdp)
+        spec = ActorSpec.resolve(config, mesh, total_training_steps)
+        model = spec.model.load(mesh)
+        check_heads(model, mesh, ACTOR)
+        learner = Learner.create(
+            model,
+            make_optimizer(arr.actor.optim),
+            mesh,
+            nnx.Param if spec.model.lora is None else LoRAParam,
+            **offloads(fsdp, f"{ACTOR}.fsdp_config", mesh),
+        )
+        return cls(spec, mesh, learner)
+
+    @property
+    def params(self) -> Any:
+        """The current parameters, in device memory."""
+        return self.learner.params
+
+    def compute_log_prob(
+        self, batch: Batch, calculate_entropy: bool = False
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Log-probs [B, R] of the batch's responses (and entropy, only computed when asked)."""
+        return self.log_probs(self.params, batch, calculate_entropy)
+
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """verl's update_policy: ppo_epochs x mini-batches, accumulating over micro-batches."""
+        spec = self.spec
+        plan = spec.train.plan
+        keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
+        if spec.loss.use_kl_loss:
+            keys.append("ref_log_prob")
+        if "rollout_is_weights" in batch:
+            keys.append("rollout_is_weights")
+        tensors = {k: np.asarray(batch.tensors[k]) for k in keys}
+        on_policy = len(batch) == plan.mini_rows and plan.epochs == 1
+        lr = spec.train.schedule(step - 1)
+        history = self.learner.train(
+            dataclasses.replace(spec.loss, on_policy=on_policy),
+            tensors,
+            plan,
+            lr=lr,
+            shuffle_seed=spec.train.shuffle_seed(step),
+        )
+        out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("actor/")}
+        out["actor/pg_loss"] = float(np.sum(history["actor/pg_loss"]))
+        if "actor/kl_loss" in history:
+            out["actor/kl_loss"] = float(np.sum(history["actor/kl_loss"]))
+            out["actor/kl_coef"] = float(spec.loss.kl_loss_coef)
+        out["actor/grad_norm"] = float(np.mean(history["grad_norm"]))
+        out["actor/lr"] = float(lr)
+        out["actor/skipped_steps"] = float(np.sum(history["skipped"]))
+        return out

@@ -1,0 +1,268 @@
+"""Role settings resolved once from the config at start-up: how a role's model is loaded, how its
+forward passes and its updates split a batch, and its learning-rate schedule.
+
+Each spec is a frozen dataclass built from the config sections by a ``resolve`` function; the
+roles keep the spec and never read the config tree again. Errors name the config key.
+
+Micro-batches follow verl: ``*_micro_batch_size_per_gpu`` rows per data-parallel rank (or the
+deprecated global key divided by the ranks), or with ``use_dynamic_bsz`` a token budget of
+``*_max_token_len_per_gpu`` per device times the sequence-parallel devices that share a shard's
+sequences. verl's data-parallel size is devices // ``ulysses_sequence_parallel_size``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from jax.sharding import Mesh
+
+from jrl.models import apply_lora, from_pretrained
+from jrl.models.decoder import set_memory_options
+from jrl.models.dtypes import parse_dtype
+from jrl.models.layers import check_sequence_heads
+from jrl.models.lora import lora_settings
+from jrl.parallel import Offload, data_parallel_size, role_mesh, sequence_parallel_size
+from jrl.trainer.update.batching import Forward, forward_pass
+from jrl.trainer.update.dynamic_batching import TokenBudget
+from jrl.trainer.update.learner import UpdatePlan
+from jrl.trainer.update.optim import Schedule
+from jrl.trainer.update.packing import packing_plan
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """How a ``*.model`` section's model is loaded: streamed from `path` straight onto the mesh
+    (FSDP layout), computing in `dtype` over `param_dtype` parameters, with full remat of every
+    decoder layer when `remat` (``enable_gradient_checkpointing``) and host offload of what it
+    keeps when `activation_offload`; `lora` holds `apply_lora`'s settings (None: no LoRA)."""
+
+    path: str
+    kind: str
+    dtype: Any
+    param_dtype: Any
+    trust_remote_code: bool
+    external_lib: str | None
+    override_config: dict[str, Any]
+    remat: bool
+    activation_offload: bool
+    lora: dict[str, Any] | None
+    lora_seed: int = 0
+
+    @classmethod
+    def resolve(
+        cls,
+        model_cfg: Any,
+        fsdp_cfg: Any,
+        kind: str = "causal_lm",
+        *,
+        path_key: str = "path",
+        lora_seed: int = 0,
+    ) -> ModelSpec:
+        """The spec of the ``*.model`` section `model_cfg` with the ``fsdp_config`` `fsdp_cfg`
+        (``dtype``, ``model_dtype``); `path_key` names the key of the weights (SFT:
+        ``partial_pretrain``)."""
+        override = model_cfg.get("override_config")
+        return cls(
+            path=model_cfg[path_key],
+            kind=kind,
+            dtype=parse_dtype(fsdp_cfg.get("dtype", "bfloat16")),
+            param_dtype=parse_dtype(fsdp_cfg.get("model_dtype", "fp32")),
+            trust_remote_code=bool(model_cfg.get("trust_remote_code", False)),
+            external_lib=model_cfg.get("external_lib"),
+            override_config=_plain(override),
+            remat=bool(model_cfg.get("enable_gradient_checkpointing", False)),
+            activation_offload=bool(model_cfg.get("enable_activation_offload", False)),
+            lora=lora_settings(model_cfg),
+            lora_seed=lora_seed,
+        )
+
+    def memory_options(self) -> dict[str, Any]:
+        """`set_memory_options` arguments: full remat of every decoder layer with `remat`,
+        host offload of what it keeps with `activation_offload`."""
+        return {
+            "remat_policy": "full" if self.remat else "none",
+            "activation_offload": self.activation_offload,
+        }
+
+    def load(self, mesh: Mesh, lora_key: str = "actor_rollout_ref.model") -> Any:
+        """The model on `mesh`, with LoRA adapters when `lora` is set (`lora_key` names the
+        section for errors)."""
+        model = from_pretrained(
+            self.path,
+            kind=self.kind,
+            dtype=self.dtype,
+            param_dtype=self.param_dtype,
+            mesh=mesh,
+            trust_remote_code=self.trust_remote_code,
+            external_lib=self.external_lib,
+            override_config=self.override_config,
+        )
+        set_memory_options(model, **self.memory_options())
+        if self.lora is not None:
+            try:
+                apply_lora(model, seed=self.lora_seed, **self.lora)
+            except ValueError as err:
+                raise ValueError(f"{lora_key}: {err}") from err
+        return model
+
+
+@dataclasses.dataclass(frozen=True)
+class ForwardSpec:
+    """How a forward-only pass (log-probs, values, scores) splits a batch: chunks of `rows` rows
+    (packed when `remove_padding`), or micro-batches under the token `budget`."""
+
+    rows: int | None
+    budget: TokenBudget | None
+    remove_padding: bool = False
+
+    @classmethod
+    def resolve(
+        cls,
+        section: Any,
+        prefix: str,
+        mesh: Mesh,
+        packed: bool,
+        *,
+        flag_key: str,
+        limit_key: str,
+        micro_key: str,
+        world: int | None = None,
+        sequence_parallel: int | None = None,
+    ) -> ForwardSpec:
+        """The split of the role section `section` at `prefix` on `mesh`: the token budget of
+        `limit_key` when `flag_key` is on, else `micro_key` rows per rank (``*_per_gpu``, or the
+        deprecated global key); `world` and `sequence_parallel` override the mesh's
+        data-parallel and sequence-parallel sizes."""
+        world = data_parallel_size(mesh) if world is None else world
+        if sequence_parallel is None:
+            sequence_parallel = sequence_parallel_size(mesh)
+        budget = token_budget(section, prefix, flag_key, limit_key, packed, sequence_parallel)
+        if budget is not None:
+            return cls(None, budget, packed)
+        rows = world * micro_rows_per_device(section, f"{micro_key}_per_gpu", micro_key, world)
+        return cls(rows, None, packed)
+
+    def run(self, fn: Forward, tensors: dict[str, Any], mesh: Mesh) -> Any:
+        """Per-row outputs of the jitted ``fn(micro_batch, layout)`` over the whole batch."""
+        return forward_pass(
+            fn,
+            tensors,
+            mesh,
+            rows=self.rows,
+            remove_padding=self.remove_padding,
+            budget=self.budget,
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainSpec:
+    """How a trained role updates: its `UpdatePlan`, the learning rate per training step
+    (`schedule`, one scheduler step per training step, as verl) and the mini-batch shuffle seed
+    (``data_loader_seed``, None when ``shuffle`` is off)."""
+
+    plan: UpdatePlan
+    schedule: Schedule
+    shuffle: int | None
+
+    @classmethod
+    def resolve(
+        cls,
+        section: Any,
+        prefix: str,
+        mesh: Mesh,
+        packed: bool,
+        *,
+        rollout_n: int,
+        total_training_steps: int,
+    ) -> TrainSpec:
+        """The PPO update of the trained role section at `prefix` (actor or critic): verl's
+        mini-batches of ``ppo_mini_batch_size * rollout.n`` rows for ``ppo_epochs``, micro
+        batches by ``ppo_micro_batch_size_per_gpu`` per rank or, with ``use_dynamic_bsz``, by
+        the token budget ``ppo_max_token_len_per_gpu``."""
+        world = data_parallel_size(mesh)
+        budget = token_budget(
+            section,
+            prefix,
+            "use_dynamic_bsz",
+            "ppo_max_token_len_per_gpu",
+            packed,
+            sequence_parallel_size(mesh),
+        )
+        split: dict[str, Any] = {"token_budget": budget}
+        if budget is None:
+            rows = world * micro_rows_per_device(
+                section, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", world
+            )
+            split = {"micro_rows": rows, "packing": packing_plan(rows, mesh, packed)}
+        plan = UpdatePlan(
+            grad_clip=float(section.grad_clip),
+            mini_rows=int(section.ppo_mini_batch_size) * int(rollout_n),
+            epochs=int(section.ppo_epochs),
+            loss_scale_factor=section.get("loss_scale_factor"),
+            **split,
+        )
+        seed = section.get("data_loader_seed")
+        shuffle = (0 if seed is None else int(seed)) if section.get("shuffle") else None
+        return cls(plan, Schedule.rl(section.optim, total_training_steps), shuffle)
+
+    def shuffle_seed(self, step: int) -> tuple[int, int] | None:
+        """Seed of step `step`'s per-epoch mini-batch shuffle: (data_loader_seed, step)."""
+        return None if self.shuffle is None else (self.shuffle, int(step))
+
+
+def micro_rows_per_device(section: Any, per_gpu_key: str, global_key: str, world: int) -> int:
+    """verl's micro-batch size per device: `*_per_gpu`, else the deprecated global key // world."""
+    per_gpu = section.get(per_gpu_key)
+    if per_gpu:
+        return int(per_gpu)
+    return max(1, int(section[global_key]) // world)
+
+
+def token_budget(
+    section: Any,
+    prefix: str,
+    flag_key: str,
+    limit_key: str,
+    packed: bool,
+    sequence_parallel: int = 1,
+) -> TokenBudget | None:
+    """The token budget of one batch shard when the role section at `prefix` has its `flag_key`
+    (``use_dynamic_bsz`` or ``log_prob_use_dynamic_bsz``) on, else None: the per-device
+    `limit_key` times the `sequence_parallel` devices that share the shard's sequences (verl)."""
+    if not section.get(flag_key):
+        return None
+    return TokenBudget(int(section[limit_key]) * sequence_parallel, f"{prefix}.{limit_key}", packed)
+
+
+def role_mesh_of(section: Any, prefix: str, mesh: Mesh, fsdp_cfg: Any) -> Mesh:
+    """The mesh of the role section at `prefix`: `mesh`'s devices with the section's
+    ``ulysses_sequence_parallel_size`` on the `sequence` axis."""
+    size = int(section.get("ulysses_sequence_parallel_size") or 1)
+    key = f"{prefix}.ulysses_sequence_parallel_size"
+    return role_mesh(mesh, size, fsdp_cfg.get("fsdp_size", -1), key)
+
+
+def check_heads(model: Any, mesh: Mesh, prefix: str) -> None:
+    """Fails early unless sequence parallelism on `mesh` can split `model`'s attention heads."""
+    c = model.config
+    key = f"{prefix}.ulysses_sequence_parallel_size"
+    check_sequence_heads(c.num_heads, c.num_kv_heads, sequence_parallel_size(mesh), key)
+
+
+def offloads(fsdp_cfg: Any, prefix: str, mesh: Mesh) -> dict[str, Offload]:
+    """`Learner.create`'s ``param_offload`` and ``optimizer_offload`` from the ``fsdp_config``
+    section at `prefix`."""
+    return {
+        name: Offload.configure(
+            bool(fsdp_cfg.get(name, False)), f"{prefix}.{name}", mesh.local_devices
+        )
+        for name in ("param_offload", "optimizer_offload")
+    }
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    """A config section (or None) as a plain dict."""
+    if section is None:
+        return {}
+    return section.to_dict() if hasattr(section, "to_dict") else dict(section)
