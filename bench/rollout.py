@@ -200,7 +200,7 @@ def run_jrl(args: argparse.Namespace) -> list[dict[str, Any]]:
         out = rollout.generate(batch, sampling, jax.random.key(0))
         jax.block_until_ready(out.tensors)
         seconds = time.perf_counter() - start
-        stats = rollout.last_stats
+        stats = rollout.stats
         slots_used, steps = int(stats["rollout/slots"]), int(stats["rollout/decode_steps"])
         per_token = kv_bytes_per_token(model.config, dtype, 1)
         kv_bytes = (

@@ -43,6 +43,12 @@ continues from the latest complete checkpoint, ``resume_path`` from ``trainer.re
 Loggers (``trainer.logger``) as in ``python -m jrl.train``; every step's metrics also go to
 ``<default_local_dir>/metrics.jsonl``. SIGINT/SIGTERM end the run after the current step with a
 checkpoint (exit status 0); a NaN or infinite loss stops it (status 1).
+
+Several processes run as one as with ``python -m jrl.train``: the same command in each, with
+``JRL_COORDINATOR_ADDRESS``, ``JRL_NUM_PROCESSES`` and ``JRL_PROCESS_ID`` (or SLURM / Open MPI /
+Cloud TPU detection) and ``trainer.nnodes`` x ``trainer.n_gpus_per_node`` set to all their
+devices; each loads its share of the rows, only process 0 prints and logs, and a signal to any
+process stops all of them after the same step.
 """
 
 from __future__ import annotations
@@ -52,8 +58,14 @@ import time
 
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config.entry import INPUT_ERRORS, load_entry_config, run_entry
-from jrl.config.sft_defaults import sft_config, validate_sft
+from jrl.config.sft_defaults import sft_config
+from jrl.config.validate import validate_sft
+from jrl.parallel import distributed
 from jrl.trainer.loop.stopping import NonFiniteLossError
+
+# How long the processes of a multi-process run wait for each other to join (verl's SFT trainer
+# has no key for it; the RL trainer's trainer.ray_wait_register_center_timeout default).
+JOIN_TIMEOUT_S = 300
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -63,6 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(__doc__)
         return {}
     config = load_entry_config(argv, sft_config, validate_sft)
+    distributed.start(config.trainer.nnodes, config.trainer.n_gpus_per_node, JOIN_TIMEOUT_S)
     enable_compilation_cache()
     from jrl.trainer.sft.trainer import SFTTrainer
 

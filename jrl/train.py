@@ -57,9 +57,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(__doc__)
         return {}
     config, _ = load_config(argv)
-    distributed.initialize(config.trainer.ray_wait_register_center_timeout)
-    distributed.quiet_unless_primary()
-    distributed.check_topology(config.trainer.nnodes, config.trainer.n_gpus_per_node)
+    trainer = config.trainer
+    distributed.start(
+        trainer.nnodes, trainer.n_gpus_per_node, trainer.ray_wait_register_center_timeout
+    )
     enable_compilation_cache()
     prepare_for(config)
     from jrl.trainer.ppo.trainer import PPOTrainer

@@ -1,6 +1,8 @@
 """Shared pieces of the tests: a tiny llama configuration, a training run in a subprocess whose
-output is watched line by line, a finiteness check of run metrics and the arguments of a small
-generation run."""
+output is watched line by line, a finiteness check of run metrics, the arguments of a small
+generation run, random left-padded prompts and prompt + response rows, a model's forward under
+jit (full, and cached prefill then decode), random LoRA adapters and a closeness check of logits.
+Reference implementations (numpy loops, transformers models) are in `reference.py`."""
 
 from __future__ import annotations
 
@@ -14,7 +16,13 @@ import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from jrl.models import ModelConfig
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from jrl.batch import Batch
+from jrl.models import LoRAParam, ModelConfig, default_position_ids
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -39,6 +47,101 @@ TINY_LLAMA = ModelConfig(
 def tiny_llama(**changes) -> ModelConfig:
     """`TINY_LLAMA` with some fields changed."""
     return dataclasses.replace(TINY_LLAMA, **changes)
+
+
+def left_padded_prompts(
+    lengths, width: int, vocab_size: int, *, seed: int = 0, low: int = 2, meta: dict | None = None
+) -> Batch:
+    """Prompts of the given lengths, of random tokens in [low, vocab_size), left-padded with 0 to
+    `width`, with positions that skip the padding; `meta` is the batch's per-row metadata."""
+    mask = (np.arange(width)[None] >= width - np.asarray(lengths)[:, None]).astype(np.int32)
+    ids = np.where(mask, np.random.default_rng(seed).integers(low, vocab_size, mask.shape), 0)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, meta or {})
+
+
+def left_padded_inputs(pads, width: int, vocab_size: int, *, seed: int, low: int = 0):
+    """A model call's (ids, mask, positions): random ids in [low, vocab_size) (numpy's legacy
+    `RandomState(seed)`) of `len(pads)` rows of `width` tokens, row i with `pads[i]` tokens of
+    left padding, positions that skip the padding."""
+    ids = np.random.RandomState(seed).randint(low, vocab_size, (len(pads), width))
+    mask = np.ones((len(pads), width), np.int32)
+    for row, pad in enumerate(pads):
+        mask[row, :pad] = 0
+    return ids, mask, np.asarray(default_position_ids(jnp.asarray(mask)))
+
+
+def padded_rows(
+    prompt_lens, response_lens, prompt: int, response: int, vocab_size: int, rng
+) -> dict[str, np.ndarray]:
+    """Prompts left-padded to `prompt` columns and responses right-padded to `response` columns,
+    of the given lengths and of random tokens in [1, vocab_size) from `rng` (0 on the padding):
+    `input_ids`, `attention_mask`, `position_ids`, `responses` and `response_mask`."""
+    slots = np.arange(prompt + response)
+    starts = prompt - np.asarray(prompt_lens)[:, None]
+    ends = prompt + np.asarray(response_lens)[:, None]
+    mask = ((slots >= starts) & (slots < ends)).astype(np.int32)
+    ids = (rng.integers(1, vocab_size, mask.shape) * mask).astype(np.int32)
+    return {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int32),
+        "responses": ids[:, prompt:],
+        "response_mask": mask[:, prompt:],
+    }
+
+
+def jit_call(model, batch, method="__call__"):
+    """`model.method(ids, mask, positions)` for `batch` = (ids, mask, positions), under jit."""
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def run(state, ids, mask, pos):
+        return getattr(nnx.merge(graphdef, state), method)(ids, mask, pos)
+
+    return np.asarray(run(state, *(jnp.asarray(a) for a in batch)))
+
+
+def prefill_then_decode(model, batch, prompt: int, max_len: int):
+    """Logits of `batch` = (ids, mask, positions) by `forward_cached`: the first `prompt` tokens
+    in one prefill, then one token a step, into a KV cache of `max_len` slots; returns the logits
+    [B, T, V] and the cache."""
+    ids, mask, pos = batch
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def step(state, ids, pos, cache, offset, kv_mask):
+        m = nnx.merge(graphdef, state)
+        hidden, cache = m.forward_cached(ids, pos, cache, offset, kv_mask)
+        return m.logits(hidden), cache
+
+    kv_mask = np.zeros((ids.shape[0], max_len), bool)
+    kv_mask[:, :prompt] = mask[:, :prompt]
+    cache = model.init_cache(ids.shape[0], max_len)
+    logits, cache = step(state, ids[:, :prompt], pos[:, :prompt], cache, 0, kv_mask)
+    outputs = [np.asarray(logits)]
+    for t in range(prompt, ids.shape[1]):
+        kv_mask[:, t] = mask[:, t]
+        logits, cache = step(state, ids[:, t : t + 1], pos[:, t : t + 1], cache, t, kv_mask)
+        outputs.append(np.asarray(logits))
+    return np.concatenate(outputs, axis=1), cache
+
+
+def assert_close(ours, ref, mask, rel=1e-4):
+    """max |ours - ref| over valid positions is within rel * max |ref|."""
+    valid = mask.astype(bool)
+    assert np.isfinite(ours).all()
+    err, scale = np.abs(ours[valid] - ref[valid]).max(), np.abs(ref[valid]).max()
+    assert err <= rel * scale, (err, scale)
+
+
+def randomise_adapters(model, seed: int = 1) -> None:
+    """Gives every LoRA B a non-zero value (B starts at zero, which hides the adapter)."""
+    key = jax.random.key(seed)
+    for i, (path, var) in enumerate(nnx.to_flat_state(nnx.state(model, LoRAParam))):
+        if path[-1] == "lora_b":
+            shape = var.get_value().shape
+            var.set_value(0.1 * jax.random.normal(jax.random.fold_in(key, i), shape))
 
 
 def flatten(tree: dict, prefix: str = "") -> dict:

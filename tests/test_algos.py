@@ -1,91 +1,34 @@
 """jrl.algos against straightforward numpy loops written from the formulas (float64)."""
 
 import math
-import statistics
 
 import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
+from reference import (
+    MASK,
+    UIDS,
+    B,
+    R,
+    close,
+    outcome_rewards,
+    rand,
+    ref_agg,
+    ref_gae,
+    ref_grpo,
+    ref_masked_mean,
+    ref_whiten,
+)
 
 from jrl import algos
 
-B, R = 8, 6
 MODES = algos.LOSS_AGG_MODES
-# Rows: full, short, empty, EOS first, holes (tool tokens), full, short, medium.
-MASK = np.array(
-    [
-        [1, 1, 1, 1, 1, 1],
-        [1, 1, 1, 0, 0, 0],
-        [0, 0, 0, 0, 0, 0],
-        [1, 0, 0, 0, 0, 0],
-        [1, 1, 0, 0, 1, 0],
-        [1, 1, 1, 1, 1, 1],
-        [1, 1, 0, 0, 0, 0],
-        [1, 1, 1, 1, 1, 0],
-    ],
-    dtype=np.float32,
-)
-
-
-def rand(seed: int, shape=(B, R), scale: float = 1.0) -> np.ndarray:
-    return (np.random.default_rng(seed).standard_normal(shape) * scale).astype(np.float32)
-
-
-def close(actual, expected, tol: float = 1e-5) -> None:
-    np.testing.assert_allclose(np.asarray(actual, np.float64), expected, rtol=tol, atol=tol)
 
 
 # ---------------------------------------------------------------- numpy references
-
-
-def ref_masked_mean(x, m):
-    return float((x.astype(np.float64) * m).sum() / (m.sum() + 1e-8))
-
-
-def ref_whiten(x, m):
-    valid = [float(v) for v, k in zip(x.ravel(), m.ravel(), strict=True) if k]
-    mean = ref_masked_mean(x, m)
-    var = sum((v - mean) ** 2 for v in valid) / (len(valid) + 1e-8) * len(valid) / (len(valid) - 1)
-    return (x.astype(np.float64) - mean) / math.sqrt(var + 1e-8)
-
-
-def ref_gae(rewards, values, mask, gamma, lam):
-    adv = np.zeros((B, R))
-    for i in range(B):
-        next_value, last_gae = 0.0, 0.0
-        for t in reversed(range(R)):
-            delta = rewards[i, t] + gamma * next_value - values[i, t]
-            gae = delta + gamma * lam * last_gae
-            if mask[i, t]:
-                next_value, last_gae = values[i, t], gae
-            adv[i, t] = last_gae
-    return ref_whiten(adv, mask), adv + values
-
-
-def ref_grpo(rewards, mask, index, eps, norm):
-    scores = rewards.astype(np.float64).sum(-1)
-    out = np.zeros((B, R))
-    for i in range(len(index)):
-        group = [scores[j] for j in range(len(index)) if index[j] == index[i]]
-        mean, std = (statistics.mean(group), statistics.stdev(group)) if len(group) > 1 else (0, 1)
-        a = (scores[i] - mean) / (std + eps) if norm else scores[i] - mean
-        out[i] = a * mask[i]
-    return out
-
-
-def ref_agg(loss, mask, mode, factor=None):
-    rows = [i for i in range(B) if mask[i].sum() > 0]
-    row_sums = [sum(loss[i, t] * mask[i, t] for t in range(R)) for i in range(B)]
-    if mode == "token-mean":
-        return sum(row_sums) / mask.sum() if mask.sum() else 0.0
-    if mode == "seq-mean-token-sum":
-        return sum(row_sums[i] for i in rows) / len(rows) if rows else 0.0
-    if mode == "seq-mean-token-mean":
-        means = [row_sums[i] / mask[i].sum() for i in rows]
-        return sum(means) / len(rows) if rows else 0.0
-    return sum(row_sums) / (R if factor is None else factor)
+# (those other test modules use too are in reference.py)
 
 
 def ref_vanilla(old, new, adv, lo, hi, c, weights):
@@ -157,20 +100,6 @@ def test_gae_matches_loop(gamma, lam):
     close(returns, ref_ret, 1e-4)
     close(advantages, ref_adv, 1e-4)
     assert algos.get_adv_estimator_fn("gae") is algos.compute_gae_advantage_return
-
-
-def outcome_rewards(scores: np.ndarray) -> np.ndarray:
-    """Score on the last valid token of each row (nothing on empty rows)."""
-    rewards = np.zeros((B, R), np.float32)
-    for i, s in enumerate(scores):
-        valid = np.nonzero(MASK[i])[0]
-        if len(valid):
-            rewards[i, valid[-1]] = s
-    return rewards
-
-
-# Groups: "a" 3 rows (one empty), "b" all-equal pair, "c" singleton, "d" pair.
-UIDS = np.array(["a", "b", "a", "c", "b", "a", "d", "d"], dtype=object)
 
 
 @pytest.mark.parametrize("norm", [True, False])

@@ -5,7 +5,7 @@ import statistics
 import ml_collections
 import numpy as np
 import pytest
-from test_algos import MASK, UIDS, B, R, close, outcome_rewards, rand, ref_gae, ref_grpo, ref_whiten
+from reference import MASK, UIDS, B, R, close, outcome_rewards, rand, ref_gae, ref_grpo, ref_whiten
 
 from jrl import algos
 from jrl.algos import advantages as adv_module

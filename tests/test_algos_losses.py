@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from test_algos import MASK, B, R, close, rand, ref_agg, ref_masked_mean
+from reference import MASK, B, R, close, rand, ref_agg, ref_masked_mean
 
 from jrl import algos
 from jrl.algos.policy_loss import POLICY_LOSS_TERMS, POLICY_LOSSES

@@ -17,10 +17,10 @@ from jrl.data.prompts import truncate
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory):
+def tokenizer(train_tokenizer):
     texts = [r["prompt"][0]["content"] for r in make_offline_rows(300, seed=0, split="train")]
     texts += [r["extra_info"]["answer"] for r in make_offline_rows(300, seed=0, split="train")]
-    return train_tiny_tokenizer(texts, tmp_path_factory.mktemp("tok") / "tiny", vocab_size=512)
+    return train_tokenizer(texts, vocab_size=512)
 
 
 @pytest.fixture

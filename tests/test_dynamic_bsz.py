@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import one_tiny_ppo_step
+from helpers import one_tiny_ppo_step, padded_rows
 
 from jrl.batch import Batch
 from jrl.config import ConfigError, default_config, load_config
@@ -45,17 +45,10 @@ def _batch(
     rng = np.random.default_rng(seed)
     prompt_lens = rng.integers(1, prompts + 1, rows)
     response_lens = rng.integers(1, responses + 1, rows)
-    slots = np.arange(WIDTH)
-    mask = (slots >= PROMPT - prompt_lens[:, None]) & (slots < PROMPT + response_lens[:, None])
-    mask = mask.astype(np.int32)
-    ids = (rng.integers(1, CONFIG.vocab_size, mask.shape) * mask).astype(np.int32)
-    response_mask = mask[:, PROMPT:]
+    tensors = padded_rows(prompt_lens, response_lens, PROMPT, RESPONSE, CONFIG.vocab_size, rng)
+    response_mask = tensors["response_mask"]
     return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "position_ids": np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int32),
-        "responses": ids[:, PROMPT:],
-        "response_mask": response_mask,
+        **tensors,
         "old_log_probs": (rng.normal(-4.0, 0.3, response_mask.shape) * response_mask).astype(
             np.float32
         ),

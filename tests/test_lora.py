@@ -11,6 +11,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
+from helpers import randomise_adapters
 from safetensors.numpy import load_file
 
 from jrl import train
@@ -47,15 +48,6 @@ PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "
 
 def _model(seed: int = 0):
     return init_random(ModelConfig.from_hf(HF), seed=seed)
-
-
-def _randomise_adapters(model, seed: int = 1) -> None:
-    """Gives every B a non-zero value (B starts at zero, which hides the adapter)."""
-    key = jax.random.key(seed)
-    for i, (path, var) in enumerate(nnx.to_flat_state(nnx.state(model, LoRAParam))):
-        if path[-1] == "lora_b":
-            shape = var.get_value().shape
-            var.set_value(0.1 * jax.random.normal(jax.random.fold_in(key, i), shape))
 
 
 def _inputs(rows: int = 3, length: int = 10, seed: int = 0):
@@ -120,7 +112,7 @@ def test_forward_equals_base_with_zero_b_and_follows_the_formula():
     plain_q = np.asarray(q(x))
     apply_lora(model, rank=4, alpha=8)
     np.testing.assert_array_equal(np.asarray(model(ids, mask, pos)), base)
-    _randomise_adapters(model)
+    randomise_adapters(model)
     a, b = np.asarray(q.lora_a[...]), np.asarray(q.lora_b[...])
     np.testing.assert_allclose(np.asarray(q(x)), plain_q + (x @ a @ b) * 2.0, rtol=1e-5, atol=1e-6)
     assert np.abs(np.asarray(model(ids, mask, pos)) - base).max() > 1e-3
@@ -190,7 +182,7 @@ def test_reference_is_the_actor_base_without_adapters(lora_config):
     assert all(id(x) in frozen for x in jax.tree.leaves(ref.params))  # no copy of the base
 
     model = actor.state.model()
-    _randomise_adapters(model)
+    randomise_adapters(model)
     state = actor.state
     state.trainable = jax.device_put(nnx.state(model, LoRAParam), state.trainable_shardings)
     ids, mask, pos = _inputs(rows=4, length=12)
@@ -214,7 +206,7 @@ def test_merged_export_loads_in_transformers(tmp_path):
     hf_model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**hf_config))
     hf_model.save_pretrained(tmp_path / "base")
     model = apply_lora(from_pretrained(tmp_path / "base"), rank=4, alpha=8)
-    _randomise_adapters(model)
+    randomise_adapters(model)
     ids, mask, pos = _inputs()
     ours = np.asarray(model(ids, mask, pos))
 

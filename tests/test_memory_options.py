@@ -14,7 +14,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import one_tiny_ppo_step
+from helpers import one_tiny_ppo_step, padded_rows
 
 from jrl.batch import Batch
 from jrl.models import ModelConfig, init_random
@@ -52,18 +52,7 @@ PROMPT, RESPONSE = 10, 6
 def _batch(prompt_lens: list[int], response_lens: list[int], seed: int = 0) -> dict:
     """Left-padded prompts and right-padded responses of the given lengths."""
     rng = np.random.default_rng(seed)
-    slots = np.arange(PROMPT + RESPONSE)
-    starts = PROMPT - np.asarray(prompt_lens)[:, None]
-    ends = PROMPT + np.asarray(response_lens)[:, None]
-    mask = ((slots >= starts) & (slots < ends)).astype(np.int32)
-    ids = (rng.integers(1, CONFIG.vocab_size, mask.shape) * mask).astype(np.int32)
-    return {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "position_ids": np.clip(np.cumsum(mask, axis=1) - 1, 0, None).astype(np.int32),
-        "responses": ids[:, PROMPT:],
-        "response_mask": mask[:, PROMPT:],
-    }
+    return padded_rows(prompt_lens, response_lens, PROMPT, RESPONSE, CONFIG.vocab_size, rng)
 
 
 # 16 rows, mostly padding, so that several sequences share a packed row.

@@ -6,14 +6,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from flax import nnx
+from helpers import assert_close, jit_call, left_padded_inputs, prefill_then_decode
+from reference import SHAPE, randomise, torch_logits
 from safetensors.numpy import load_file, save_file
 
 from jrl.models import (
     CausalLM,
     ModelConfig,
     ValueModel,
-    default_position_ids,
     from_pretrained,
     gguf_to_hf_folder,
     init_random,
@@ -23,71 +23,21 @@ from jrl.models import (
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-SHAPE = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
-
-
-def _randomise(model):
-    """Gives every torch parameter (norm scales and biases included) a non-trivial value."""
-    torch.manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.uniform_(0.5, 1.5)
-            else:
-                p.normal_(0.0, 0.1)
-    return model.eval()
-
 
 def _hf_llama():
     cfg = transformers.LlamaConfig(**SHAPE, tie_word_embeddings=False, rope_theta=5e5)
-    return _randomise(transformers.LlamaForCausalLM(cfg))
+    return randomise(transformers.LlamaForCausalLM(cfg))
 
 
 def _hf_qwen2(cls_name="Qwen2ForCausalLM", **extra):
     cfg = transformers.Qwen2Config(**SHAPE, tie_word_embeddings=True, rope_theta=1e4, **extra)
-    return _randomise(getattr(transformers, cls_name)(cfg))
+    return randomise(getattr(transformers, cls_name)(cfg))
 
 
 @pytest.fixture(scope="module")
 def batch():
     """Three rows with 0, 3 and 7 tokens of left padding."""
-    ids = np.random.RandomState(0).randint(0, SHAPE["vocab_size"], (3, 10))
-    mask = np.ones((3, 10), np.int32)
-    mask[1, :3] = 0
-    mask[2, :7] = 0
-    return ids, mask, np.asarray(default_position_ids(jnp.asarray(mask)))
-
-
-def _torch_out(model, batch):
-    ids, mask, pos = (torch.tensor(np.asarray(a, np.int64)) for a in batch)
-    with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.numpy()
-
-
-def _jit_call(model, batch, method="__call__"):
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def run(state, ids, mask, pos):
-        return getattr(nnx.merge(graphdef, state), method)(ids, mask, pos)
-
-    return np.asarray(run(state, *(jnp.asarray(a) for a in batch)))
-
-
-def assert_close(ours, ref, mask, rel=1e-4):
-    """max |ours - ref| over valid positions is within rel * max |ref|."""
-    valid = mask.astype(bool)
-    assert np.isfinite(ours).all()
-    err, scale = np.abs(ours[valid] - ref[valid]).max(), np.abs(ref[valid]).max()
-    assert err <= rel * scale, (err, scale)
+    return left_padded_inputs((0, 3, 7), 10, SHAPE["vocab_size"], seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -113,32 +63,16 @@ def test_logits_match_transformers_with_left_padding(which, request, batch):
     model = from_pretrained(path)
     assert isinstance(model, CausalLM)
     assert (model.lm_head is None) == (which == "qwen2_sharded_dir")
-    assert_close(_jit_call(model, batch), _torch_out(hf_model, batch), batch[1])
+    assert_close(jit_call(model, batch), torch_logits(hf_model, batch), batch[1])
 
 
 def test_forward_cached_prefill_then_decode_matches_full_forward(llama_dir, batch):
     model = from_pretrained(llama_dir[0])
-    ids, mask, pos = batch
-    full = _jit_call(model, batch)
-    prompt, max_len = 6, 12
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def step(state, ids, pos, cache, offset, kv_mask):
-        m = nnx.merge(graphdef, state)
-        hidden, cache = m.forward_cached(ids, pos, cache, offset, kv_mask)
-        return m.logits(hidden), cache
-
-    kv_mask = np.zeros((3, max_len), bool)
-    kv_mask[:, :prompt] = mask[:, :prompt]
-    cache = model.init_cache(3, max_len)
-    logits, cache = step(state, ids[:, :prompt], pos[:, :prompt], cache, 0, kv_mask)
-    outputs = [np.asarray(logits)]
-    for t in range(prompt, ids.shape[1]):
-        kv_mask[:, t] = mask[:, t]
-        logits, cache = step(state, ids[:, t : t + 1], pos[:, t : t + 1], cache, t, kv_mask)
-        outputs.append(np.asarray(logits))
-    assert_close(np.concatenate(outputs, axis=1), full, mask)
+    ids, mask, _ = batch
+    full = jit_call(model, batch)
+    max_len = 12
+    logits, cache = prefill_then_decode(model, batch, prompt=6, max_len=max_len)
+    assert_close(logits, full, mask)
     assert cache.k.shape == (2, 3, max_len, 2, 16)
     assert not np.asarray(cache.k[:, :, ids.shape[1] :]).any()  # unused slots stay empty
 
@@ -155,7 +89,7 @@ def test_save_pretrained_loads_in_transformers(llama_dir, batch, tmp_path):
     assert ModelConfig.from_hf(json.loads((out / "config.json").read_text())) == model.config
     assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    assert_close(_torch_out(reloaded, batch), _torch_out(hf_model, batch), batch[1], rel=1e-6)
+    assert_close(torch_logits(reloaded, batch), torch_logits(hf_model, batch), batch[1], rel=1e-6)
 
 
 def test_save_pretrained_shards_and_keeps_bf16(qwen2_sharded_dir, tmp_path):
@@ -192,20 +126,20 @@ def test_value_model_token_classification_roundtrip(batch, tmp_path):
     hf_model = _hf_qwen2("Qwen2ForTokenClassification", num_labels=1)
     hf_model.save_pretrained(tmp_path / "tc", safe_serialization=True)
     critic = from_pretrained(tmp_path / "tc", kind="value")
-    ref = _torch_out(hf_model, batch)[..., 0]
-    assert_close(_jit_call(critic, batch), ref, batch[1])
+    ref = torch_logits(hf_model, batch)[..., 0]
+    assert_close(jit_call(critic, batch), ref, batch[1])
     save_pretrained(critic, tmp_path / "export")
     cls = transformers.AutoModelForTokenClassification
     reloaded = cls.from_pretrained(tmp_path / "export").eval()
     assert reloaded.config.num_labels == 1
-    assert_close(_torch_out(reloaded, batch)[..., 0], ref, batch[1], rel=1e-6)
+    assert_close(torch_logits(reloaded, batch)[..., 0], ref, batch[1], rel=1e-6)
 
 
 def test_bf16_compute_keeps_float32_logits_and_cache_dtype(llama_dir, batch):
-    exact = _jit_call(from_pretrained(llama_dir[0]), batch)
+    exact = jit_call(from_pretrained(llama_dir[0]), batch)
     model = from_pretrained(llama_dir[0], dtype=jnp.bfloat16)
     assert model.model.embed_tokens.embedding.dtype == jnp.float32  # storage stays fp32
-    logits = _jit_call(model, batch)
+    logits = jit_call(model, batch)
     assert logits.dtype == np.float32
     assert_close(logits, exact, batch[1], rel=5e-2)
     cache = model.init_cache(3, 10)
@@ -315,7 +249,7 @@ def test_gguf_import_unpermutes_rope(llama_dir, batch, tmp_path):
     _write_gguf(llama_dir[1], tmp_path / "tiny.gguf")
     model = from_pretrained(tmp_path / "tiny.gguf")
     assert not model.config.tie_word_embeddings and model.config.rope_theta == 5e5
-    assert_close(_jit_call(model, batch), _torch_out(llama_dir[1], batch), batch[1], rel=1e-6)
+    assert_close(jit_call(model, batch), torch_logits(llama_dir[1], batch), batch[1], rel=1e-6)
 
 
 @pytest.mark.slow
@@ -337,8 +271,8 @@ def test_smollm2_gguf_matches_transformers(tmp_path):
     ids = tok(text).input_ids
     assert ids == ref_tok(text).input_ids and tok.eos_token_id == tok.pad_token_id == 2
     batch = (np.asarray([ids]), np.ones((1, len(ids)), np.int32), np.arange(len(ids))[None])
-    ref = _torch_out(reference, batch)
-    assert_close(_jit_call(from_pretrained(gguf_path), batch), ref, batch[1], rel=1e-3)
-    assert_close(_jit_call(from_pretrained(folder), batch), ref, batch[1], rel=1e-3)
+    ref = torch_logits(reference, batch)
+    assert_close(jit_call(from_pretrained(gguf_path), batch), ref, batch[1], rel=1e-3)
+    assert_close(jit_call(from_pretrained(folder), batch), ref, batch[1], rel=1e-3)
     exported = transformers.AutoModelForCausalLM.from_pretrained(folder, local_files_only=True)
-    assert_close(_torch_out(exported.eval(), batch), ref, batch[1], rel=1e-3)
+    assert_close(torch_logits(exported.eval(), batch), ref, batch[1], rel=1e-3)

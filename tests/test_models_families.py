@@ -10,9 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from test_models import SHAPE, _jit_call, _randomise, _torch_out, assert_close
+from helpers import assert_close, jit_call, left_padded_inputs, prefill_then_decode
+from reference import FAMILIES, LLAMA3_ROPE, SHAPE, hf_family_model, torch_logits
 
-from jrl.models import CausalLM, ModelConfig, default_position_ids, from_pretrained, save_pretrained
+from jrl.models import CausalLM, ModelConfig, from_pretrained, save_pretrained
 from jrl.models.config import RopeScaling
 from jrl.models.layers import (
     Visibility,
@@ -25,45 +26,6 @@ from jrl.models.layers import (
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-WINDOW = 4
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "factor": 4.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,
-}
-GEMMA = dict(head_dim=16, sliding_window=WINDOW, query_pre_attn_scalar=24)
-FAMILIES = {
-    "llama": ("LlamaConfig", dict(rope_theta=5e5, rope_scaling=LLAMA3_ROPE)),
-    "qwen2": (
-        "Qwen2Config",
-        dict(use_sliding_window=True, sliding_window=WINDOW, max_window_layers=1),
-    ),
-    "qwen3": ("Qwen3Config", dict(head_dim=32, attention_bias=True, tie_word_embeddings=True)),
-    "mistral": ("MistralConfig", dict(sliding_window=WINDOW)),
-    "gemma2": (
-        "Gemma2Config",
-        dict(GEMMA, attn_logit_softcapping=2.0, final_logit_softcapping=5.0),
-    ),
-    "gemma3_text": (
-        "Gemma3TextConfig",
-        dict(
-            GEMMA,
-            sliding_window_pattern=2,
-            rope_local_base_freq=100.0,
-            rope_scaling={"rope_type": "linear", "factor": 2.0},
-        ),
-    ),
-}
-
-
-def _hf_model(name):
-    cls_name, extra = FAMILIES[name]
-    cfg = getattr(transformers, cls_name)(**{**SHAPE, "num_hidden_layers": 3, **extra})
-    cfg._attn_implementation = "eager"
-    return _randomise(transformers.AutoModelForCausalLM.from_config(cfg))
-
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
@@ -72,7 +34,7 @@ def checkpoint(tmp_path_factory):
 
     def get(name):
         if name not in built:
-            model = _hf_model(name)
+            model = hf_family_model(name)
             path = tmp_path_factory.mktemp(name)
             model.save_pretrained(path, safe_serialization=True)
             built[name] = path, model
@@ -84,11 +46,7 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def batch():
     """Three rows of 12 tokens with 0, 2 and 9 tokens of left padding."""
-    ids = np.random.RandomState(1).randint(0, SHAPE["vocab_size"], (3, 12))
-    mask = np.ones((3, 12), np.int32)
-    mask[1, :2] = 0
-    mask[2, :9] = 0
-    return ids, mask, np.asarray(default_position_ids(jnp.asarray(mask)))
+    return left_padded_inputs((0, 2, 9), 12, SHAPE["vocab_size"], seed=1)
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -96,7 +54,7 @@ def test_logits_match_transformers_with_left_padding(name, checkpoint, batch):
     path, hf_model = checkpoint(name)
     model = from_pretrained(path)
     assert model.config.model_type == name
-    assert_close(_jit_call(model, batch), _torch_out(hf_model, batch), batch[1])
+    assert_close(jit_call(model, batch), torch_logits(hf_model, batch), batch[1])
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))
@@ -110,7 +68,7 @@ def test_save_pretrained_roundtrip_in_transformers(name, checkpoint, batch, tmp_
         tmp_path / "export", attn_implementation="eager"
     ).eval()
     assert type(reloaded) is type(hf_model)
-    assert_close(_torch_out(reloaded, batch), _torch_out(hf_model, batch), batch[1], rel=1e-6)
+    assert_close(torch_logits(reloaded, batch), torch_logits(hf_model, batch), batch[1], rel=1e-6)
 
 
 def test_family_configs_are_read_as_transformers_reads_them(checkpoint):
@@ -139,34 +97,16 @@ def test_family_configs_are_read_as_transformers_reads_them(checkpoint):
 @pytest.mark.parametrize("name", ["mistral", "gemma3_text"])
 def test_forward_cached_keeps_the_sliding_window(name, checkpoint, batch):
     model = from_pretrained(checkpoint(name)[0])
-    ids, mask, pos = batch
-    prompt, max_len = 5, 14
-    graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def step(state, ids, pos, cache, offset, kv_mask):
-        m = nnx.merge(graphdef, state)
-        hidden, cache = m.forward_cached(ids, pos, cache, offset, kv_mask)
-        return m.logits(hidden), cache
-
-    kv_mask = np.zeros((3, max_len), bool)
-    kv_mask[:, :prompt] = mask[:, :prompt]
-    cache = model.init_cache(3, max_len)
-    logits, cache = step(state, ids[:, :prompt], pos[:, :prompt], cache, 0, kv_mask)
-    outputs = [np.asarray(logits)]
-    for t in range(prompt, ids.shape[1]):
-        kv_mask[:, t] = mask[:, t]
-        logits, cache = step(state, ids[:, t : t + 1], pos[:, t : t + 1], cache, t, kv_mask)
-        outputs.append(np.asarray(logits))
-    ref = _torch_out(checkpoint(name)[1], batch)
-    assert_close(np.concatenate(outputs, axis=1), ref, mask)
+    logits, _ = prefill_then_decode(model, batch, prompt=5, max_len=14)
+    ref = torch_logits(checkpoint(name)[1], batch)
+    assert_close(logits, ref, batch[1])
 
 
 def test_bf16_compute_stays_close_to_fp32(checkpoint, batch):
     path, hf_model = checkpoint("gemma2")
-    logits = _jit_call(from_pretrained(path, dtype=jnp.bfloat16), batch)
+    logits = jit_call(from_pretrained(path, dtype=jnp.bfloat16), batch)
     assert logits.dtype == np.float32
-    assert_close(logits, _torch_out(hf_model, batch), batch[1], rel=5e-2)
+    assert_close(logits, torch_logits(hf_model, batch), batch[1], rel=5e-2)
 
 
 def test_sdpa_model_matches_eager_model(checkpoint, batch):
@@ -176,7 +116,7 @@ def test_sdpa_model_matches_eager_model(checkpoint, batch):
     graphdef = nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0))))
     sdpa = nnx.merge(graphdef, nnx.state(eager))
     assert sdpa.model.layers[0].self_attn.implementation == "sdpa"
-    assert_close(_jit_call(sdpa, batch), _torch_out(hf_model, batch), batch[1])
+    assert_close(jit_call(sdpa, batch), torch_logits(hf_model, batch), batch[1])
 
 
 def _qkv(t, s, seed=0):

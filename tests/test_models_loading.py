@@ -6,17 +6,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from helpers import jit_call, left_padded_inputs
 from jax.sharding import PartitionSpec as P
+from reference import SHAPE, torch_logits
 from safetensors.numpy import load_file, save_file
 
-from jrl.models import default_position_ids, from_pretrained, save_pretrained, streaming
+from jrl.models import from_pretrained, save_pretrained, streaming
 from jrl.models.safetensors_io import SafetensorsCheckpoint
-from jrl.parallel import make_mesh, param_sharding
+from jrl.parallel import make_mesh, param_shardings
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -27,17 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def hf_dir(tmp_path_factory):
     """An untied Llama with attention biases, saved as several safetensors shards."""
-    cfg = transformers.LlamaConfig(
-        vocab_size=128,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        attention_bias=True,
-        tie_word_embeddings=False,
-    )
+    cfg = transformers.LlamaConfig(**SHAPE, attention_bias=True, tie_word_embeddings=False)
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -51,26 +42,17 @@ def hf_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def batch():
-    ids = np.random.RandomState(0).randint(0, 128, (2, 8))
-    mask = np.ones((2, 8), np.int32)
-    mask[1, :3] = 0
-    return ids, mask, np.asarray(default_position_ids(jnp.asarray(mask)))
-
-
-def _torch_logits(model, batch):
-    ids, mask, pos = (torch.tensor(np.asarray(a, np.int64)) for a in batch)
-    with torch.no_grad():
-        return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.numpy()
-
-
-def _logits(model, batch):
-    graphdef, state = nnx.split(model)
-    run = jax.jit(lambda state, *args: nnx.merge(graphdef, state)(*args))
-    return np.asarray(run(state, *(jnp.asarray(a) for a in batch)))
+    return left_padded_inputs((0, 3), 8, 128, seed=0)
 
 
 def _params(model):
     return {path: var.get_value() for path, var in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+
+
+def _layout(model, mesh):
+    """The sharding that `param_shardings` gives each parameter of `model` on `mesh`."""
+    shardings = param_shardings(nnx.state(model, nnx.Param), mesh)
+    return {path: var.get_value() for path, var in nnx.to_flat_state(shardings)}
 
 
 @pytest.fixture
@@ -96,24 +78,26 @@ def test_mesh_load_places_fsdp_shards_and_matches_single_device(small_blocks, hf
     path, hf_model = hf_dir
     mesh = make_mesh(8)
     sharded, single = from_pretrained(path, mesh=mesh), from_pretrained(path)
+    layout = _layout(sharded, mesh)
     for name, array in _params(sharded).items():
-        assert array.sharding == param_sharding(mesh, array.shape), name
-        assert "fsdp" in array.sharding.spec, name  # every dimension here divides by 8
+        assert array.sharding == layout[name], name
+        assert array.ndim < 2 or "fsdp" in array.sharding.spec, name  # hidden size divides by 8
         np.testing.assert_array_equal(np.asarray(array), np.asarray(_params(single)[name]))
-    logits = _logits(sharded, batch)
-    np.testing.assert_allclose(logits, _logits(single, batch), rtol=1e-5, atol=1e-5)
+    logits = jit_call(sharded, batch)
+    np.testing.assert_allclose(logits, jit_call(single, batch), rtol=1e-5, atol=1e-5)
     valid = batch[1].astype(bool)
-    reference = _torch_logits(hf_model, batch)
+    reference = torch_logits(hf_model, batch)
     np.testing.assert_allclose(logits[valid], reference[valid], rtol=1e-4, atol=1e-4)
 
 
 def test_mesh_load_of_value_model_casts_and_initialises_the_head(hf_dir):
     mesh = make_mesh(8)
     kw = dict(kind="value", param_dtype=jnp.bfloat16, seed=3)
-    sharded = _params(from_pretrained(hf_dir[0], mesh=mesh, **kw))
+    model = from_pretrained(hf_dir[0], mesh=mesh, **kw)
+    sharded, layout = _params(model), _layout(model, mesh)
     single = _params(from_pretrained(hf_dir[0], **kw))
     for name, array in sharded.items():
-        assert array.dtype == jnp.bfloat16 and array.sharding == param_sharding(mesh, array.shape)
+        assert array.dtype == jnp.bfloat16 and array.sharding == layout[name]
         np.testing.assert_array_equal(np.asarray(array), np.asarray(single[name]))
     bias, kernel = sharded[("score", "bias")], sharded[("score", "kernel")]
     assert bias.sharding.spec == P(None)  # [1] cannot be split: replicated
@@ -167,7 +151,7 @@ def test_save_pretrained_of_mesh_sharded_model_loads_in_transformers(
     for name, array in written.items():
         np.testing.assert_array_equal(array, original[name], err_msg=name)
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
-    np.testing.assert_array_equal(_torch_logits(reloaded, batch), _torch_logits(hf_model, batch))
+    np.testing.assert_array_equal(torch_logits(reloaded, batch), torch_logits(hf_model, batch))
 
 
 def test_loading_overhead_stays_below_one_and_a_half_largest_tensors():

@@ -6,16 +6,15 @@ import pytest
 
 from jrl.batch import Batch
 from jrl.data.gsm8k import make_offline_rows
-from jrl.data.tokenizer import train_tiny_tokenizer
 from jrl.reward import NaiveRewardManager, default_compute_score, load_reward_manager
 from jrl.reward.gsm8k import compute_score, extract_solution
 
 
 @pytest.fixture(scope="session")
-def tokenizer(tmp_path_factory):
+def tokenizer(train_tokenizer):
     rows = make_offline_rows(200, seed=0, split="train")
     texts = [r["prompt"][0]["content"] + " " + r["extra_info"]["answer"] for r in rows]
-    return train_tiny_tokenizer(texts, tmp_path_factory.mktemp("tok") / "tiny", vocab_size=400)
+    return train_tokenizer(texts, vocab_size=400)
 
 
 # ---------------------------------------------------------------- gsm8k scorer

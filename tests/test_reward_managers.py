@@ -7,7 +7,6 @@ import numpy as np
 import pytest
 
 from jrl.batch import Batch
-from jrl.data.tokenizer import train_tiny_tokenizer
 from jrl.reward import (
     BatchRewardManager,
     DAPORewardManager,
@@ -56,9 +55,9 @@ class EchoManager:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tmp_path_factory):
+def tokenizer(train_tokenizer):
     texts = ["#### 7", "#### 8", "hang", "boom", "die", "What is 3 + 4?"] * 20
-    return train_tiny_tokenizer(texts, tmp_path_factory.mktemp("tok") / "tiny", vocab_size=300)
+    return train_tokenizer(texts, vocab_size=300)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
+from reference import SHAPE as LM_SHAPE
 
 from jrl.models import RewardModel, default_position_ids, from_pretrained, save_pretrained
 
@@ -16,16 +17,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 PAD = 0
-SHAPE = dict(
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    pad_token_id=PAD,
-)
+SHAPE = dict(LM_SHAPE, pad_token_id=PAD)  # the language models' tiny shape, with a pad id
 
 
 def _hf_reward_model(family: str, num_labels: int = 1):

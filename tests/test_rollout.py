@@ -7,11 +7,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_llama
+from helpers import left_padded_prompts, tiny_llama
 
 from jrl.batch import Batch
 from jrl.models import init_random
-from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, make_rollout
+from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, make_rollout, sampling_params
 
 P, R, PAD = 6, 5, 0
 LENGTHS = (6, 3, 1)
@@ -38,11 +38,8 @@ def model():
 
 @pytest.fixture(scope="module")
 def prompts() -> Batch:
-    mask = (np.arange(P)[None] >= P - np.asarray(LENGTHS)[:, None]).astype(np.int32)
-    ids = np.where(mask, np.random.default_rng(0).integers(2, CONFIG.vocab_size, mask.shape), PAD)
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
     meta = {"uid": np.array(["a", "b", "c"], object)}
-    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": positions}, meta)
+    return left_padded_prompts(LENGTHS, P, CONFIG.vocab_size, meta=meta)
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +134,7 @@ def test_every_row_finishing_at_its_first_token(rollout, prompts, naive):
 
 
 def test_rollout_sampling_layout_and_log_probs(model, rollout, prompts, forward):
-    sampling = dataclasses.replace(rollout.sampling_params(ROLLOUT_CFG), max_new_tokens=R - 2)
+    sampling = dataclasses.replace(sampling_params(ROLLOUT_CFG, rollout), max_new_tokens=R - 2)
     out = rollout.generate(prompts, sampling, jax.random.key(0))
     rows = len(prompts) * 2
     assert {k: out[k].shape for k in out.tensors} == {
@@ -183,7 +180,7 @@ def test_update_weights_and_validation_sampling(rollout, prompts, forward):
     other = init_random(CONFIG, seed=1)
     rollout.update_weights(nnx.state(other))
     try:
-        validation = rollout.sampling_params(ROLLOUT_CFG, validate=True)
+        validation = sampling_params(ROLLOUT_CFG, rollout, validate=True)
         assert validation.greedy and validation.n == 1
         out = rollout.generate(prompts, validation, jax.random.key(0))
         tokens = _naive_greedy(forward, nnx.state(other), prompts, R)[0]

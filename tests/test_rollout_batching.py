@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import pytest
-from helpers import tiny_llama
+from helpers import left_padded_prompts, tiny_llama
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrl.batch import Batch
@@ -29,14 +29,6 @@ SAMPLING = SamplingParams(
 LIMITS = EngineLimits(max_num_seqs=16, max_num_batched_tokens=2 * P)
 
 
-def left_padded(lengths, width: int, seed: int = 0) -> Batch:
-    """Prompts of the given lengths, left-padded to `width`."""
-    mask = (np.arange(width)[None] >= width - np.asarray(lengths)[:, None]).astype(np.int32)
-    ids = np.where(mask, np.random.default_rng(seed).integers(2, CONFIG.vocab_size, mask.shape), 0)
-    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
-    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": positions})
-
-
 @pytest.fixture(scope="module")
 def model():
     return init_random(CONFIG, seed=0)
@@ -44,7 +36,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def prompts() -> Batch:
-    return left_padded(LENGTHS, P)
+    return left_padded_prompts(LENGTHS, P, CONFIG.vocab_size)
 
 
 def _engine(model, **kwargs) -> JaxRollout:
@@ -61,7 +53,7 @@ def _run(rollout: JaxRollout, prompts: Batch, seed: int = 0) -> dict:
 def reference(model, prompts):
     """16 slots, two prompts per prefill (the last one alone), one device: (outputs, stats)."""
     rollout = _engine(model)
-    return _run(rollout, prompts), rollout.last_stats
+    return _run(rollout, prompts), rollout.stats
 
 
 def _assert_same_rows(out: dict, expected: dict) -> None:
@@ -83,7 +75,7 @@ def test_rows_do_not_depend_on_slots_or_scheduling(model, prompts, reference):
     _assert_same_rows(_run(continuous, prompts), expected)
     _assert_same_rows(_run(static, prompts), expected)
     # Refilling each slot as soon as it frees takes fewer decode steps than batch by batch.
-    steps = {k: r.last_stats["rollout/decode_steps"] for k, r in [("c", continuous), ("s", static)]}
+    steps = {k: r.stats["rollout/decode_steps"] for k, r in [("c", continuous), ("s", static)]}
     assert steps["c"] < steps["s"]
     assert steps["c"] >= (lengths - 1).sum() / 2  # two slots, one token each per step
     assert stats["rollout/decode_steps"] < steps["c"]
@@ -144,7 +136,7 @@ def test_compilations_stay_bounded_across_prompt_lengths(model):
     outputs = {}
     for n, top in zip(rows, longest, strict=True):
         lengths = [top] + [1 + i % top for i in range(n - 1)]
-        batch = left_padded(lengths, width, seed=n)
+        batch = left_padded_prompts(lengths, width, CONFIG.vocab_size, seed=n)
         outputs[(n, top)] = rollout.generate(batch, greedy, jax.random.key(0))
     assert generate_tokens._cache_size() - compiled == 2  # buckets 4 and 8
     assert all(out["responses"].shape == (n, R) for (n, _), out in outputs.items())

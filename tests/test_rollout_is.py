@@ -6,7 +6,7 @@ import statistics
 import ml_collections
 import numpy as np
 import pytest
-from test_algos import MASK, B, R, close, rand
+from reference import MASK, B, R, close, rand
 
 from jrl import algos
 

@@ -7,24 +7,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import left_padded_prompts
+from reference import SHAPE as LM_SHAPE
 
 from jrl.batch import Batch
-from jrl.models import default_position_ids, from_pretrained
+from jrl.models import from_pretrained
 from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, log_prob_mismatch_metrics
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 P, R, PAD = 7, 8, 0
-SHAPE = dict(
-    vocab_size=96,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+SHAPE = dict(LM_SHAPE, vocab_size=96)
 LIMITS = EngineLimits(max_num_seqs=4, max_num_batched_tokens=P)
 
 
@@ -44,11 +38,7 @@ def _hf_model(family: str):
 
 @pytest.fixture(scope="module")
 def prompts() -> Batch:
-    lengths = np.asarray([7, 2, 5, 4])
-    mask = (np.arange(P)[None] >= P - lengths[:, None]).astype(np.int32)
-    ids = np.where(mask, np.random.default_rng(1).integers(3, SHAPE["vocab_size"], mask.shape), PAD)
-    positions = np.asarray(default_position_ids(jnp.asarray(mask)))
-    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": positions})
+    return left_padded_prompts([7, 2, 5, 4], P, SHAPE["vocab_size"], seed=1, low=3)
 
 
 def _hf_greedy(model, prompts: Batch, eos: list[int] | None) -> np.ndarray:

@@ -15,14 +15,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import TINY_LLAMA
-from test_models import SHAPE, _jit_call, _torch_out, assert_close
-from test_models_families import FAMILIES, _hf_model
+from helpers import TINY_LLAMA, assert_close, jit_call, left_padded_inputs, randomise_adapters
+from reference import FAMILIES, SHAPE, hf_family_model, torch_logits
 
 from jrl.batch import Batch
 from jrl.config import default_config, generation_config, resolve
 from jrl.models import (
-    LoRAParam,
     apply_lora,
     default_position_ids,
     from_pretrained,
@@ -55,11 +53,7 @@ transformers = pytest.importorskip("transformers")
 
 def _batch_arrays():
     """Three rows of 12 tokens with 0, 2 and 9 tokens of left padding."""
-    ids = np.random.RandomState(2).randint(2, SHAPE["vocab_size"], (3, 12))
-    mask = np.ones((3, 12), np.int32)
-    mask[1, :2] = 0
-    mask[2, :9] = 0
-    return ids, mask, np.asarray(default_position_ids(jnp.asarray(mask)))
+    return left_padded_inputs((0, 2, 9), 12, SHAPE["vocab_size"], seed=2, low=2)
 
 
 @pytest.fixture(scope="module")
@@ -87,23 +81,19 @@ def _load_export(model, **export):
 # -- weight export ------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_export_loaded_into_transformers_gives_the_same_logits(name, batch, tmp_path):
-    reference = _hf_model(name)
+    reference = hf_family_model(name)
     reference.save_pretrained(tmp_path, safe_serialization=True)
     model = from_pretrained(tmp_path)
     loaded, tensors = _load_export(model, device=jax.devices()[0])
     assert all(t.dtype == torch.float32 and t.device.type == "cpu" for t in tensors.values())
-    assert_close(_torch_out(loaded, batch), _torch_out(reference, batch), batch[1], rel=1e-6)
+    assert_close(torch_logits(loaded, batch), torch_logits(reference, batch), batch[1], rel=1e-6)
 
 
 def test_export_merges_lora_gathers_shards_and_casts(batch, tmp_path):
-    reference = _hf_model("qwen2")
+    reference = hf_family_model("qwen2")
     reference.save_pretrained(tmp_path, safe_serialization=True)
     model = apply_lora(from_pretrained(tmp_path, mesh=make_mesh(8)), rank=4, alpha=8)
-    key = jax.random.key(1)
-    for i, (path, var) in enumerate(nnx.to_flat_state(nnx.state(model, LoRAParam))):
-        if path[-1] == "lora_b":
-            noise = jax.random.normal(jax.random.fold_in(key, i), var.get_value().shape)
-            var.set_value(0.1 * noise)
+    randomise_adapters(model)
     embed = model.model.embed_tokens.embedding.get_value()
     assert len(embed.devices()) == 8  # FSDP-sharded, so the export has to gather
 
@@ -121,7 +111,7 @@ def test_export_merges_lora_gathers_shards_and_casts(batch, tmp_path):
                 delta = torch.from_numpy((a @ b * layer.lora_scale).T.copy())
                 weights[".".join(map(str, path)) + ".weight"].add_(delta)
     loaded, tensors = _load_export(model, device=target)
-    assert_close(_torch_out(loaded, batch), _torch_out(reference, batch), batch[1], rel=1e-5)
+    assert_close(torch_logits(loaded, batch), torch_logits(reference, batch), batch[1], rel=1e-5)
     half = dict(hf_torch_tensors(model, dtype=jnp.bfloat16))
     assert half.keys() == tensors.keys()
     for name, value in half.items():
@@ -544,7 +534,7 @@ def _vllm_and_gpu() -> str | None:
 def test_vllm_generates_with_synced_weights_and_follows_a_weight_change(tmp_path):
     from jrl.rollout.vllm_rollout import VllmRollout
 
-    _hf_model("llama").save_pretrained(tmp_path, safe_serialization=True)
+    hf_family_model("llama").save_pretrained(tmp_path, safe_serialization=True)
     model = from_pretrained(tmp_path)
     cfg = _rollout(
         dtype="float32",
@@ -567,7 +557,7 @@ def test_vllm_generates_with_synced_weights_and_follows_a_weight_change(tmp_path
 
     # vLLM's log-probs of its own tokens are the JAX model's: the dummy weights were replaced
     full = (first["input_ids"], first["attention_mask"], first["position_ids"])
-    logits = _jit_call(model, full)[:, 11:-1]
+    logits = jit_call(model, full)[:, 11:-1]
     expected = np.take_along_axis(jax.nn.log_softmax(logits), first["responses"][..., None], -1)
     np.testing.assert_allclose(first["rollout_log_probs"], expected[..., 0], atol=2e-3)
 

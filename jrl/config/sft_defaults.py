@@ -8,19 +8,11 @@ bfloat16 as verl's mixed precision) is jrl's addition, as in the PPO tree.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from ml_collections import ConfigDict
 from ml_collections.config_dict import placeholder
 
 from jrl.config.defaults import data_files, lora_keys, section
-from jrl.config.errors import ConfigError
 from jrl.config.interpolation import link
-from jrl.config.validate import CHECKPOINT_ITEMS, RESUME_MODES
-
-SFT_TRUNCATIONS = ("error", "left", "right")
-LR_SCHEDULERS = ("cosine", "wsd")
-MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16")
 
 
 def _data() -> ConfigDict:
@@ -121,69 +113,3 @@ def sft_config() -> ConfigDict:
         trainer=_trainer(),
     )
     return link(config).lock()
-
-
-def _micro_rows(config: ConfigDict, world: int) -> Iterator[str]:
-    data = config.data
-    per_gpu, deprecated = data.micro_batch_size_per_gpu, data.micro_batch_size
-    if (per_gpu is None) == (deprecated is None):
-        yield (
-            "set exactly one of data.micro_batch_size_per_gpu and data.micro_batch_size "
-            "(deprecated, global); e.g. data.micro_batch_size_per_gpu=4 data.micro_batch_size=null"
-        )
-        return
-    micro = per_gpu if per_gpu is not None else deprecated // world
-    if micro <= 0:
-        yield f"the micro-batch size per device must be positive (got {micro})"
-        return
-    batch = data.train_batch_size
-    if batch <= 0 or batch % (world * micro):
-        yield (
-            f"data.train_batch_size ({batch}) must be a positive multiple of the devices "
-            f"(trainer.nnodes * trainer.n_gpus_per_node = {world}) times "
-            f"data.micro_batch_size_per_gpu ({micro}) = {world * micro}; change one of them"
-        )
-
-
-def _choices(config: ConfigDict) -> Iterator[str]:
-    rules = [
-        ("data.truncation", SFT_TRUNCATIONS),
-        ("optim.lr_scheduler", LR_SCHEDULERS),
-        ("model.fsdp_config.model_dtype", MODEL_DTYPES),
-        ("trainer.resume_mode", RESUME_MODES),
-    ]
-    for key, allowed in rules:
-        if config[key] not in allowed:
-            yield f"{key}={config[key]!r} is not supported; use one of {', '.join(allowed)}"
-    for key in ("save_contents", "load_contents"):
-        items = config.trainer.checkpoint[key]
-        items = [items] if isinstance(items, str) else list(items or [])
-        unknown = [item for item in items if item not in CHECKPOINT_ITEMS]
-        if unknown:
-            yield (
-                f"trainer.checkpoint.{key}: unknown {unknown}; use items from "
-                f"{', '.join(CHECKPOINT_ITEMS)}"
-            )
-    if config.trainer.resume_mode == "resume_path" and not config.trainer.resume_from_path:
-        yield (
-            "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N> "
-            "(or use trainer.resume_mode=auto)"
-        )
-    if config.data.max_length < 2:
-        yield f"data.max_length ({config.data.max_length}) must be at least 2"
-
-
-def validate_sft(config: ConfigDict) -> None:
-    """Raise ConfigError listing every broken rule."""
-    trainer = config.trainer
-    world = trainer.nnodes * trainer.n_gpus_per_node
-    problems = list(_choices(config))
-    if world <= 0:
-        problems.append(
-            f"trainer.nnodes * trainer.n_gpus_per_node = {trainer.nnodes}*"
-            f"{trainer.n_gpus_per_node} must be positive"
-        )
-    else:
-        problems += _micro_rows(config, world)
-    if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

@@ -1,4 +1,7 @@
-"""Cross-key checks (verl's rules), run before anything is built or compiled."""
+"""Every check of a config that can be made without loading anything (verl's cross-key rules,
+allowed values, jrl's own limits), for RL (`validate`) and SFT (`validate_sft`): run when the
+config is loaded, before any weight is read or anything is compiled. Each problem names the key
+and the fix; all problems are reported at once."""
 
 from __future__ import annotations
 
@@ -22,6 +25,11 @@ CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
 # triton -> the Pallas kernel of the backend (auto: Pallas TPU / GPU where it runs, else chunked),
 # torch -> the chunked XLA loop (portable).
 FUSED_KERNEL_IMPLS = {"triton": "auto", "torch": "chunked"}
+LR_SCHEDULER_TYPES = ("constant", "cosine")
+SFT_TRUNCATIONS = ("error", "left", "right")
+SFT_LR_SCHEDULERS = ("cosine", "wsd")
+SFT_STRATEGIES = ("fsdp", "fsdp2")
+MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16")
 _GPUS = "trainer.nnodes * trainer.n_gpus_per_node"
 _N = "actor_rollout_ref.rollout.n"
 
@@ -94,10 +102,15 @@ def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
     role = config[prefix]
     n, batch = config.actor_rollout_ref.rollout.n, config.data.train_batch_size
     mini, sp = role.ppo_mini_batch_size, role.ulysses_sequence_parallel_size
+    fsdp = role.get("fsdp_config") or role.get("model", {}).get("fsdp_config") or {}
+    tp = fsdp.get("tensor_parallel_size") or 1
     if not role.use_dynamic_bsz:
         yield from _one_of(config, prefix, "ppo_micro_batch_size")
-    if not _positive(mini) or not _positive(sp):
-        yield f"{prefix}.ppo_mini_batch_size and .ulysses_sequence_parallel_size must be > 0"
+    if not _positive(mini) or not _positive(sp) or not _positive(tp):
+        yield (
+            f"{prefix}.ppo_mini_batch_size, .ulysses_sequence_parallel_size and the "
+            "fsdp_config's tensor_parallel_size must be > 0"
+        )
         return
     if batch < mini:
         yield (
@@ -109,15 +122,15 @@ def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
             f"data.train_batch_size ({batch}) must be a multiple of {prefix}.ppo_mini_batch_size "
             f"({mini}) so that all mini-batches have the same size; change one of them"
         )
-    if gpus % sp:
+    if gpus % (sp * tp):
         yield (
-            f"{prefix}.ulysses_sequence_parallel_size ({sp}) must divide {_GPUS} ({gpus}); "
-            "change the sequence-parallel size or the device count"
+            f"{prefix}.ulysses_sequence_parallel_size ({sp}) x tensor_parallel_size ({tp}) must "
+            f"divide {_GPUS} ({gpus}); change the model-parallel sizes or the device count"
         )
         return
-    ranks = gpus // sp
+    ranks = gpus // (sp * tp)
     per_rank = mini * n // ranks
-    how = f"{prefix}.ppo_mini_batch_size * {_N} // ({_GPUS} // sequence parallel size)"
+    how = f"{prefix}.ppo_mini_batch_size * {_N} // ({_GPUS} // model parallel size)"
     if per_rank <= 0:
         yield f"{how} = {mini}*{n}//{ranks} is 0; raise {prefix}.ppo_mini_batch_size to >= {ranks}"
         return
@@ -220,10 +233,122 @@ def _checkpoints(config: ConfigDict) -> Iterator[str]:
         )
 
 
+def _unsupported(config: ConfigDict) -> Iterator[str]:
+    """Keys whose non-default values this version does not implement yet."""
+    checks = {
+        "actor_rollout_ref.model.lora_adapter_path": bool(
+            config.actor_rollout_ref.model.get("lora_adapter_path")
+        ),
+        "critic.model.lora_rank": uses_critic(config) and config.critic.model.lora_rank > 0,
+    }
+    for key, used in checks.items():
+        if used:
+            yield f"{key} is not supported yet; reset it to its default"
+
+
+def _memory_options(model_cfg: ConfigDict, prefix: str) -> Iterator[str]:
+    """Activation offload moves what remat keeps, so it needs remat in the same section."""
+    remat = model_cfg.get("enable_gradient_checkpointing", False)
+    if model_cfg.get("enable_activation_offload", False) and not remat:
+        yield (
+            f"{prefix}.enable_activation_offload=True needs "
+            f"{prefix}.enable_gradient_checkpointing=True: only the layers' rematerialised "
+            "inputs are offloaded"
+        )
+
+
+def _schedulers(config: ConfigDict) -> Iterator[str]:
+    """``optim.lr_scheduler_type`` (or its older alias ``warmup_style``) of the trained roles."""
+    sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
+    for prefix in sections:
+        optim = config[f"{prefix}.optim"]
+        key = "warmup_style" if optim.get("warmup_style") else "lr_scheduler_type"
+        name = optim.get(key)
+        if name not in LR_SCHEDULER_TYPES:
+            yield (
+                f"{prefix}.optim.{key}={name!r} is not supported; use one of "
+                f"{', '.join(LR_SCHEDULER_TYPES)}"
+            )
+
+
 def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     """Raise ConfigError listing every broken rule; `num_devices` is the visible device count."""
     problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config)]
+    problems += [*_unsupported(config), *_schedulers(config)]
+    problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")
+    if uses_critic(config):
+        problems += _memory_options(config.critic.model, "critic.model")
     if n_gpus(config) > 0:
         problems += _batches(config, n_gpus(config))
+    if problems:
+        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
+
+
+def _micro_rows(config: ConfigDict, world: int) -> Iterator[str]:
+    data = config.data
+    per_gpu, deprecated = data.micro_batch_size_per_gpu, data.micro_batch_size
+    if (per_gpu is None) == (deprecated is None):
+        yield (
+            "set exactly one of data.micro_batch_size_per_gpu and data.micro_batch_size "
+            "(deprecated, global); e.g. data.micro_batch_size_per_gpu=4 data.micro_batch_size=null"
+        )
+        return
+    micro = per_gpu if per_gpu is not None else deprecated // world
+    if micro <= 0:
+        yield f"the micro-batch size per device must be positive (got {micro})"
+        return
+    batch = data.train_batch_size
+    if batch <= 0 or batch % (world * micro):
+        yield (
+            f"data.train_batch_size ({batch}) must be a positive multiple of the devices "
+            f"(trainer.nnodes * trainer.n_gpus_per_node = {world}) times "
+            f"data.micro_batch_size_per_gpu ({micro}) = {world * micro}; change one of them"
+        )
+
+
+def _sft_choices(config: ConfigDict) -> Iterator[str]:
+    rules = [
+        ("data.truncation", SFT_TRUNCATIONS),
+        ("optim.lr_scheduler", SFT_LR_SCHEDULERS),
+        ("model.strategy", SFT_STRATEGIES),
+        ("model.fsdp_config.model_dtype", MODEL_DTYPES),
+        ("trainer.resume_mode", RESUME_MODES),
+    ]
+    for key, allowed in rules:
+        if config[key] not in allowed:
+            yield f"{key}={config[key]!r} is not supported; use one of {', '.join(allowed)}"
+    for key in ("save_contents", "load_contents"):
+        items = config.trainer.checkpoint[key]
+        items = [items] if isinstance(items, str) else list(items or [])
+        unknown = [item for item in items if item not in CHECKPOINT_ITEMS]
+        if unknown:
+            yield (
+                f"trainer.checkpoint.{key}: unknown {unknown}; use items from "
+                f"{', '.join(CHECKPOINT_ITEMS)}"
+            )
+    if config.trainer.resume_mode == "resume_path" and not config.trainer.resume_from_path:
+        yield (
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N> "
+            "(or use trainer.resume_mode=auto)"
+        )
+    if config.data.max_length < 2:
+        yield f"data.max_length ({config.data.max_length}) must be at least 2"
+    if config.ulysses_sequence_parallel_size > 1:
+        yield "ulysses_sequence_parallel_size > 1 is not supported yet for SFT; set it to 1"
+    yield from _memory_options(config.model, "model")
+
+
+def validate_sft(config: ConfigDict) -> None:
+    """Raise ConfigError listing every broken rule of an SFT config (`jrl.config.sft_config`)."""
+    trainer = config.trainer
+    world = trainer.nnodes * trainer.n_gpus_per_node
+    problems = list(_sft_choices(config))
+    if world <= 0:
+        problems.append(
+            f"trainer.nnodes * trainer.n_gpus_per_node = {trainer.nnodes}*"
+            f"{trainer.n_gpus_per_node} must be positive"
+        )
+    else:
+        problems += _micro_rows(config, world)
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

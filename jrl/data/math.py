@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from jrl.data.boxed import last_boxed
 from jrl.data.splits import load_hub_split, write_splits
-from jrl.reward.math import last_boxed
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."

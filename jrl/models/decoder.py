@@ -23,6 +23,7 @@ from jrl.models.layers import (
     rope_tables,
 )
 from jrl.parallel.mesh import sequence_mesh, sequence_parallel_size, split_sequence
+from jrl.parallel.sharding import logical_axes
 
 MODEL_KINDS = ("causal_lm", "value", "reward")
 # The checkpoint name of each decoder layer's input (what full remat keeps, or offloads).
@@ -115,6 +116,7 @@ class Decoder(nnx.Module):
             dtype=dtype,
             param_dtype=param_dtype,
             embedding_init=nnx.initializers.normal(c.initializer_range),
+            embedding_metadata=logical_axes("vocab", "embed"),
             rngs=rngs,
         )
         kw = dict(dtype=dtype, param_dtype=param_dtype)
@@ -205,11 +207,13 @@ class _DecoderModel(nnx.Module):
         """Creates the head on top of the backbone (each model kind has its own)."""
         raise NotImplementedError
 
-    def _head(self, features: int, use_bias: bool, rngs: nnx.Rngs) -> nnx.Module:
-        """An output projection from the hidden size, initialised as HF does."""
+    def _head(self, features: int, axis: str | None, use_bias: bool, rngs: nnx.Rngs) -> nnx.Module:
+        """An output projection from the hidden size to `features` (logical axis `axis`),
+        initialised as HF does."""
         return dense(
             self.config.hidden_size,
             features,
+            ("embed", axis),
             use_bias=use_bias,
             std=self.config.initializer_range,
             dtype=self.dtype,
@@ -267,7 +271,8 @@ class CausalLM(_DecoderModel):
     def _init_head(self, rngs: nnx.Rngs) -> None:
         """The LM head `lm_head` [D, V] (None when tied to the embedding)."""
         c = self.config
-        self.lm_head = None if c.tie_word_embeddings else self._head(c.vocab_size, False, rngs)
+        tied = c.tie_word_embeddings
+        self.lm_head = None if tied else self._head(c.vocab_size, "vocab", False, rngs)
 
     def __call__(
         self,
@@ -330,7 +335,7 @@ class _ScoreModel(_DecoderModel):
 
     def _init_head(self, rngs: nnx.Rngs) -> None:
         """The one-output head `score`."""
-        self.score = self._head(1, self.score_bias, rngs)
+        self.score = self._head(1, None, self.score_bias, rngs)
 
     def _score(self, hidden: jax.Array) -> jax.Array:
         """The one-output `score` head at every position: [B, T] float32."""

@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec
 
 from jrl.models.config import ModelConfig, RopeScaling
 from jrl.parallel.mesh import SEQUENCE_AXIS, row_axes, sequence_mesh, sequence_parallel_size
+from jrl.parallel.sharding import axes_of, logical_axes
 
 # Masked attention scores get this (finite) value so that rows without any valid key stay NaN-free.
 MASKED_SCORE = -1e30
@@ -43,7 +44,8 @@ class Linear(nnx.Linear):
     """`nnx.Linear` (kernel [in, out]) with an optional low-rank adapter.
 
     With an adapter (`add_adapter`), y = x @ W + b + (x @ A @ B) * alpha / rank, where A [in, r]
-    and B [r, out] are `LoRAParam`s; B starts at zero so the output starts unchanged.
+    and B [r, out] are `LoRAParam`s; B starts at zero so the output starts unchanged. A and B
+    take W's logical axes for `in` and `out`, and ``lora_rank`` (never split) for r.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -63,8 +65,10 @@ class Linear(nnx.Linear):
         a = jax.random.uniform(
             key, (self.in_features, rank), self.param_dtype, minval=-bound, maxval=bound
         )
-        self.lora_a = LoRAParam(a)
-        self.lora_b = LoRAParam(jnp.zeros((rank, self.out_features), self.param_dtype))
+        inner, outer = axes_of(self.kernel) or (None, None)
+        self.lora_a = LoRAParam(a, **logical_axes(inner, "lora_rank"))
+        b = jnp.zeros((rank, self.out_features), self.param_dtype)
+        self.lora_b = LoRAParam(b, **logical_axes("lora_rank", outer))
         self.lora_scale = float(alpha) / rank
 
     def remove_adapter(self) -> None:
@@ -95,6 +99,7 @@ class Linear(nnx.Linear):
 def dense(
     in_features: int,
     out_features: int,
+    axes: tuple[str | None, str | None],
     *,
     use_bias: bool,
     std: float,
@@ -102,7 +107,8 @@ def dense(
     param_dtype: Any,
     rngs: nnx.Rngs,
 ) -> Linear:
-    """A linear layer with kernel [in, out], initialised N(0, std) with a zero bias."""
+    """A linear layer with kernel [in, out], initialised N(0, std) with a zero bias; `axes` are
+    the logical axes of (in, out) (the bias takes out's)."""
     return Linear(
         in_features,
         out_features,
@@ -110,6 +116,8 @@ def dense(
         dtype=dtype,
         param_dtype=param_dtype,
         kernel_init=nnx.initializers.normal(std),
+        kernel_metadata=logical_axes(*axes),
+        bias_metadata=logical_axes(axes[1]),
         rngs=rngs,
     )
 
@@ -126,7 +134,7 @@ class RMSNorm(nnx.Module):
         self, dim: int, eps: float, *, unit_offset: bool = False, dtype: Any, param_dtype: Any
     ) -> None:
         init = jnp.zeros if unit_offset else jnp.ones
-        self.scale = nnx.Param(init((dim,), param_dtype))
+        self.scale = nnx.Param(init((dim,), param_dtype), **logical_axes("norm"))
         self.eps = eps
         self.unit_offset = unit_offset
         self.dtype = dtype
@@ -473,10 +481,11 @@ class Attention(nnx.Module):
         c = config
         kw = dict(std=c.initializer_range, dtype=dtype, param_dtype=param_dtype, rngs=rngs)
         bias = c.attention_bias
-        self.q_proj = dense(c.hidden_size, c.num_heads * c.head_dim, use_bias=bias, **kw)
-        self.k_proj = dense(c.hidden_size, c.num_kv_heads * c.head_dim, use_bias=bias, **kw)
-        self.v_proj = dense(c.hidden_size, c.num_kv_heads * c.head_dim, use_bias=bias, **kw)
-        self.o_proj = dense(c.num_heads * c.head_dim, c.hidden_size, use_bias=c.output_bias, **kw)
+        q_dim, kv_dim, hidden = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim, c.hidden_size
+        self.q_proj = dense(hidden, q_dim, ("embed", "heads"), use_bias=bias, **kw)
+        self.k_proj = dense(hidden, kv_dim, ("embed", "kv_heads"), use_bias=bias, **kw)
+        self.v_proj = dense(hidden, kv_dim, ("embed", "kv_heads"), use_bias=bias, **kw)
+        self.o_proj = dense(q_dim, hidden, ("heads", "embed"), use_bias=c.output_bias, **kw)
         norm_kw = dict(unit_offset=c.family.gemma, dtype=dtype, param_dtype=param_dtype)
         self.q_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **norm_kw) if c.family.qk_norm else None
         self.k_norm = RMSNorm(c.head_dim, c.rms_norm_eps, **norm_kw) if c.family.qk_norm else None
@@ -521,9 +530,10 @@ class MLP(nnx.Module):
     ) -> None:
         c = config
         kw = dict(use_bias=False, std=c.initializer_range, dtype=dtype, param_dtype=param_dtype)
-        self.gate_proj = dense(c.hidden_size, c.intermediate_size, rngs=rngs, **kw)
-        self.up_proj = dense(c.hidden_size, c.intermediate_size, rngs=rngs, **kw)
-        self.down_proj = dense(c.intermediate_size, c.hidden_size, rngs=rngs, **kw)
+        hidden, mlp = c.hidden_size, c.intermediate_size
+        self.gate_proj = dense(hidden, mlp, ("embed", "mlp"), rngs=rngs, **kw)
+        self.up_proj = dense(hidden, mlp, ("embed", "mlp"), rngs=rngs, **kw)
+        self.down_proj = dense(mlp, hidden, ("mlp", "embed"), rngs=rngs, **kw)
         self.act = c.hidden_act
 
     def __call__(self, x: jax.Array) -> jax.Array:

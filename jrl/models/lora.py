@@ -33,6 +33,7 @@ __all__ = [
     "adapted_modules",
     "apply_lora",
     "linear_layers",
+    "lora_settings",
     "lora_targets",
     "remove_adapters",
 ]
@@ -121,6 +122,21 @@ def apply_lora(
     for path in lora_targets(model, target_modules, exclude_modules):
         layers[path].add_adapter(rank, alpha, rngs.params())
     return model
+
+
+def lora_settings(model_cfg: Any) -> dict[str, Any] | None:
+    """`apply_lora` keyword arguments (rank, alpha, target_modules, exclude_modules) from a
+    ``*.model`` config section; None when ``lora_rank`` is 0."""
+    rank = int(model_cfg.get("lora_rank") or 0)
+    if rank <= 0:
+        return None
+    targets = model_cfg.get("target_modules") or ALL_LINEAR
+    return dict(
+        rank=rank,
+        alpha=float(model_cfg.get("lora_alpha") or 0),
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        exclude_modules=model_cfg.get("exclude_modules"),
+    )
 
 
 def adapted_modules(model: nnx.Module) -> list[str]:

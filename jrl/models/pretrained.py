@@ -123,14 +123,14 @@ def from_pretrained(
 ) -> CausalLM | ValueModel | RewardModel:
     """Loads a model from an HF folder (single or sharded safetensors), a hub id or a .gguf file.
 
-    Tensors are streamed one at a time onto the default device, or FSDP-sharded over `mesh`
-    (`param_sharding`), so host memory never holds the whole model. kind='value' builds a
-    ValueModel: the backbone comes from the checkpoint (causal-LM or token-classification); its
-    `score` head is loaded if present, else initialised from `seed`. kind='reward' builds a
-    RewardModel from a sequence-classification checkpoint with one label (its `score` head is
-    required). `external_lib` is imported
-    first. `trust_remote_code` is verl's key, accepted unchanged: the decoder is always jrl's own,
-    built from config.json, so no repository code runs here whatever its value.
+    Tensors are streamed one at a time onto the default device, or onto `mesh` as
+    `jrl.parallel.param_shardings` lays them out, so host memory never holds the whole model.
+    kind='value' builds a ValueModel: the backbone comes from the checkpoint (causal-LM or
+    token-classification); its `score` head is loaded if present, else initialised from `seed`.
+    kind='reward' builds a RewardModel from a sequence-classification checkpoint with one label
+    (its `score` head is required). `external_lib` is imported first. `trust_remote_code` is
+    verl's key, accepted unchanged: the decoder is always jrl's own, built from config.json, so no
+    repository code runs here whatever its value.
     `override_config` is verl's ``model.override_config``: its ``model_config`` entries replace
     config.json values, and ``attn_implementation`` (eager / sdpa / flash_attention_2) picks the
     attention kernel.

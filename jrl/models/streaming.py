@@ -17,10 +17,10 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 from flax import nnx
-from jax.sharding import Mesh
+from jax.sharding import Mesh, NamedSharding
 
 from jrl.models.weights import hf_name
-from jrl.parallel.mesh import param_sharding
+from jrl.parallel.sharding import param_shardings
 
 MIN_BLOCK_BYTES, MAX_BLOCK_BYTES = 1024**2, 16 * 1024**2
 # Linear kernels are [in, out] here and [out, in] in HF files (see jrl.models.weights).
@@ -89,16 +89,15 @@ def _place(
     transposed: bool,
     shape: tuple[int, ...],
     dtype: np.dtype,
-    mesh: Mesh | None,
+    sharding: NamedSharding | None,
 ) -> jax.Array:
-    """One parameter on the default device, or FSDP-sharded over `mesh` shard by shard.
+    """One parameter on the default device, or laid out by `sharding` shard by shard.
 
     Each copy to a device is waited for, so that one host buffer at most is alive at a time.
     """
-    if mesh is None:
+    if sharding is None:
         whole = tuple(slice(0, n) for n in shape)
         return jax.device_put(read_region(source, whole, transposed, dtype)).block_until_ready()
-    sharding = param_sharding(mesh, shape)
     devices_of: dict[tuple[tuple[int, int], ...], list[Any]] = {}
     for device, index in sharding.addressable_devices_indices_map(shape).items():
         bounds = tuple(s.indices(n)[:2] for s, n in zip(index, shape, strict=True))
@@ -117,7 +116,7 @@ def _load_leaf(
     expected: jax.ShapeDtypeStruct,
     tensors: Mapping[str, ArraySource],
     where: str,
-    mesh: Mesh | None,
+    sharding: NamedSharding | None,
 ) -> jax.Array:
     name, shape = hf_name(path), tuple(expected.shape)
     transposed = path[-1] == _TRANSPOSED_LEAF
@@ -128,7 +127,7 @@ def _load_leaf(
             f"{where}: tensor {name} has shape {tuple(source.shape)}, but config.json implies "
             f"{hf_shape}"
         )
-    return _place(source, transposed, shape, np.dtype(expected.dtype), mesh)
+    return _place(source, transposed, shape, np.dtype(expected.dtype), sharding)
 
 
 def stream_params(
@@ -140,8 +139,9 @@ def stream_params(
     """Fills an abstract model (from `nnx.eval_shape`) with HF-layout tensors, one at a time.
 
     Each parameter is cast to its dtype in the abstract model and placed on the default device, or
-    with `param_sharding(mesh, shape)` when a mesh is given. Raises KeyError naming every missing
-    tensor and ValueError on a shape mismatch; `where` names the checkpoint in messages.
+    as `param_shardings(state, mesh)` lays it out when a mesh is given. Raises KeyError naming
+    every missing tensor and ValueError on a shape mismatch; `where` names the checkpoint in
+    messages.
     """
     graphdef, state = nnx.split(abstract_model)
     leaves = list(nnx.to_flat_state(state))
@@ -154,8 +154,10 @@ def stream_params(
             f"{where}: the checkpoint lacks {len(missing)} tensor(s) the model needs: {shown}. "
             "Check that config.json matches the weights (e.g. tie_word_embeddings, attention_bias)."
         )
+    placed = nnx.to_flat_state(state if mesh is None else param_shardings(state, mesh))
+    shardings = {path: None if mesh is None else var.get_value() for path, var in placed}
     filled = [
-        (path, var.replace(_load_leaf(path, var.get_value(), tensors, where, mesh)))
+        (path, var.replace(_load_leaf(path, var.get_value(), tensors, where, shardings[path])))
         for path, var in leaves
     ]
     return nnx.merge(graphdef, nnx.from_flat_state(filled))

@@ -152,6 +152,15 @@ def is_primary() -> bool:
     return jax.process_index() == 0
 
 
+def start(nnodes: int, n_gpus_per_node: int, timeout_s: int) -> Launch | None:
+    """What a command does first in a run that may span processes: `initialize` (waiting up to
+    `timeout_s` for the others), `quiet_unless_primary`, `check_topology`."""
+    launch = initialize(timeout_s)
+    quiet_unless_primary()
+    check_topology(nnodes, n_gpus_per_node)
+    return launch
+
+
 def quiet_unless_primary() -> None:
     """On processes other than 0: standard output (Python's and native libraries') and progress
     bars off; errors and warnings still reach standard error."""

@@ -1,12 +1,12 @@
 """The SPMD mesh and how parameters and batches are laid out on it.
 
-Mesh axes are ``('data', 'fsdp', 'tensor', 'sequence')``. Parameters are FSDP-sharded: each array is
-split over ``fsdp`` along its largest dimension that divides evenly, and replicated otherwise.
-Batches are split over ``('data', 'fsdp')`` along their row dimension. With a ``sequence`` axis
-of more than one device (verl's ``ulysses_sequence_parallel_size``) each batch shard's sequences
-are split over it too: a model traced under such a mesh (`on_mesh`) keeps activations
-``[B, S, ...]`` with S over ``sequence`` and runs attention on whole sequences with its heads
-split over ``sequence`` (`jrl.models.layers.ulysses_attention`).
+Mesh axes are ``('data', 'fsdp', 'tensor', 'sequence')``. Parameters are laid out from their
+logical axes by `jrl.parallel.sharding` (over ``fsdp`` and ``tensor`` in training). Batches are
+split over ``('data', 'fsdp')`` along their row dimension (replicated over ``tensor``). With a
+``sequence`` axis of more than one device (verl's ``ulysses_sequence_parallel_size``) each batch
+shard's sequences are split over it too: a model traced under such a mesh (`on_mesh`) keeps
+activations ``[B, S, ...]`` with S over ``sequence`` and runs attention on whole sequences with
+its heads split over ``sequence`` (`jrl.models.layers.ulysses_attention`).
 """
 
 from __future__ import annotations
@@ -69,13 +69,22 @@ def sequence_parallel_size(mesh: Mesh | AbstractMesh) -> int:
     return dict(mesh.shape).get(SEQUENCE_AXIS, 1)
 
 
-def role_mesh(mesh: Mesh, sequence_parallel: int, fsdp_size: int, key: str) -> Mesh:
-    """`mesh` when its `sequence` axis already has `sequence_parallel` devices, else a mesh over
-    the same devices with that many; `key` names the config key for errors."""
-    if sequence_parallel_size(mesh) == sequence_parallel:
+def role_mesh(
+    mesh: Mesh, sequence_parallel: int, fsdp_size: int, key: str, tensor_parallel: int | None = None
+) -> Mesh:
+    """`mesh` when its `sequence` axis already has `sequence_parallel` devices and its `tensor`
+    axis `tensor_parallel` (None: keep `mesh`'s), else a mesh over the same devices with those
+    sizes; `key` names the config key for errors."""
+    tensor = mesh.shape["tensor"] if tensor_parallel is None else tensor_parallel
+    if sequence_parallel_size(mesh) == sequence_parallel and mesh.shape["tensor"] == tensor:
         return mesh
     try:
-        return make_mesh(mesh.size, fsdp_size=fsdp_size, sequence_parallel=sequence_parallel)
+        return make_mesh(
+            mesh.size,
+            fsdp_size=fsdp_size,
+            sequence_parallel=sequence_parallel,
+            tensor_parallel=tensor,
+        )
     except ValueError as err:
         raise ValueError(f"{key}={sequence_parallel}: {err}") from err
 
@@ -127,28 +136,6 @@ def batch_sharding(mesh: Mesh, ndim: int, row_axis: int = 0) -> NamedSharding:
     spec = [None] * ndim
     spec[row_axis] = batch_axes()
     return NamedSharding(mesh, PartitionSpec(*spec))
-
-
-def param_sharding(mesh: Mesh, shape: tuple[int, ...]) -> NamedSharding:
-    """FSDP layout of one parameter: its largest evenly divisible dimension split over 'fsdp'."""
-    fsdp = mesh.shape["fsdp"]
-    spec: list[Any] = [None] * len(shape)
-    if fsdp > 1:
-        candidates = [d for d in range(len(shape)) if shape[d] % fsdp == 0]
-        if candidates:
-            spec[max(candidates, key=lambda d: shape[d])] = "fsdp"
-    return NamedSharding(mesh, PartitionSpec(*spec))
-
-
-def param_shardings(tree: Any, mesh: Mesh) -> Any:
-    """FSDP shardings for every array (or shape struct) of a parameter or optimizer-state pytree."""
-    return jax.tree.map(lambda x: param_sharding(mesh, tuple(np.shape(x))), tree)
-
-
-def shard_params(tree: Any, mesh: Mesh) -> tuple[Any, Any]:
-    """Place a pytree of parameters FSDP-sharded; returns (placed, shardings)."""
-    shardings = param_shardings(tree, mesh)
-    return jax.device_put(tree, shardings), shardings
 
 
 def shard_batch(tensors: dict[str, Any], mesh: Mesh, row_axis: int = 0) -> dict[str, jax.Array]:

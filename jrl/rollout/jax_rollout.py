@@ -15,7 +15,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jrl.batch import Batch
 from jrl.models import CausalLM
-from jrl.parallel import agreed_minimum, batch_sharding
+from jrl.parallel import ROLLOUT_RULES, agreed_minimum, batch_sharding, param_shardings
 from jrl.rollout.layout import check_prompts, prompt_bucket, rollout_batch, row_layout
 from jrl.rollout.limits import (
     EngineLimits,
@@ -26,7 +26,7 @@ from jrl.rollout.limits import (
 )
 from jrl.rollout.sampler import SlotCache, cache_length, generate_tokens
 from jrl.rollout.sampling import SamplingParams, as_token_ids
-from jrl.rollout.tensor_parallel import cache_sharding, param_shardings, rollout_mesh
+from jrl.rollout.tensor_parallel import cache_sharding, rollout_mesh
 
 
 class JaxRollout:
@@ -58,7 +58,7 @@ class JaxRollout:
         self.config = model.config
         self.dtype = model.dtype
         self._graphdef, state = nnx.split(model)
-        self._shardings = param_shardings(state, self.mesh)
+        self._shardings = param_shardings(state, self.mesh, ROLLOUT_RULES)
         self._state = self._place(state)
         self.response_length = int(response_length)
         self.pad_token_id = int(pad_token_id)
@@ -68,7 +68,7 @@ class JaxRollout:
         self._budget: int | None = None
         self._budget_measured = False
         self._cache: SlotCache | None = None
-        self.last_stats: dict[str, float] = {}
+        self._stats: dict[str, float] = {}
 
     @property
     def state(self) -> nnx.State:
@@ -80,35 +80,22 @@ class JaxRollout:
         """The KV cache kept between calls (None once released)."""
         return self._cache
 
-    def sampling_params(self, rollout_cfg: Any, *, validate: bool = False) -> SamplingParams:
-        """SamplingParams from verl's `actor_rollout_ref.rollout` keys and this engine's tokens."""
-        return SamplingParams.from_rollout_config(
-            rollout_cfg,
-            response_length=self.response_length,
-            eos_token_ids=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            validate=validate,
-        )
+    @property
+    def stats(self) -> dict[str, float]:
+        """The last call's prompt bucket, slots, prefill rows and decode steps (``rollout/...``)."""
+        return dict(self._stats)
 
-    def generate(self, prompts: Batch, sampling: SamplingParams, rng: jax.Array) -> Batch:
-        """`sampling.n` responses per prompt row, interleaved (p0, p0, .., p1, p1, ..).
-
-        `prompts` holds left-padded `input_ids`, `attention_mask`, `position_ids` [B, P]. The result
-        has `prompts`, `responses`, `response_mask`, `input_ids`, `attention_mask`, `position_ids`
-        ([B*n, P+R] for the last three), `rollout_log_probs` with `calculate_log_probs`, and the
-        prompts' meta repeated. Responses are right-padded to `response_length`. Row i of the
-        result draws its tokens from keys derived from (rng, i) only.
-        """
+    def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
+        """`Rollout.generate`; token t of row i is drawn with fold_in(fold_in(key, i), t)."""
         check_prompts(
             prompts,
             sampling,
             response_length=self.response_length,
             pad_token_id=self.pad_token_id,
-            pad_hint="; build it with JaxRollout.sampling_params",
         )
         batch = prompts.repeat(sampling.n, interleave=True)
         mask = np.asarray(batch["attention_mask"])
-        out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, rng)
+        out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, key)
         width = self.response_length - sampling.max_new_tokens
         fill = {"responses": self.pad_token_id, "response_mask": 0, "rollout_log_probs": 0.0}
         out = {k: jnp.pad(v, ((0, 0), (0, width)), constant_values=fill[k]) for k, v in out.items()}
@@ -161,7 +148,7 @@ class JaxRollout:
         )
         if not self.limits.free_cache_engine:
             self._cache = cache
-        self.last_stats = {
+        self._stats = {
             "rollout/prompt_bucket": float(bucket),
             "rollout/slots": float(plan.slots),
             "rollout/prefill_rows": float(plan.prefill_rows),
@@ -200,9 +187,9 @@ class JaxRollout:
 
         return jax.device_put(jax.tree.map(cast, state), self._shardings)
 
-    def update_weights(self, state: nnx.State) -> None:
+    def update_weights(self, params: nnx.State) -> None:
         """Use new parameters (same structure and shapes), cast and laid out as this engine's."""
-        new = jax.tree_util.tree_flatten_with_path(state)[0]
+        new = jax.tree_util.tree_flatten_with_path(params)[0]
         old, treedef = jax.tree_util.tree_flatten_with_path(self._state)
         new_paths = [jax.tree_util.keystr(p) for p, _ in new]
         old_paths = [jax.tree_util.keystr(p) for p, _ in old]

@@ -23,11 +23,9 @@ def check_prompts(
     *,
     response_length: int,
     pad_token_id: int,
-    pad_hint: str = "",
 ) -> None:
     """Raise unless `prompts` holds left-padded, non-empty [batch, prompt_length] prompt tensors
-    and `sampling` fits the engine's response length and pad token (`pad_hint` ends the message
-    of a pad token mismatch)."""
+    and `sampling` fits the engine's response length and pad token."""
     missing = [k for k in PROMPT_KEYS if k not in prompts.tensors]
     if missing:
         raise KeyError(f"prompt batch lacks tensors {missing}; it needs {list(PROMPT_KEYS)}")
@@ -42,7 +40,7 @@ def check_prompts(
     if sampling.pad_token_id != pad_token_id:
         raise ValueError(
             f"SamplingParams.pad_token_id={sampling.pad_token_id} differs from the rollout's "
-            f"pad_token_id={pad_token_id}{pad_hint}"
+            f"pad_token_id={pad_token_id}; build it with jrl.rollout.sampling_params"
         )
     bad = np.flatnonzero(np.asarray(prompts.tensors["attention_mask"])[:, -1] == 0)
     if bad.size:

@@ -205,10 +205,14 @@ class VllmRollout:
         self.update_weights(nnx.state(model))
         self.release()
 
-    def generate(self, prompts: Batch, sampling: SamplingParams, rng: jax.Array) -> Batch:
-        """`sampling.n` responses per prompt row, interleaved (p0, p0, .., p1, p1, ..), in the
-        layout of the `jax` engine (see `assemble_batch`); row i samples with a seed from
-        (rng, i)."""
+    @property
+    def stats(self) -> dict[str, float]:
+        """Empty: vLLM's own metrics are not collected."""
+        return {}
+
+    def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
+        """`Rollout.generate` (rows assembled by `assemble_batch`): row i samples with a seed
+        from fold_in(key, i)."""
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
@@ -221,7 +225,7 @@ class VllmRollout:
         batch = prompts.repeat(sampling.n, interleave=True)
         rows = prompt_token_ids(np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"]))
         shared = sampling_kwargs(sampling)
-        params = [VllmSamplingParams(**shared, seed=s) for s in row_seeds(rng, len(rows))]
+        params = [VllmSamplingParams(**shared, seed=s) for s in row_seeds(key, len(rows))]
         self.resume()
         outputs = self.llm.generate(
             [TokensPrompt(prompt_token_ids=row) for row in rows], params, use_tqdm=False
@@ -236,12 +240,12 @@ class VllmRollout:
             pad_token_id=self.pad_token_id,
         )
 
-    def update_weights(self, state: nnx.State) -> None:
+    def update_weights(self, params: nnx.State) -> None:
         """Load new parameters (the structure of the constructor's model) into vLLM: LoRA merged,
         cast to the rollout dtype, HF names, straight from device memory; the prefix cache is
         dropped since it was computed with the old weights."""
         self._wake({"weights"})
-        model = nnx.merge(self._graphdef, state)
+        model = nnx.merge(self._graphdef, params)
         weights = hf_torch_tensors(model, device=self._device, dtype=self._dtype)
         (missing,) = self.llm.collective_rpc(load_hf_weights, args=(weights,))
         if missing:

@@ -117,10 +117,12 @@ class PPOTrainer:
         self.config = config
         self.spec = spec = PPOSpec.resolve(config)
         actor_cfg = config.actor_rollout_ref
+        fsdp = actor_cfg.actor.fsdp_config
         self.mesh = make_mesh(
             spec.n_gpus,
-            fsdp_size=actor_cfg.actor.fsdp_config.fsdp_size,
+            fsdp_size=fsdp.fsdp_size,
             sequence_parallel=actor_cfg.actor.ulysses_sequence_parallel_size,
+            tensor_parallel=int(fsdp.get("tensor_parallel_size") or 1),
         )
         tokenizer_key = "tokenizer_path" if actor_cfg.model.get("tokenizer_path") else "path"
         try:

@@ -237,10 +237,12 @@ def token_budget(
 
 def role_mesh_of(section: Any, prefix: str, mesh: Mesh, fsdp_cfg: Any) -> Mesh:
     """The mesh of the role section at `prefix`: `mesh`'s devices with the section's
-    ``ulysses_sequence_parallel_size`` on the `sequence` axis."""
+    ``ulysses_sequence_parallel_size`` on the `sequence` axis and its ``fsdp_config``'s
+    ``tensor_parallel_size`` on the `tensor` axis."""
     size = int(section.get("ulysses_sequence_parallel_size") or 1)
     key = f"{prefix}.ulysses_sequence_parallel_size"
-    return role_mesh(mesh, size, fsdp_cfg.get("fsdp_size", -1), key)
+    tensor = int(fsdp_cfg.get("tensor_parallel_size") or 1)
+    return role_mesh(mesh, size, fsdp_cfg.get("fsdp_size", -1), key, tensor_parallel=tensor)
 
 
 def check_heads(model: Any, mesh: Mesh, prefix: str) -> None:

@@ -34,7 +34,7 @@ from jrl.data.loader import DataLoader
 from jrl.data.sft_dataset import create_sft_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam
-from jrl.parallel import batch_sharding, make_mesh
+from jrl.parallel import batch_sharding, gather_batch, make_mesh
 from jrl.parallel.devices import check_device
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
@@ -173,7 +173,8 @@ class SFTTrainer:
         """One optimizer step on a batch of rows."""
         start = time.perf_counter()
         lr = self.spec.schedule(step - 1)
-        history = self.learner.train(self.spec.loss, sft_tensors(batch), self.spec.plan, lr=lr)
+        tensors = sft_tensors(gather_batch(batch))
+        history = self.learner.train(self.spec.loss, tensors, self.spec.plan, lr=lr)
         metrics = {
             "train/loss": history["loss"][0],
             "train/lr(1e-3)": lr * 1e3,
@@ -194,7 +195,7 @@ class SFTTrainer:
         loader = DataLoader(
             self.val_dataset, len(self.val_dataset), shuffle=False, seed=0, drop_last=False
         )
-        tensors = sft_tensors(next(iter(loader.epoch(0))))
+        tensors = sft_tensors(gather_batch(next(iter(loader.epoch(0)))))
         nll = forward_pass(
             functools.partial(self._val_forward, self.learner.params),
             tensors,

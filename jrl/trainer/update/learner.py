@@ -122,7 +122,8 @@ class Learner:
         optimizer_offload: Offload = ON_DEVICE,
     ) -> Learner:
         """Split `model` into the `trainable` variables (an NNX filter, e.g. `LoRAParam`) and the
-        frozen rest, place both FSDP-sharded and initialise the optimizer for the trainable part;
+        frozen rest, place both as `jrl.parallel.TRAINING_RULES` lay out their logical axes
+        (fsdp + tensor) and initialise the optimizer for the trainable part;
         the parameters and the optimizer state are then stored as their offloads say."""
         graphdef, train_params, frozen = nnx.split(model, trainable, ...)
         if not jax.tree.leaves(train_params):

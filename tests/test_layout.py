@@ -1,0 +1,138 @@
+"""The house's shape: imports point one way only, and tests share helpers instead of importing
+each other.
+
+Layers, lowest first: kernels and the batch type <- parallel <- models <- data <-
+algos / rollout / reward <- assets <- config <- trainer <- what the entry points share (plots,
+the compilation cache) <- entry points (the ``python -m`` commands); inside the trainer,
+update <- io / roles <- loop <- ppo / sft. A module may import its own package and the layers
+below it, never a sibling of its layer or anything above.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = (
+    ("jrl_kernels", "jrl.batch"),
+    ("jrl.parallel",),
+    ("jrl.models",),
+    ("jrl.data",),
+    ("jrl.algos", "jrl.rollout", "jrl.reward"),
+    ("jrl.assets",),
+    ("jrl.config",),
+    ("jrl.trainer",),
+    ("jrl.plot", "jrl.compile_cache"),
+    ("jrl.train", "jrl.sft", "jrl.generate", "jrl.evaluate", "jrl.merge", "jrl.notebook"),
+)
+TRAINER_LAYERS = (
+    ("jrl.trainer.update",),
+    ("jrl.trainer.io", "jrl.trainer.roles"),
+    ("jrl.trainer.loop",),
+    ("jrl.trainer.ppo", "jrl.trainer.sft"),
+)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every jrl module `path` imports (``from a import b`` counts as ``a.b`` when that is a
+    module), at any depth of the file (imports inside functions too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                is_module = any(
+                    (ROOT / Path(*child.split("."))).with_suffix(suffix).exists()
+                    for suffix in (".py", "")
+                )
+                found.add(child if is_module else node.module)
+    return {name for name in found if name.split(".")[0] in ("jrl", "jrl_kernels")}
+
+
+def owner(module: str, layers: tuple[tuple[str, ...], ...]) -> tuple[int, str] | None:
+    """(layer index, package) of the package in `layers` that holds `module`."""
+    for index, packages in enumerate(layers):
+        for package in packages:
+            if module == package or module.startswith(package + "."):
+                return index, package
+    return None
+
+
+def upward_imports(layers: tuple[tuple[str, ...], ...], files: list[Path]) -> list[str]:
+    """``importer -> imported`` for every import that does not point to a lower layer or to the
+    importer's own package."""
+    bad = []
+    for path in files:
+        here = owner(module_name(path), layers)
+        for target in sorted(imported_modules(path)):
+            there = owner(target, layers)
+            if here is None or there is None or here[1] == there[1]:
+                continue
+            if there[0] >= here[0]:
+                bad.append(f"{module_name(path)} -> {target}")
+    return bad
+
+
+def python_files(*folders: str) -> list[Path]:
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+def test_every_module_has_a_layer():
+    files = python_files("jrl", "jrl_kernels")
+    unplaced = [module_name(p) for p in files if owner(module_name(p), LAYERS) is None]
+    assert unplaced in ([], ["jrl"]), unplaced
+
+
+def test_imports_point_down_the_layers():
+    assert upward_imports(LAYERS, python_files("jrl", "jrl_kernels")) == []
+
+
+def test_trainer_subpackages_point_down():
+    assert upward_imports(TRAINER_LAYERS, python_files("jrl/trainer")) == []
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from jrl.trainer.loop.fit import fit\n", ["jrl.models.x -> jrl.trainer.loop.fit"]),
+        ("from jrl.reward import math\n", ["jrl.models.x -> jrl.reward.math"]),
+        ("from jrl.parallel import make_mesh\n", []),
+    ],
+)
+def test_the_check_sees_an_upward_import(tmp_path, monkeypatch, source, expected):
+    """The rule itself: a models module importing the trainer or the rewards is caught."""
+    fake_root = tmp_path
+    (fake_root / "jrl" / "models").mkdir(parents=True)
+    for package in ("trainer/loop", "reward", "parallel"):
+        (fake_root / "jrl" / package).mkdir(parents=True, exist_ok=True)
+    (fake_root / "jrl" / "trainer" / "loop" / "fit.py").write_text("")
+    (fake_root / "jrl" / "reward" / "math.py").write_text("")
+    module = fake_root / "jrl" / "models" / "x.py"
+    module.write_text(source)
+    monkeypatch.setitem(globals(), "ROOT", fake_root)
+    assert upward_imports(LAYERS, [module]) == expected
+
+
+def test_no_test_imports_another_test_module():
+    offenders = []
+    for path in python_files("tests"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            for name in names:
+                if name.split(".")[-1].startswith("test_"):
+                    offenders.append(f"{path.name} imports {name}")
+    assert offenders == []

@@ -1,0 +1,150 @@
+"""The `Rollout` protocol: both engines satisfy it, `build_rollout` builds one from the config (the
+same tokens as an engine built by hand) and an object missing a member is not one.
+
+vLLM cannot run here: its engine is built around the stand-in `vllm` module of
+`test_vllm_rollout` (`fake_vllm`), which replaces only vLLM itself."""
+
+import types
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import randomise_adapters, tiny_llama
+from test_vllm_rollout import TINY_SAMPLING, _rollout, fake_vllm, jax_run  # noqa: F401
+
+from jrl.batch import Batch
+from jrl.config import default_config, resolve
+from jrl.models import apply_lora, init_random, save_pretrained
+from jrl.models.lora import lora_settings, remove_adapters
+from jrl.parallel import make_mesh
+from jrl.rollout import (
+    EngineLimits,
+    JaxRollout,
+    Rollout,
+    SamplingParams,
+    build_rollout,
+    make_rollout,
+    sampling_params,
+)
+
+P, R, PAD = 6, 4, 0
+TOKENIZER = types.SimpleNamespace(eos_token_id=2, pad_token_id=PAD)  # what build_rollout reads
+LORA = {"lora_rank": 4, "lora_alpha": 8}
+
+
+def _config():
+    """The default config for a tiny jax rollout of the LoRA actor, two-way tensor parallel."""
+    config = resolve(default_config())
+    config.data.max_response_length = R
+    rollout = config.actor_rollout_ref.rollout
+    rollout.update({"name": "jax", "dtype": "float32", "tensor_model_parallel_size": 2})
+    rollout.update(
+        {"max_num_seqs": 4, "max_num_batched_tokens": 2 * P, "calculate_log_probs": True}
+    )
+    config.actor_rollout_ref.model.update(LORA)
+    return config
+
+
+def _actor():
+    """A tiny actor with LoRA adapters that change its outputs."""
+    config = tiny_llama(pad_token_id=PAD, initializer_range=0.5)
+    model = apply_lora(init_random(config, seed=0), **lora_settings(LORA))
+    randomise_adapters(model)
+    return model
+
+
+def _prompts() -> Batch:
+    mask = np.asarray([[0, 0, 1, 1, 1, 1], [1] * P, [0, 0, 0, 0, 0, 1]], np.int32)
+    ids = np.where(mask, np.random.default_rng(0).integers(3, 64, mask.shape), PAD)
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0)
+    return Batch({"input_ids": ids, "attention_mask": mask, "position_ids": positions})
+
+
+def test_the_jax_engine_built_from_the_config_is_a_rollout():
+    config, model, mesh = _config(), _actor(), make_mesh(8)
+    graphdef, params = nnx.split(model)
+    engine = build_rollout(config, graphdef, params, mesh, TOKENIZER)
+    assert isinstance(engine, Rollout) and isinstance(engine, JaxRollout)
+    assert (engine.response_length, engine.pad_token_id, engine.eos_token_ids) == (R, PAD, (1, 2))
+    assert engine.mesh.shape["tensor"] == 2 and engine.stats == {}
+
+    rollout_cfg = config.actor_rollout_ref.rollout
+    sampling = sampling_params(rollout_cfg, engine)
+    tokens = {"response_length": R, "eos_token_ids": (1, 2), "pad_token_id": PAD}
+    assert sampling == SamplingParams.from_rollout_config(rollout_cfg, **tokens)
+    assert not sampling.greedy and sampling_params(rollout_cfg, engine, validate=True).greedy
+
+    def run(rollout):
+        return rollout.generate(_prompts(), sampling, jax.random.key(0)).to_numpy()
+
+    by_hand = make_rollout(
+        "jax",
+        model,
+        response_length=R,
+        pad_token_id=PAD,
+        eos_token_ids=(1, 2),
+        mesh=mesh,
+        tensor_parallel_size=2,
+        limits=EngineLimits.from_rollout_config(rollout_cfg),
+    )
+    got, expected = run(engine), run(by_hand)
+    np.testing.assert_array_equal(got["responses"], expected["responses"])
+    np.testing.assert_allclose(got["rollout_log_probs"], expected["rollout_log_probs"], atol=1e-5)
+    assert set(engine.stats) == {
+        "rollout/prompt_bucket",
+        "rollout/slots",
+        "rollout/prefill_rows",
+        "rollout/decode_steps",
+    }
+    assert all(isinstance(v, float) for v in engine.stats.values())
+    assert engine.stats["rollout/prompt_bucket"] == P  # the longest prompt fills the width
+
+    # The adapters are part of the rollout's model: without them the log-probs differ.
+    base = make_rollout(
+        "jax", remove_adapters(model), response_length=R, pad_token_id=PAD, eos_token_ids=(1, 2)
+    )
+    assert not np.allclose(run(base)["rollout_log_probs"], got["rollout_log_probs"], atol=1e-3)
+
+
+def test_the_vllm_engine_is_a_rollout(fake_vllm, jax_run, tmp_path):  # noqa: F811
+    model, prompts, expected = jax_run
+    save_pretrained(model, tmp_path)
+    engine = make_rollout(
+        "vllm",
+        model,
+        rollout_cfg=_rollout(dtype="float32", prompt_length=6, response_length=8),
+        model_path=str(tmp_path),
+        response_length=8,
+        pad_token_id=0,
+        eos_token_ids=1,
+    )
+    assert isinstance(engine, Rollout) and engine.eos_token_ids == (1,)
+    got = engine.generate(prompts, TINY_SAMPLING, jax.random.key(0)).to_numpy()
+    np.testing.assert_array_equal(got["responses"], expected["responses"])
+    assert engine.stats == {}
+
+
+class _Complete:
+    """Every member of the protocol, doing nothing."""
+
+    response_length, pad_token_id, eos_token_ids, stats = 4, 0, (1,), {}
+
+    def generate(self, prompts, sampling, key):
+        return prompts
+
+    def update_weights(self, params):
+        pass
+
+    def release(self):
+        pass
+
+    def resume(self):
+        pass
+
+
+@pytest.mark.parametrize("missing", [k for k in vars(_Complete) if not k.startswith("_")])
+def test_an_object_missing_a_member_is_not_a_rollout(missing):
+    assert isinstance(_Complete(), Rollout)
+    members = {k: v for k, v in vars(_Complete).items() if k != missing}
+    assert not isinstance(type("Broken", (), members)(), Rollout)

@@ -1,0 +1,136 @@
+"""Logical axes of the parameters and the sharding rules: every parameter names its dimensions,
+the training and rollout rules give the expected layouts, and one update with 2-way tensor x
+4-way FSDP parallelism on 8 devices equals the one-device update."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+from helpers import tiny_llama
+from jax.sharding import PartitionSpec as P
+
+from jrl.models import apply_lora, init_random
+from jrl.parallel import ROLLOUT_RULES, make_mesh, param_shardings, role_mesh
+from jrl.parallel.sharding import axes_of
+from jrl.rollout.tensor_parallel import rollout_mesh
+from jrl.trainer.update.learner import Learner, build_update, normalisers
+
+# (parameter path under a layer or the model) -> (logical axes, training spec, rollout spec) on
+# fsdp 4 x tensor 2 and on its rollout mesh (data 4 x tensor 2).
+EXPECTED = {
+    ("lm_head", "kernel"): (("embed", "vocab"), P("fsdp", "tensor"), P(None, "tensor")),
+    ("embed_tokens", "embedding"): (("vocab", "embed"), P("tensor", "fsdp"), P("tensor", None)),
+    ("self_attn", "q_proj", "kernel"): (("embed", "heads"), P("fsdp", "tensor"), P(None, "tensor")),
+    ("self_attn", "q_proj", "bias"): (("heads",), P("tensor"), P("tensor")),
+    ("self_attn", "k_proj", "kernel"): (
+        ("embed", "kv_heads"),
+        P("fsdp", "tensor"),
+        P(None, "tensor"),
+    ),
+    ("self_attn", "o_proj", "kernel"): (("heads", "embed"), P("tensor", "fsdp"), P("tensor", None)),
+    ("self_attn", "o_proj", "bias"): (("embed",), P("fsdp"), P(None)),
+    ("mlp", "up_proj", "kernel"): (("embed", "mlp"), P("fsdp", "tensor"), P(None, "tensor")),
+    ("mlp", "down_proj", "kernel"): (("mlp", "embed"), P("tensor", "fsdp"), P("tensor", None)),
+    ("mlp", "down_proj", "lora_a"): (("mlp", "lora_rank"), P("tensor", None), P("tensor", None)),
+    ("mlp", "down_proj", "lora_b"): (("lora_rank", "embed"), P(None, "fsdp"), P(None, None)),
+    ("mlp", "up_proj", "lora_b"): (("lora_rank", "mlp"), P(None, "tensor"), P(None, "tensor")),
+    ("input_layernorm", "scale"): (("norm",), P(None), P(None)),
+}
+
+
+def _flat(tree):
+    return dict(nnx.to_flat_state(tree))
+
+
+def _specs(state, mesh, **kw):
+    return {
+        path: v.get_value().spec for path, v in _flat(param_shardings(state, mesh, **kw)).items()
+    }
+
+
+def _key(path):
+    """A parameter's path under its layer (or the model's last two names): an `EXPECTED` key."""
+    return path[3:] if path[:2] == ("model", "layers") else path[-2:]
+
+
+def test_parameters_carry_logical_axes_that_the_rules_lay_out():
+    model = init_random(tiny_llama(tie_word_embeddings=False, attention_bias=True))
+    apply_lora(model, rank=4, alpha=8)
+    state = nnx.state(model)
+    train = make_mesh(8, fsdp_size=4, tensor_parallel=2)
+    training = _specs(state, train)
+    rollout = _specs(state, rollout_mesh(train, 2), rules=ROLLOUT_RULES)
+    for path, var in _flat(state).items():
+        axes = axes_of(var)
+        assert axes is not None and len(axes) == var.get_value().ndim, path
+        if _key(path) in EXPECTED:
+            assert (axes, training[path], rollout[path]) == EXPECTED[_key(path)], path
+    assert EXPECTED.keys() <= {_key(path) for path in training}
+    # optax's moments mirror the parameters (and keep their axes); the step count is replicated
+    params = nnx.state(model, nnx.Param)
+    adam = jax.eval_shape(optax.adamw(1e-3).init, params)[0]
+    assert param_shardings(adam.count, train).spec == P()
+    assert _specs(adam.mu, train) == _specs(adam.nu, train) == _specs(params, train)
+
+
+def test_uneven_dimensions_stay_whole_and_role_meshes_keep_the_tensor_axis():
+    state = nnx.state(init_random(tiny_llama(vocab_size=65, intermediate_size=66)))
+    specs = _specs(state, make_mesh(8, fsdp_size=2, tensor_parallel=4))
+    assert specs[("model", "embed_tokens", "embedding")] == P(None, "fsdp")  # 65 % 4 != 0
+    layer = ("model", "layers", 0)
+    assert specs[(*layer, "mlp", "up_proj", "kernel")] == P("fsdp", None)  # 66 % 4 != 0
+    assert specs[(*layer, "self_attn", "q_proj", "kernel")] == P("fsdp", "tensor")
+    mesh = role_mesh(make_mesh(8, fsdp_size=2, tensor_parallel=2), 2, -1, "sp")
+    assert dict(mesh.shape) == {"data": 1, "fsdp": 2, "tensor": 2, "sequence": 2}
+    assert dict(role_mesh(mesh, 2, -1, "sp", tensor_parallel=1).shape)["tensor"] == 1
+
+
+def test_an_axis_without_a_rule_is_an_error():
+    state = {"w": nnx.Param(jnp.ones((4, 4)), out_sharding=("unknown", None), eager_sharding=False)}
+    with pytest.raises(KeyError, match="logical axis 'unknown' has no sharding rule"):
+        param_shardings(state, make_mesh(8))
+
+
+def _loss(model, micro, normaliser):
+    logp = jax.nn.log_softmax(model(micro["input_ids"])[:, :-1], axis=-1)
+    target = jnp.take_along_axis(logp, micro["input_ids"][:, 1:, None], axis=-1)
+    mask = micro["response_mask"][:, 1:]
+    return -jnp.sum(target[..., 0] * mask) / normaliser["tokens"], {}
+
+
+def _one_update(mesh):
+    """The learner of a tiny untied LM after one SGD-with-momentum update on `mesh`, and the
+    update's metrics."""
+    model = init_random(tiny_llama(tie_word_embeddings=False), seed=0)
+    tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
+    learner = Learner.create(model, tx, mesh)
+    rng = np.random.default_rng(0)
+    minibatch = {
+        "input_ids": rng.integers(0, 64, (2, 8, 12)).astype(np.int32),
+        "response_mask": (rng.random((2, 8, 12)) < 0.8).astype(np.float32),
+    }
+    update = build_update(learner, _loss, 1.0, minibatch)
+    metrics = learner.step(update, minibatch, normalisers(minibatch["response_mask"], None), 0.1)
+    return learner, jax.device_get(metrics)
+
+
+def test_tensor_parallel_update_equals_the_one_device_update():
+    mesh = make_mesh(8, fsdp_size=4, tensor_parallel=2)
+    sharded, sharded_metrics = _one_update(mesh)
+    single, single_metrics = _one_update(make_mesh(1))
+    matrices = [x for x in jax.tree.leaves((sharded.params, sharded.opt_state)) if x.ndim == 2]
+    assert matrices and all(
+        {"tensor", "fsdp"} <= set(x.sharding.spec) and x.sharding.mesh == mesh for x in matrices
+    )
+    assert single_metrics["grad_norm"] > 1e-2  # the update moves the parameters
+    for key in ("loss", "grad_norm"):
+        np.testing.assert_allclose(sharded_metrics[key], single_metrics[key], rtol=1e-5)
+    got, want = jax.device_get(sharded.params), jax.device_get(single.params)
+    for path, value in _flat(got).items():
+        np.testing.assert_allclose(
+            value.get_value(), _flat(want)[path].get_value(), rtol=1e-5, atol=1e-5, err_msg=path
+        )
