@@ -24,3 +24,28 @@ def train_tokenizer(tmp_path_factory):
         return train_tiny_tokenizer(texts, folder, vocab_size=vocab_size)
 
     return train
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """`vllm` and `vllm.inputs` as modules holding the stand-ins of `fake_vllm.py`, at a supported
+    version (vLLM cannot run here)."""
+    from fake_vllm import install_fake_vllm
+
+    install_fake_vllm(monkeypatch)
+
+
+@pytest.fixture(scope="module")
+def jax_run():
+    """A tiny model and the jax engine's greedy output (n=2, 5 of 8 response tokens)."""
+    import jax
+    from fake_vllm import TINY_PROMPTS, TINY_SAMPLING, prompt_batch
+    from helpers import TINY_LLAMA
+
+    from jrl.models import init_random
+    from jrl.rollout import JaxRollout
+
+    model = init_random(TINY_LLAMA, seed=3)
+    engine = JaxRollout(model, response_length=8, pad_token_id=0, eos_token_ids=1)
+    prompts = prompt_batch(*TINY_PROMPTS)
+    return model, prompts, engine.generate(prompts, TINY_SAMPLING, jax.random.key(0)).to_numpy()

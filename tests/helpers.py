@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -248,3 +249,36 @@ class WatchedRun:
         code = self.process.wait(timeout=timeout)
         self._reader.join()
         return code
+
+
+def policy_log_probs(
+    model: Any,
+    mesh: Any,
+    batch: Any,
+    *,
+    rows: int | None,
+    budget: Any = None,
+    packed: bool = False,
+    temperature: float = 0.8,
+    calculate_entropy: bool = False,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """The trainer's log-prob pass (`LogProbForward`, naive kernel) of `model` sharded on `mesh`
+    over `batch`: chunks of `rows` rows or micro-batches under the token `budget`, packed when
+    `packed`."""
+    from flax import nnx
+
+    from jrl.parallel import shard_params
+    from jrl.trainer.roles.log_probs import LogProbForward
+    from jrl.trainer.roles.specs import ForwardSpec
+
+    graphdef, params = nnx.split(model)
+    params, shardings = shard_params(params, mesh)
+    forward = LogProbForward(
+        graphdef,
+        shardings,
+        mesh,
+        temperature=temperature,
+        forward=ForwardSpec(rows, budget, packed),
+        impl="naive",
+    )
+    return forward(params, batch, calculate_entropy)

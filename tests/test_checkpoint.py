@@ -38,7 +38,7 @@ from jrl.trainer.io.checkpoint import (
     step_dir,
 )
 from jrl.trainer.ppo.trainer import retention
-from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.learner import Learner
 
 REPO = Path(__file__).resolve().parents[1]
 PPO = f"--config={REPO / 'configs' / 'gsm8k_ppo.py'}:tiny"
@@ -150,7 +150,7 @@ def test_hf_model_export_loads_in_transformers_with_jrls_logits(ppo_run):
     actor_dir = step_dir(ppo_run.dir, 5) / "actor"
     mesh = make_mesh(1)
     initial = from_pretrained(prepare_tiny()["model_path"], mesh=mesh)
-    state = TrainState.create(initial, optax.adamw(1e-3), mesh)
+    state = Learner.create(initial, optax.adamw(1e-3), mesh)
     before = jax.device_get(state.params.to_pure_dict())
     assert restore_role(actor_dir, state, ["model"]) == {}
     after = jax.device_get(state.params.to_pure_dict())
@@ -242,12 +242,12 @@ def _mesh(k: int) -> Mesh:
     return Mesh(devices, MESH_AXES)
 
 
-def _state(mesh: Mesh) -> TrainState:
+def _state(mesh: Mesh) -> Learner:
     model = from_pretrained(prepare_tiny()["model_path"], mesh=mesh)
-    return TrainState.create(model, optax.adamw(1e-3), mesh)
+    return Learner.create(model, optax.adamw(1e-3), mesh)
 
 
-def _take_step(state: TrainState) -> None:
+def _take_step(state: Learner) -> None:
     """One optimizer step with all-ones gradients (moves the params and the Adam count)."""
     grads = jax.tree.map(jnp.ones_like, state.trainable)
     updates, state.opt_state = state.tx.update(grads, state.opt_state, state.trainable)
@@ -258,7 +258,7 @@ def _count(opt_state) -> int:
     return int(optax.tree_utils.tree_get(opt_state, "count"))
 
 
-def _snapshot(state: TrainState, items: list[str], step: int, kind: str = "causal_lm"):
+def _snapshot(state: Learner, items: list[str], step: int, kind: str = "causal_lm"):
     return RoleSnapshot(state, items, {"global_step": step}, kind=kind)
 
 
@@ -386,7 +386,7 @@ def test_restore_into_a_differently_shaped_model_fails_naming_the_path(saved):
         dataclasses.replace(config, hidden_size=32, intermediate_size=64), rngs=nnx.Rngs(0)
     )
     mesh = _mesh(1)
-    state = TrainState.create(other, optax.adamw(1e-3), mesh)
+    state = Learner.create(other, optax.adamw(1e-3), mesh)
     model_dir = step_dir(saved.root, 3) / "actor" / "model"
     with pytest.raises(CheckpointError) as error:
         restore_role(model_dir.parent, state, ["model"])
@@ -426,11 +426,11 @@ def test_resume_path_to_a_missing_or_truncated_folder_names_it(saved, tmp_path):
 
 
 @pytest.fixture(scope="module")
-def small_state() -> TrainState:
+def small_state() -> Learner:
     return _state(_mesh(1))
 
 
-def _save_steps(manager: CheckpointManager, state: TrainState, steps: range) -> None:
+def _save_steps(manager: CheckpointManager, state: Learner, steps: range) -> None:
     items = ["model", "extra"]
     for step in steps:
         manager.save(step, {role: _snapshot(state, items, step) for role in ROLES})

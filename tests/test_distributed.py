@@ -287,9 +287,9 @@ def test_checkpoint_of_two_processes_restores_in_one(single_run, two_process_run
     )
     trainer = PPOTrainer(config)
     assert trainer.mesh.devices.size == 1
-    state = trainer.actor.state
+    state = trainer.actor.learner
     initial = jax.tree.leaves(jax.device_get(state.params))
-    assert trainer.load_checkpoint() == 2
+    assert trainer.resume() == 2
     restored = jax.tree.leaves(jax.device_get(state.params))
     restored_opt = jax.tree.leaves(jax.device_get(state.opt_state))
     loader_state = trainer.train_loader.get_state()

@@ -10,15 +10,15 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import one_tiny_ppo_step, padded_rows
+from helpers import one_tiny_ppo_step, padded_rows, policy_log_probs
 
 from jrl.batch import Batch
 from jrl.config import ConfigError, default_config, load_config
 from jrl.models import ModelConfig, init_random
-from jrl.parallel import make_mesh, shard_params
-from jrl.trainer.roles.policy import Policy, actor_loss
+from jrl.parallel import make_mesh
+from jrl.trainer.roles.actor import ActorLoss
 from jrl.trainer.update.dynamic_batching import TokenBudget, plan_micro_batches, token_minibatches
-from jrl.trainer.update.learner import TrainState, verl_row_order
+from jrl.trainer.update.learner import Learner, UpdatePlan, verl_row_order
 from jrl.trainer.update.partition import karmarkar_karp
 
 CONFIG = ModelConfig.from_hf(
@@ -157,7 +157,7 @@ def _actor_cfg(agg: str):
 
 
 def _state(mesh):
-    return TrainState.create(
+    return Learner.create(
         init_random(CONFIG, seed=3), optax.inject_hyperparams(optax.sgd)(0.5), mesh
     )
 
@@ -169,10 +169,7 @@ def test_dynamic_update_matches_fixed_micro_batches():
     agg = "seq-mean-token-mean"
     mesh = make_mesh(2)
     tensors = _batch(seed=2)
-    loss_fn = lambda *a, **k: actor_loss(  # noqa: E731
-        *a, cfg=_actor_cfg(agg), temperature=0.8, on_policy=False, **k
-    )
-    common = dict(variant=agg, grad_clip=10.0, mini_rows=16, epochs=1, lr=0.5)
+    loss_fn = ActorLoss.resolve(_actor_cfg(agg), 0.8, "naive")
     budgets = {"padded": TokenBudget(40, "k"), "packed": TokenBudget(40, "k", packed=True)}
     for budget in budgets.values():  # several micro-batches and at least one empty slot
         mb, _ = next(token_minibatches(tensors, 16, budget, mesh))
@@ -183,7 +180,8 @@ def test_dynamic_update_matches_fixed_micro_batches():
     for name, budget in [("fixed", None), *budgets.items()]:
         state = _state(mesh)
         split = {"micro_rows": 4} if budget is None else {"token_budget": budget}
-        history = state.train(loss_fn, tensors, **common, **split)
+        plan = UpdatePlan(grad_clip=10.0, mini_rows=16, epochs=1, **split)
+        history = state.train(loss_fn, tensors, plan, lr=0.5)
         results[name] = (history, jax.tree.leaves(jax.device_get(state.params)))
     before = jax.tree.leaves(nnx.state(init_random(CONFIG, seed=3)))
     fixed_history, fixed_params = results.pop("fixed")
@@ -211,11 +209,9 @@ def test_two_ranks_update_on_verls_mini_batches(budget):
     """Two optimizer steps on 2 data-parallel devices equal one device stepping through verl's
     mini-batches (each rank's half of its own rows), not through consecutive rows."""
     tensors = _batch(seed=6)
-    loss_fn = lambda *a, **k: actor_loss(  # noqa: E731
-        *a, cfg=_actor_cfg("token-mean"), temperature=1.0, on_policy=False, **k
-    )
+    loss_fn = ActorLoss.resolve(_actor_cfg("token-mean"), 1.0, "naive")
     split = {"micro_rows": 4} if budget is None else {"token_budget": budget}
-    common = dict(variant="tm", grad_clip=10.0, mini_rows=8, epochs=1, lr=0.5, **split)
+    plan = UpdatePlan(grad_clip=10.0, mini_rows=8, epochs=1, **split)
     params = {}
     for name, devices, order in [
         ("two ranks", 2, None),
@@ -224,7 +220,7 @@ def test_two_ranks_update_on_verls_mini_batches(budget):
     ]:
         state = _state(make_mesh(devices))
         rows = tensors if order is None else {k: v[order] for k, v in tensors.items()}
-        state.train(loss_fn, rows, **common)
+        state.train(loss_fn, rows, plan, lr=0.5)
         params[name] = jax.tree.leaves(jax.device_get(state.params))
     for a, b in zip(params["two ranks"], params["verl order"], strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
@@ -236,8 +232,7 @@ def test_two_ranks_update_on_verls_mini_batches(budget):
 
 def test_dynamic_forward_log_probs_match_in_row_order():
     mesh = make_mesh(2)
-    graphdef, params = nnx.split(init_random(CONFIG, seed=4))
-    params, shardings = shard_params(params, mesh)
+    model = init_random(CONFIG, seed=4)
     batch = Batch(_batch(seed=5, rows=13))  # uneven device shares
     out = {}
     for name, rows, budget, packed in [
@@ -245,17 +240,9 @@ def test_dynamic_forward_log_probs_match_in_row_order():
         ("padded", None, TokenBudget(32, "k"), False),
         ("packed", None, TokenBudget(32, "k", packed=True), True),
     ]:
-        policy = Policy(
-            graphdef,
-            params,
-            shardings,
-            mesh,
-            temperature=0.8,
-            forward_rows=rows,
-            remove_padding=packed,
-            forward_budget=budget,
+        out[name] = policy_log_probs(
+            model, mesh, batch, rows=rows, budget=budget, packed=packed, calculate_entropy=True
         )
-        out[name] = policy.compute_log_prob(batch, calculate_entropy=True)
     mask = batch.tensors["response_mask"].astype(bool)
     for name in ("padded", "packed"):
         for got, want in zip(out[name], out["fixed"], strict=True):
@@ -269,17 +256,14 @@ def test_updates_compile_one_shape_per_scan_length():
     power-of-two scan length."""
     mesh = make_mesh(2)
     state = _state(mesh)
-    cfg = _actor_cfg("token-mean")
-    loss_fn = lambda *a, **k: actor_loss(  # noqa: E731
-        *a, cfg=cfg, temperature=1.0, on_policy=False, **k
-    )
+    loss_fn = ActorLoss.resolve(_actor_cfg("token-mean"), 1.0, "naive")
     budget = TokenBudget(24, "k")
+    plan = UpdatePlan(grad_clip=1.0, mini_rows=16, epochs=1, token_budget=budget)
     counts = set()
     for step, (prompts, responses) in enumerate([(2, 1), (10, 6), (4, 3), (6, 4), (10, 6)]):
         tensors = _batch(seed=10 + step, prompts=prompts, responses=responses)
         counts.add(plan_micro_batches(tensors["attention_mask"], budget, mesh).count)
-        train = dict(variant="v", grad_clip=1.0, mini_rows=16, epochs=1, lr=0.1)
-        history = state.train(loss_fn, tensors, token_budget=budget, **train)
+        history = state.train(loss_fn, tensors, plan, lr=0.1)
         assert np.isfinite(history["grad_norm"]).all()
     executables = sum(update._cache_size() for update in state.compiled.values())
     assert counts == {1, 2, 3, 4}

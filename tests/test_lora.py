@@ -29,8 +29,9 @@ from jrl.models import (
 )
 from jrl.models.lora import adapted_modules, lora_targets
 from jrl.parallel import make_mesh
-from jrl.trainer.roles.policy import Policy
-from jrl.trainer.update.learner import TrainState, build_update
+from jrl.trainer.roles.actor import Actor
+from jrl.trainer.roles.reference import Reference
+from jrl.trainer.update.learner import Learner, build_update
 
 HF = dict(
     model_type="qwen2",
@@ -128,7 +129,7 @@ def _next_token_loss(model, micro, normaliser):
 def test_update_trains_only_the_adapters():
     model = apply_lora(_model(), rank=4, alpha=8, target_modules=["q_proj", "down_proj"])
     tx = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-2, weight_decay=0.0)
-    state = TrainState.create(model, tx, make_mesh(8), trainable=LoRAParam)
+    state = Learner.create(model, tx, make_mesh(8), trainable=LoRAParam)
     adapter_sizes = [x.size for x in jax.tree.leaves(state.trainable)]
     assert len(adapter_sizes) == 8 and sum(adapter_sizes) == 2 * (64 * 4 + 4 * 64) + 2 * (
         96 * 4 + 4 * 64
@@ -173,17 +174,17 @@ def lora_config(tmp_path_factory):
 
 def test_reference_is_the_actor_base_without_adapters(lora_config):
     mesh = make_mesh(1)
-    actor = Policy.actor(lora_config, mesh, total_training_steps=1)
-    ref = Policy.reference(lora_config, mesh, actor)
-    assert adapted_modules(actor.state.model()) and not adapted_modules(
-        nnx.merge(ref.graphdef, ref.params)
+    actor = Actor.from_config(lora_config, mesh, total_training_steps=1)
+    ref = Reference.from_config(lora_config, mesh, actor)
+    assert adapted_modules(actor.learner.model()) and not adapted_modules(
+        nnx.merge(ref.log_probs.graphdef, ref.params)
     )
-    frozen = {id(x) for x in jax.tree.leaves(actor.state.frozen)}
+    frozen = {id(x) for x in jax.tree.leaves(actor.learner.frozen)}
     assert all(id(x) in frozen for x in jax.tree.leaves(ref.params))  # no copy of the base
 
-    model = actor.state.model()
+    model = actor.learner.model()
     randomise_adapters(model)
-    state = actor.state
+    state = actor.learner
     state.trainable = jax.device_put(nnx.state(model, LoRAParam), state.trainable_shardings)
     ids, mask, pos = _inputs(rows=4, length=12)
     tensors = dict(input_ids=ids, attention_mask=mask, position_ids=pos, responses=ids[:, -5:])
@@ -192,7 +193,7 @@ def test_reference_is_the_actor_base_without_adapters(lora_config):
     actor_lp, _ = actor.compute_log_prob(batch)
 
     base = from_pretrained(lora_config.actor_rollout_ref.model.path)
-    logits = base(ids, mask, pos)[:, -6:-1] / actor.temperature
+    logits = base(ids, mask, pos)[:, -6:-1] / actor.spec.loss.temperature
     base_lp = jnp.take_along_axis(jax.nn.log_softmax(logits), ids[:, -5:, None], axis=-1)[..., 0]
     np.testing.assert_allclose(ref_lp, np.asarray(base_lp), rtol=1e-5, atol=1e-5)
     assert np.abs(actor_lp - ref_lp).max() > 1e-3

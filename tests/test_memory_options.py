@@ -14,16 +14,17 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import one_tiny_ppo_step, padded_rows
+from helpers import one_tiny_ppo_step, padded_rows, policy_log_probs
 
 from jrl.batch import Batch
+from jrl.config import load_config
 from jrl.models import ModelConfig, init_random
 from jrl.models.decoder import host_offload_supported, set_memory_options
-from jrl.parallel import make_mesh, shard_batch, shard_params
+from jrl.parallel import make_mesh, shard_batch
 from jrl.trainer.roles.critic import response_values
 from jrl.trainer.roles.log_probs import response_log_probs
-from jrl.trainer.roles.policy import Policy, memory_options
-from jrl.trainer.update.learner import TrainState
+from jrl.trainer.roles.specs import ModelSpec
+from jrl.trainer.update.learner import Learner, UpdatePlan
 from jrl.trainer.update.packing import PACK_START, pack, packing_plan, plan_packing, with_packing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,8 +141,15 @@ def test_offload_without_remat_is_refused():
     with pytest.raises(ValueError, match="activation_offload needs remat"):
         dataclasses.replace(CONFIG, activation_offload=True)
     with pytest.raises(ValueError, match="enable_gradient_checkpointing=True"):
-        memory_options({"enable_activation_offload": True, "enable_gradient_checkpointing": False})
-    assert memory_options({"enable_gradient_checkpointing": True}) == {
+        load_config(
+            [
+                "--config=configs/gsm8k_grpo.py:tiny",
+                "actor_rollout_ref.model.enable_activation_offload=True",
+                "actor_rollout_ref.model.enable_gradient_checkpointing=False",
+            ]
+        )
+    spec = ModelSpec.resolve({"path": "unused", "enable_gradient_checkpointing": True}, {})
+    assert spec.memory_options() == {
         "remat_policy": "full",
         "activation_offload": False,
     }
@@ -212,21 +220,11 @@ def test_packed_rows_give_the_padded_log_probs_and_values():
 def test_policy_log_probs_with_remove_padding_match_padded():
     """The trainer's forward: packing plans per forward chunk, rows padded to the chunk."""
     mesh = make_mesh(8)
-    graphdef, params = nnx.split(_model("full"))
-    params, shardings = shard_params(params, mesh)
+    model = _model("full")
     batch = Batch(_batch(PROMPT_LENS[:12], RESPONSE_LENS[:12]))
     out = {}
     for remove_padding in (False, True):
-        policy = Policy(
-            graphdef,
-            params,
-            shardings,
-            mesh,
-            temperature=0.8,
-            forward_rows=8,
-            remove_padding=remove_padding,
-        )
-        out[remove_padding] = policy.compute_log_prob(batch)[0]
+        out[remove_padding] = policy_log_probs(model, mesh, batch, rows=8, packed=remove_padding)[0]
     mask = batch.tensors["response_mask"].astype(bool)
     np.testing.assert_allclose(out[True][mask], out[False][mask], atol=1e-5)
 
@@ -242,19 +240,9 @@ def test_shuffled_training_with_packing_matches_padded():
     mesh = make_mesh(1)
     params = {}
     for plan in (None, packing_plan(8, mesh)):
-        state = TrainState.create(_model(), optax.inject_hyperparams(optax.sgd)(0.5), mesh)
-        state.train(
-            loss_fn,
-            tensors,
-            variant="test",
-            grad_clip=1.0,
-            mini_rows=16,
-            micro_rows=8,
-            epochs=2,
-            lr=0.5,
-            shuffle_seed=(7, 1),
-            packing=plan,
-        )
+        state = Learner.create(_model(), optax.inject_hyperparams(optax.sgd)(0.5), mesh)
+        update = UpdatePlan(grad_clip=1.0, mini_rows=16, micro_rows=8, epochs=2, packing=plan)
+        state.train(loss_fn, tensors, update, lr=0.5, shuffle_seed=(7, 1))
         params[plan is None] = jax.tree.leaves(jax.device_get(state.params))
     before = jax.tree.leaves(nnx.state(_model()))
     assert any(not np.allclose(a, b) for a, b in zip(params[True], before, strict=True))

@@ -20,7 +20,7 @@ from jrl.models import init_random
 from jrl.parallel import make_mesh
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.ppo.trainer import PPOTrainer
-from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.learner import Learner
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -49,8 +49,8 @@ def ppo(tmp_path_factory):
     trainer.fit()
     return {
         "step": root / "global_step_1",
-        "actor": trainer.actor.state.model(),
-        "critic": trainer.critic.state.model(),
+        "actor": trainer.actor.learner.model(),
+        "critic": trainer.critic.learner.model(),
         "base": Path(config.actor_rollout_ref.model.path),
     }
 
@@ -59,7 +59,7 @@ def ppo(tmp_path_factory):
 def plain(tmp_path_factory):
     """A random llama actor without LoRA, FSDP-sharded over 8 devices, saved (model item only)."""
     root = tmp_path_factory.mktemp("plain")
-    state = TrainState.create(init_random(PLAIN, seed=5), optax.sgd(0.1), make_mesh(8))
+    state = Learner.create(init_random(PLAIN, seed=5), optax.sgd(0.1), make_mesh(8))
     manager = CheckpointManager(root)
     manager.save(3, {"actor": RoleSnapshot(state, ["model"], {})})
     manager.close()

@@ -21,7 +21,7 @@ from jrl.models import init_random
 from jrl.parallel import ON_DEVICE, Offload, make_mesh, memory_bytes
 from jrl.parallel.offload import HOST_MEMORY, host_memory_kind
 from jrl.trainer.ppo.trainer import PPOTrainer
-from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.learner import Learner, UpdatePlan
 
 
 def _kinds(tree) -> set[str]:
@@ -53,15 +53,15 @@ def _loss(model, micro, normaliser):
     return -jnp.sum(target) / normaliser["tokens"], {}
 
 
-def _trained_state(offload: bool, tensors: dict) -> tuple[TrainState, dict[str, int]]:
-    """A TrainState (both offloads as `offload`) after one update, and the bytes per memory kind
+def _trained_state(offload: bool, tensors: dict) -> tuple[Learner, dict[str, int]]:
+    """A Learner (both offloads as `offload`) after one update, and the bytes per memory kind
     of the arrays alive after it that were not alive before it was made."""
     before = jax.live_arrays()  # kept alive, so no new array reuses their ids
     known = {id(x) for x in before}
     mesh = make_mesh(8)
     chosen = Offload.configure(offload, "param_offload", mesh.local_devices)
     tx = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-2)
-    state = TrainState.create(
+    state = Learner.create(
         init_random(tiny_llama(), seed=0),
         tx,
         mesh,
@@ -70,9 +70,8 @@ def _trained_state(offload: bool, tensors: dict) -> tuple[TrainState, dict[str, 
     )
     where = {HOST_MEMORY} if offload else {"device"}
     assert _kinds((state.trainable, state.opt_state)) == where
-    history = state.train(
-        _loss, tensors, variant="lm", grad_clip=1.0, mini_rows=8, epochs=1, lr=1e-2, micro_rows=8
-    )
+    plan = UpdatePlan(grad_clip=1.0, mini_rows=8, epochs=1, micro_rows=8)
+    history = state.train(_loss, tensors, plan, lr=1e-2)
     assert math.isfinite(history["loss"][0])
     assert _kinds((state.trainable, state.opt_state)) == where
     return state, memory_bytes([x for x in jax.live_arrays() if id(x) not in known])
@@ -125,9 +124,9 @@ def test_tiny_ppo_step_offloads_every_role(tmp_path):
         assert math.isfinite(metrics[key]) and metrics[key] != 0, key
     # The reference (loaded from host memory) gives the actor's log-probs before the update.
     assert abs(metrics["actor/kl_loss"]) < 1e-6
-    actor, critic = trainer.actor.state, trainer.critic.state
+    actor, critic = trainer.actor.learner, trainer.critic.learner
     stored = (actor.trainable, actor.opt_state, critic.trainable, critic.opt_state)
     assert _kinds(stored) == {HOST_MEMORY}
-    assert _kinds(trainer.ref._frozen_params) == {HOST_MEMORY}
+    assert _kinds(trainer.ref._stored) == {HOST_MEMORY}
     assert (tmp_path / "global_step_1" / "actor").is_dir()
     assert (tmp_path / "global_step_1" / "critic").is_dir()

@@ -130,16 +130,16 @@ def test_unknown_impl_backend_is_a_config_error():
 @pytest.fixture
 def logprob_calls(monkeypatch):
     """Every (impl, entropy wanted) the policy roles pass to the real kernel entry point."""
-    from jrl.trainer.roles import policy
+    from jrl.trainer.roles import log_probs
 
     calls = []
-    real = policy.response_log_probs
+    real = log_probs.response_log_probs
 
     def recording(*args, impl="naive", calculate_entropy=True, **kwargs):
         calls.append((impl, calculate_entropy))
         return real(*args, impl=impl, calculate_entropy=calculate_entropy, **kwargs)
 
-    monkeypatch.setattr(policy, "response_log_probs", recording)
+    monkeypatch.setattr(log_probs, "response_log_probs", recording)
     return calls
 
 

@@ -1,17 +1,17 @@
 """The `Rollout` protocol: both engines satisfy it, `build_rollout` builds one from the config (the
 same tokens as an engine built by hand) and an object missing a member is not one.
 
-vLLM cannot run here: its engine is built around the stand-in `vllm` module of
-`test_vllm_rollout` (`fake_vllm`), which replaces only vLLM itself."""
+vLLM cannot run here: its engine is built around the stand-in `vllm` module of `fake_vllm.py`
+(the `fake_vllm` fixture), which replaces only vLLM itself."""
 
 import types
 
 import jax
 import numpy as np
 import pytest
+from fake_vllm import TINY_SAMPLING, tiny_rollout_config
 from flax import nnx
 from helpers import randomise_adapters, tiny_llama
-from test_vllm_rollout import TINY_SAMPLING, _rollout, fake_vllm, jax_run  # noqa: F401
 
 from jrl.batch import Batch
 from jrl.config import default_config, resolve
@@ -107,13 +107,13 @@ def test_the_jax_engine_built_from_the_config_is_a_rollout():
     assert not np.allclose(run(base)["rollout_log_probs"], got["rollout_log_probs"], atol=1e-3)
 
 
-def test_the_vllm_engine_is_a_rollout(fake_vllm, jax_run, tmp_path):  # noqa: F811
+def test_the_vllm_engine_is_a_rollout(fake_vllm, jax_run, tmp_path):
     model, prompts, expected = jax_run
     save_pretrained(model, tmp_path)
     engine = make_rollout(
         "vllm",
         model,
-        rollout_cfg=_rollout(dtype="float32", prompt_length=6, response_length=8),
+        rollout_cfg=tiny_rollout_config(dtype="float32", prompt_length=6, response_length=8),
         model_path=str(tmp_path),
         response_length=8,
         pad_token_id=0,

@@ -19,7 +19,7 @@ from jrl.config import load_config
 from jrl.models import init_random
 from jrl.models.layers import check_sequence_heads
 from jrl.parallel import batch_sharding, make_mesh, shard_params
-from jrl.trainer.roles.policy import Policy
+from jrl.trainer.roles.actor import Actor
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -100,7 +100,7 @@ def test_hidden_states_and_gradients_equal_the_unsharded_ones(sp, make_rows, len
     assert len(re.findall(r"all-to-all\(", hlo)) >= 4 * model.config.num_layers
 
 
-def _actor(tmp_path_factory, gpus: int, sp: int, *overrides: str) -> Policy:
+def _actor(tmp_path_factory, gpus: int, sp: int, *overrides: str) -> Actor:
     config, _ = load_config(
         [
             "--config=configs/gsm8k_grpo.py:tiny",
@@ -112,7 +112,7 @@ def _actor(tmp_path_factory, gpus: int, sp: int, *overrides: str) -> Policy:
         ]
     )
     prepare_for(config)
-    return Policy.actor(config, make_mesh(gpus, sequence_parallel=sp), total_training_steps=1)
+    return Actor.from_config(config, make_mesh(gpus, sequence_parallel=sp), total_training_steps=1)
 
 
 def _batch(rows: int, prompt: int, response: int) -> Batch:

@@ -35,13 +35,13 @@ from jrl.config import (
     sft_config,
 )
 from jrl.config.entry import load_entry_config
-from jrl.config.sft_defaults import validate_sft
 from jrl.config.tree import key_paths, lookup
+from jrl.config.validate import validate_sft
 from jrl.data.sft_dataset import SFTDataset, create_sft_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam, init_random
 from jrl.models.lora import adapted_modules, linear_layers
-from jrl.trainer.sft.loss import row_nll, sft_loss
+from jrl.trainer.sft.loss import SFTLoss, row_nll
 from jrl.trainer.update.optim import (
     make_sft_optimizer,
     optimizer_family,
@@ -449,7 +449,7 @@ def test_loss_is_the_token_mean_cross_entropy_with_every_kernel_and_packing(
     expected = -(picked * mask).sum() / mask.sum()
     norm = {"token-mean": jnp.asarray(mask.sum())}
     for impl in ("naive", "auto"):  # model.use_liger false / true
-        loss = jax.jit(lambda s, t, i=impl: sft_loss(nnx.merge(graphdef, s), t, norm, impl=i)[0])
+        loss = jax.jit(lambda s, t, i=impl: SFTLoss(i)(nnx.merge(graphdef, s), t, norm)[0])
         assert float(loss(state, tensors)) == pytest.approx(expected, rel=1e-5)
     packed, layout = with_packing(tensors, 4, None)  # use_remove_padding
     assert layout.rows < 4  # the four sequences share fewer rows
@@ -534,18 +534,18 @@ def test_lora_trains_the_adapters_of_the_target_modules_with_clipped_sgd(tmp_pat
         "optim.weight_decay=0.0",
         "optim.clip_grad=0.001",
     )
-    model = trainer.state.model()
+    model = trainer.learner.model()
     adapted = adapted_modules(model)
     assert adapted and all(p.endswith(("q_proj", "v_proj")) for p in adapted)
     layers = linear_layers(model)
     assert {layers[path].lora_scale for path in adapted} == {2.0}  # alpha / rank
     variables = jax.tree.leaves(
-        trainer.state.trainable, is_leaf=lambda x: isinstance(x, nnx.Variable)
+        trainer.learner.trainable, is_leaf=lambda x: isinstance(x, nnx.Variable)
     )
     assert {type(v) for v in variables} == {LoRAParam}
-    before = jax.tree.map(np.asarray, (trainer.state.trainable, trainer.state.frozen))
-    metrics = trainer.train_step(next(iter(trainer.train_loader.epoch(0))), 1)
-    after = jax.tree.map(np.asarray, (trainer.state.trainable, trainer.state.frozen))
+    before = jax.tree.map(np.asarray, (trainer.learner.trainable, trainer.learner.frozen))
+    metrics = trainer.train_step(next(iter(trainer.train_loader.epoch(0))), 1, 0, {}).metrics
+    after = jax.tree.map(np.asarray, (trainer.learner.trainable, trainer.learner.frozen))
     jax.tree.map(np.testing.assert_array_equal, before[1], after[1])
     # plain SGD at lr 1 moves the adapters by the clipped gradient: a step of norm clip_grad
     moved = optax.tree.norm(jax.tree.map(np.subtract, after[0], before[0]))
@@ -584,9 +584,9 @@ def test_model_options_reach_the_model(tmp_path):
             "model.fsdp_config.cpu_offload=true",
             "model.fsdp_config.offload_params=true",
         )
-    dtypes = {x.dtype for x in jax.tree.leaves(trainer.state.params)}
+    dtypes = {x.dtype for x in jax.tree.leaves(trainer.learner.params)}
     assert dtypes == {jnp.dtype(jnp.bfloat16)}
-    assert trainer.state.model().config.remat_policy == "full"
-    assert trainer.impl == "auto" and trainer.packed
+    assert trainer.learner.model().config.remat_policy == "full"
+    assert trainer.spec.loss.impl == "auto" and trainer.spec.plan.packing is not None
     with pytest.raises(FileNotFoundError, match="model.partial_pretrain"):
         _trainer(tmp_path, f"model.partial_pretrain={tmp_path / 'nowhere'}")

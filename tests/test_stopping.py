@@ -16,7 +16,7 @@ from jrl.models import from_pretrained
 from jrl.parallel import make_mesh
 from jrl.trainer.io.checkpoint import problems, read_tracker, restore_role
 from jrl.trainer.loop.stopping import NonFiniteLossError, StopRequest
-from jrl.trainer.update.learner import TrainState
+from jrl.trainer.update.learner import Learner
 from jrl.trainer.update.optim import make_optimizer
 
 QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
@@ -55,7 +55,7 @@ def test_sigterm_finishes_the_step_and_leaves_a_loadable_checkpoint(tmp_path):
     # the checkpoint loads into the actor's state
     config, _ = load_config([card])
     model = from_pretrained(tiny_paths()["model_path"], mesh=make_mesh(1))
-    state = TrainState.create(
+    state = Learner.create(
         model, make_optimizer(config.actor_rollout_ref.actor.optim), make_mesh(1)
     )
     extra = restore_role(folder / "actor", state, ["model", "optimizer", "extra"])

@@ -117,14 +117,14 @@ def test_grpo_step_same_for_any_micro_batch_split_and_device_count(tmp_path):
 
     before = jax.tree.leaves(jax.device_get(one.ref.params))
     m1 = one.actor.update(batch, 1)
-    p1 = jax.tree.leaves(jax.device_get(one.actor.state.params))
+    p1 = jax.tree.leaves(jax.device_get(one.actor.params))
     assert any(not np.allclose(a, b) for a, b in zip(p1, before, strict=True))  # params moved
     delta1 = np.concatenate([(a - b).ravel() for a, b in zip(p1, before, strict=True)])
     for other in [*others, eight]:
         m = other.actor.update(batch, 1)
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
             np.testing.assert_allclose(m1[key], m[key], rtol=1e-4, atol=1e-6, err_msg=key)
-        p = jax.tree.leaves(jax.device_get(other.actor.state.params))
+        p = jax.tree.leaves(jax.device_get(other.actor.params))
         # Adam divides by sqrt(v): compare the updates as a whole, and each parameter loosely
         delta = np.concatenate([(a - b).ravel() for a, b in zip(p, before, strict=True)])
         assert np.linalg.norm(delta1 - delta) <= 1e-3 * np.linalg.norm(delta1)

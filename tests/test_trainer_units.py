@@ -80,10 +80,10 @@ def test_train_state_shuffles_mini_batches_per_epoch_with_the_seed():
     from flax import nnx
 
     from jrl.parallel import make_mesh
-    from jrl.trainer.update.learner import TrainState
+    from jrl.trainer.update.learner import Learner, UpdatePlan
 
     sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=0.0)
-    state = TrainState.create(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), sgd, make_mesh(1))
+    state = Learner.create(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), sgd, make_mesh(1))
     x = np.arange(8, dtype=np.float32)[:, None]
     tensors = {"x": x, "response_mask": np.ones((8, 2), np.float32)}
 
@@ -91,10 +91,10 @@ def test_train_state_shuffles_mini_batches_per_epoch_with_the_seed():
         loss = jnp.sum(model(micro["x"])) / norm["tokens"]
         return loss, {"rows": jnp.sum(micro["x"])}
 
-    common = dict(variant="t", grad_clip=1.0, mini_rows=4, micro_rows=2, epochs=2, lr=0.0)
-    plain = state.train(loss_fn, tensors, **common)["rows"]
+    plan = UpdatePlan(grad_clip=1.0, mini_rows=4, micro_rows=2, epochs=2)
+    plain = state.train(loss_fn, tensors, plan, lr=0.0)["rows"]
     assert plain == [6.0, 22.0, 6.0, 22.0]
-    shuffled = state.train(loss_fn, tensors, shuffle_seed=(42, 3), **common)["rows"]
+    shuffled = state.train(loss_fn, tensors, plan, lr=0.0, shuffle_seed=(42, 3))["rows"]
     expected = []
     for epoch in range(2):
         order = np.random.default_rng([42, 3, epoch]).permutation(8)
@@ -109,25 +109,25 @@ def test_non_finite_gradient_skips_the_update_and_is_counted():
     from flax import nnx
 
     from jrl.parallel import make_mesh
-    from jrl.trainer.update.learner import TrainState
+    from jrl.trainer.update.learner import Learner, UpdatePlan
 
     sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1)
-    state = TrainState.create(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), sgd, make_mesh(1))
+    state = Learner.create(nnx.Linear(1, 1, rngs=nnx.Rngs(0)), sgd, make_mesh(1))
     before = jax.device_get(state.params)
     tensors = {"x": np.ones((4, 1), np.float32), "response_mask": np.ones((4, 2), np.float32)}
 
     def loss_fn(model, micro, norm):
         return jnp.sum(model(micro["x"]) * jnp.log(micro["x"] - 1.0)) / norm["tokens"], {}
 
-    common = dict(grad_clip=1.0, mini_rows=2, micro_rows=2, epochs=1, lr=0.1)
-    history = state.train(loss_fn, tensors, variant="nan", **common)
+    plan = UpdatePlan(grad_clip=1.0, mini_rows=2, micro_rows=2, epochs=1)
+    history = state.train(loss_fn, tensors, plan, lr=0.1)
     assert history["skipped"] == [1.0, 1.0]
     assert not np.isfinite(history["grad_norm"]).any()
     after = jax.tree.leaves(jax.device_get(state.params))
     for a, b in zip(jax.tree.leaves(before), after, strict=True):
         np.testing.assert_array_equal(a, b)
     history = state.train(
-        lambda m, mb, n: (jnp.sum(m(mb["x"])) / n["tokens"], {}), tensors, variant="ok", **common
+        lambda m, mb, n: (jnp.sum(m(mb["x"])) / n["tokens"], {}), tensors, plan, lr=0.1
     )
     assert history["skipped"] == [0.0, 0.0]
     moved = jax.tree.leaves(jax.device_get(state.params))

@@ -2,35 +2,36 @@
 config -> vLLM argument mapping, output assembly in the `jax` engine's layout, the engine class
 around a stand-in for vLLM, and a real vLLM generate / sync / generate where vllm and a GPU exist.
 
-vLLM cannot be installed here. `FakeRequestOutput` / `FakeCompletion` / `FakeLogprob` are plain
-dataclasses standing in for vLLM's `RequestOutput`, `CompletionOutput` and `Logprob` (the fields our
-code reads), and `FakeLLM` / `FakeSamplingParams` stand in for `vllm.LLM` and
-`vllm.SamplingParams`: a transformers model decoding greedily, with sleep/wake bookkeeping.
+vLLM cannot be installed here: the stand-ins for its outputs and its `LLM` are in `fake_vllm.py`
+(the `fake_vllm` fixture installs them as the `vllm` module).
 """
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fake_vllm import (
+    TINY_SAMPLING,
+    FakeCompletion,
+    FakeLogprob,
+    FakeRequestOutput,
+    prompt_batch,
+    tiny_rollout_config,
+)
 from flax import nnx
-from helpers import TINY_LLAMA, assert_close, jit_call, left_padded_inputs, randomise_adapters
+from helpers import assert_close, jit_call, left_padded_inputs, randomise_adapters
 from reference import FAMILIES, SHAPE, hf_family_model, torch_logits
 
-from jrl.batch import Batch
-from jrl.config import default_config, generation_config, resolve
+from jrl.config import generation_config, resolve
 from jrl.models import (
     apply_lora,
-    default_position_ids,
     from_pretrained,
-    init_random,
     save_pretrained,
 )
 from jrl.models.hf_export import hf_arrays, hf_torch_tensors
 from jrl.models.layers import Linear
 from jrl.parallel import make_mesh
-from jrl.rollout import JaxRollout, SamplingParams
+from jrl.rollout import SamplingParams
 from jrl.rollout.vllm_args import (
     check_vllm_version,
     engine_kwargs,
@@ -120,16 +121,10 @@ def test_export_merges_lora_gathers_shards_and_casts(batch, tmp_path):
 
 
 # -- config -> vLLM arguments -----------------------------------------------------------------
-def _rollout(**changes):
-    rollout = resolve(default_config()).actor_rollout_ref.rollout
-    rollout.tensor_model_parallel_size = 1
-    for key, value in changes.items():
-        rollout[key] = value
-    return rollout
-
-
 def test_engine_arguments_follow_the_rollout_keys():
-    cfg = _rollout(gpu_memory_utilization=0.4, max_num_seqs=64, max_num_batched_tokens=4096)
+    cfg = tiny_rollout_config(
+        gpu_memory_utilization=0.4, max_num_seqs=64, max_num_batched_tokens=4096
+    )
     kwargs = engine_kwargs(cfg, model_path="/models/m", trust_remote_code=True)
     assert kwargs == {
         "model": "/models/m",
@@ -153,7 +148,9 @@ def test_engine_arguments_follow_the_rollout_keys():
         "scheduling_policy": "fcfs",
         "skip_tokenizer_init": True,
     }
-    cfg = _rollout(free_cache_engine=False, enforce_eager=False, dtype="fp16", max_model_len=300)
+    cfg = tiny_rollout_config(
+        free_cache_engine=False, enforce_eager=False, dtype="fp16", max_model_len=300
+    )
     cfg.cudagraph_capture_sizes = [1, 8]
     cfg.engine_kwargs.vllm = {"swap_space": 0, "max_num_seqs": 8}
     kwargs = engine_kwargs(cfg, model_path="m")
@@ -192,11 +189,11 @@ def test_engine_arguments_from_the_generation_config():
 )
 def test_engine_arguments_reject_what_one_in_process_engine_cannot_run(changes, message):
     with pytest.raises(ValueError, match=message):
-        engine_kwargs(_rollout(**changes), model_path="m")
+        engine_kwargs(tiny_rollout_config(**changes), model_path="m")
 
 
 def test_engine_arguments_name_a_missing_key():
-    cfg = dict(_rollout().to_dict())
+    cfg = dict(tiny_rollout_config().to_dict())
     del cfg["max_num_seqs"]
     with pytest.raises(KeyError, match="actor_rollout_ref.rollout.max_num_seqs"):
         engine_kwargs(cfg, model_path="m")
@@ -222,7 +219,7 @@ def test_sampling_arguments():
     ignoring = sampling_kwargs(SamplingParams(**base, ignore_eos=True))
     assert ignoring["ignore_eos"] and ignoring["stop_token_ids"] is None
     validation = SamplingParams.from_rollout_config(
-        _rollout(), response_length=9, eos_token_ids=2, pad_token_id=0, validate=True
+        tiny_rollout_config(), response_length=9, eos_token_ids=2, pad_token_id=0, validate=True
     )
     assert sampling_kwargs(validation)["temperature"] == 0.0
 
@@ -237,23 +234,6 @@ def test_vllm_version_floor():
 
 
 # -- requests and outputs ---------------------------------------------------------------------
-@dataclasses.dataclass
-class FakeLogprob:
-    logprob: float
-
-
-@dataclasses.dataclass
-class FakeCompletion:
-    token_ids: list[int]
-    logprobs: list[dict[int, FakeLogprob]] | None
-
-
-@dataclasses.dataclass
-class FakeRequestOutput:
-    request_id: str
-    outputs: list[FakeCompletion]
-
-
 def _fake_output(i, tokens, log_probs=None):
     """vLLM's output shape: one dict per token holding the sampled token (and maybe others)."""
     steps = None
@@ -265,18 +245,8 @@ def _fake_output(i, tokens, log_probs=None):
     return FakeRequestOutput(str(i), [FakeCompletion(list(tokens), steps)])
 
 
-def _prompts(ids, mask):
-    ids, mask = np.asarray(ids, np.int32), np.asarray(mask, np.int32)
-    tensors = {
-        "input_ids": ids,
-        "attention_mask": mask,
-        "position_ids": np.asarray(default_position_ids(jnp.asarray(mask))),
-    }
-    return Batch(tensors, {"uid": np.array([f"p{i}" for i in range(len(ids))], object)})
-
-
 def test_requests_drop_the_left_padding_and_seeds_follow_the_row():
-    prompts = _prompts([[0, 0, 5, 6], [7, 8, 9, 3]], [[0, 0, 1, 1], [1, 1, 1, 1]])
+    prompts = prompt_batch([[0, 0, 5, 6], [7, 8, 9, 3]], [[0, 0, 1, 1], [1, 1, 1, 1]])
     assert prompt_token_ids(prompts["input_ids"], prompts["attention_mask"]) == [
         [5, 6],
         [7, 8, 9, 3],
@@ -293,22 +263,6 @@ def test_read_outputs_takes_the_sampled_tokens_log_probs():
     assert read_outputs(outputs, True) == ([[4, 2], [3]], [[-0.5, -1.5], [-0.25]])
     with pytest.raises(RuntimeError, match="no log-prob for some tokens of request 0"):
         read_outputs([_fake_output(0, [4, 2])], True)
-
-
-TINY_PROMPTS = ([[0, 0, 9, 4, 33, 7], [12, 5, 60, 2, 8, 41]], [[0, 0, 1, 1, 1, 1], [1] * 6])
-TINY_SAMPLING = SamplingParams(
-    max_new_tokens=5, eos_token_ids=(1,), pad_token_id=0, n=2, do_sample=False,
-    calculate_log_probs=True,
-)  # fmt: skip
-
-
-@pytest.fixture(scope="module")
-def jax_run():
-    """A tiny model and the jax engine's greedy output (n=2, 5 of 8 response tokens)."""
-    model = init_random(TINY_LLAMA, seed=3)
-    engine = JaxRollout(model, response_length=8, pad_token_id=0, eos_token_ids=1)
-    prompts = _prompts(*TINY_PROMPTS)
-    return model, prompts, engine.generate(prompts, TINY_SAMPLING, jax.random.key(0)).to_numpy()
 
 
 def _assert_same_batch(got, expected, atol=0.0):
@@ -335,13 +289,13 @@ def test_assembled_batch_is_the_jax_engines_output(jax_run):
 
 
 def test_assemble_batch_and_prompt_checks_name_the_problem():
-    prompts = _prompts([[0, 5, 6]], [[0, 1, 1]])
+    prompts = prompt_batch([[0, 5, 6]], [[0, 1, 1]])
     with pytest.raises(ValueError, match="2 responses for 1 prompt rows"):
         assemble_batch(prompts, [[1], [2]], None, response_length=4, pad_token_id=0)
     with pytest.raises(ValueError, match="5 tokens, over response_length=4"):
         assemble_batch(prompts, [[1] * 5], None, response_length=4, pad_token_id=0)
     sampling = SamplingParams(max_new_tokens=4, pad_token_id=0)
-    right_padded = _prompts([[5, 6, 0]], [[1, 1, 0]])
+    right_padded = prompt_batch([[5, 6, 0]], [[1, 1, 0]])
     with pytest.raises(ValueError, match=r"prompt rows \[0\] end with padding"):
         check_prompts(right_padded, sampling, response_length=4, pad_token_id=0)
     with pytest.raises(ValueError, match="exceeds the rollout's response_length=3"):
@@ -381,121 +335,12 @@ def test_load_hf_weights_reports_parameters_left_without_weights():
 
 
 # -- the engine class around a stand-in for vLLM ---------------------------------------------
-class InprocClient:
-    """Named as vLLM's in-process engine client, which the engine checks for."""
-
-
-class FakeVllmModel(torch.nn.Module):
-    """A transformers model with vLLM's `load_weights` contract (HF names in, loaded names out)."""
-
-    def __init__(self, hf):
-        super().__init__()
-        self.hf = hf
-
-    def load_weights(self, weights):
-        params, loaded = dict(self.hf.named_parameters()), set()
-        for name, tensor in weights:
-            params[name].data.copy_(tensor)
-            loaded.add("hf." + name)
-        return loaded
-
-
-class FakeLLM:
-    """Stands in for `vllm.LLM` (vLLM cannot be installed here): a randomly initialised
-    transformers model (vLLM's dummy load), greedy decoding with log-probs, and sleep/wake
-    bookkeeping that refuses work while the memory it needs is asleep."""
-
-    def __init__(self, **kwargs):
-        self.kwargs = kwargs
-        config = transformers.AutoConfig.from_pretrained(kwargs["model"])
-        hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
-        self.model = FakeVllmModel(hf.eval())
-        self.llm_engine = type("LLMEngine", (), {"engine_core": InprocClient()})()
-        self.asleep, self.calls = set(), []
-
-    def sleep(self, level):
-        assert self.kwargs["enable_sleep_mode"]
-        self.calls.append(("sleep", level))
-        self.asleep = {"weights", "kv_cache"}
-
-    def wake_up(self, tags=None):
-        self.calls.append(("wake_up", tuple(tags)))
-        self.asleep -= set(tags)
-
-    def collective_rpc(self, method, args=()):
-        assert "weights" not in self.asleep
-        self.calls.append("collective_rpc")
-        worker = type("Worker", (), {})()
-        worker.model_runner = type("Runner", (), {"model": self.model})()
-        return [method(worker, *args)]
-
-    def reset_prefix_cache(self):
-        self.calls.append("reset_prefix_cache")
-
-    def generate(self, prompts, params, use_tqdm=True):
-        assert not self.asleep and not use_tqdm
-        self.calls.append("generate")
-        return [self._greedy(i, p["prompt_token_ids"], sp) for i, (p, sp) in enumerate(zip(
-            prompts, params, strict=True))]  # fmt: skip
-
-    def _greedy(self, i, prompt, params):
-        assert params.temperature == 0 and params.n == 1 and not params.detokenize
-        ids, tokens, steps = list(prompt), [], []
-        with torch.no_grad():
-            while len(tokens) < params.max_tokens:
-                logits = self.model.hf(torch.tensor([ids])).logits[0, -1]
-                token = int(torch.argmax(logits))
-                log_prob = float(torch.log_softmax(logits, -1)[token])
-                tokens.append(token)
-                steps.append({token: FakeLogprob(log_prob)})
-                ids.append(token)
-                if token in (params.stop_token_ids or ()):
-                    break
-        return FakeRequestOutput(str(i), [FakeCompletion(tokens, steps)])
-
-
-@dataclasses.dataclass
-class FakeSamplingParams:
-    n: int
-    temperature: float
-    top_p: float
-    top_k: int
-    max_tokens: int
-    ignore_eos: bool
-    stop_token_ids: list[int] | None
-    logprobs: int | None
-    detokenize: bool
-    seed: int
-
-
-@pytest.fixture
-def fake_vllm(monkeypatch):
-    """`vllm` and `vllm.inputs` as modules holding the stand-ins, at a supported version."""
-    import importlib.machinery
-    import importlib.metadata
-    import sys
-    import types
-
-    vllm = types.ModuleType("vllm")
-    vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
-    vllm.LLM, vllm.SamplingParams = FakeLLM, FakeSamplingParams
-    inputs = types.ModuleType("vllm.inputs")
-    inputs.TokensPrompt = dict
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
-    version = importlib.metadata.version
-    monkeypatch.setattr(
-        importlib.metadata, "version", lambda name: "0.11.0" if name == "vllm" else version(name)
-    )
-    monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING", raising=False)
-
-
 def test_engine_syncs_sleeps_and_generates_like_the_jax_engine(fake_vllm, jax_run, tmp_path):
     from jrl.rollout.vllm_rollout import VllmRollout
 
     model, prompts, expected = jax_run
     save_pretrained(model, tmp_path)
-    cfg = _rollout(dtype="float32", prompt_length=6, response_length=8)
+    cfg = tiny_rollout_config(dtype="float32", prompt_length=6, response_length=8)
     engine = VllmRollout(
         model, rollout_cfg=cfg, model_path=str(tmp_path), response_length=8, pad_token_id=0,
         eos_token_ids=1,
@@ -536,7 +381,7 @@ def test_vllm_generates_with_synced_weights_and_follows_a_weight_change(tmp_path
 
     hf_family_model("llama").save_pretrained(tmp_path, safe_serialization=True)
     model = from_pretrained(tmp_path)
-    cfg = _rollout(
+    cfg = tiny_rollout_config(
         dtype="float32",
         gpu_memory_utilization=0.2,
         max_num_seqs=8,
@@ -550,7 +395,7 @@ def test_vllm_generates_with_synced_weights_and_follows_a_weight_change(tmp_path
         eos_token_ids=None,
     )  # fmt: skip
     ids, mask, _ = _batch_arrays()
-    prompts = _prompts(ids, mask)
+    prompts = prompt_batch(ids, mask)
     greedy = SamplingParams(max_new_tokens=8, do_sample=False, calculate_log_probs=True)
     first = engine.generate(prompts, greedy, jax.random.key(0)).to_numpy()
     assert first["responses"].shape == (3, 8) and first["response_mask"].all()
