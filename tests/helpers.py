@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -273,12 +274,6 @@ def policy_log_probs(
 
     graphdef, params = nnx.split(model)
     params, shardings = shard_params(params, mesh)
-    forward = LogProbForward(
-        graphdef,
-        shardings,
-        mesh,
-        temperature=temperature,
-        forward=ForwardSpec(rows, budget, packed),
-        impl="naive",
-    )
+    scoring = types.SimpleNamespace(temperature=temperature, impl="naive")
+    forward = LogProbForward(graphdef, shardings, mesh, ForwardSpec(rows, budget, packed), scoring)
     return forward(params, batch, calculate_entropy)

@@ -359,6 +359,25 @@ def _tiny(path: str, *overrides: str, num_devices: int | None = None):
         (PPO, [f"{AR}.rollout.name=sglang"], "not supported (jrl supports jax and vllm)"),
         (PPO, ["data.truncation=both"], "data.truncation='both'"),
         (PPO, ["trainer.resume_mode=latest"], "trainer.resume_mode='latest'"),
+        (PPO, [f"{AR}.actor.fsdp_config.tensor_parallel_size=2"], "(2) must divide"),
+        (PPO, [f"{AR}.model.lora_adapter_path=/a"], "lora_adapter_path is not supported yet"),
+        (PPO, ["critic.model.lora_rank=4"], "critic.model.lora_rank is not supported yet"),
+        (
+            PPO,
+            [f"{AR}.actor.optim.lr_scheduler_type=linear"],
+            f"{AR}.actor.optim.lr_scheduler_type='linear' is not supported",
+        ),
+        (PPO, ["critic.optim.warmup_style=wsd"], "critic.optim.warmup_style='wsd'"),
+        (
+            PPO,
+            [f"{AR}.model.enable_activation_offload=true"],
+            f"{AR}.model.enable_activation_offload=True needs {AR}.model.enable_gradient",
+        ),
+        (
+            GRPO,
+            [f"{AR}.model.lora_rank=4", f"{AR}.ref.ulysses_sequence_parallel_size=2"],
+            "the reference shares the actor's weights and mesh",
+        ),
     ],
 )
 def test_each_validation_rule_names_its_keys(path, overrides, message):

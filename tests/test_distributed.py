@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,11 +16,12 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from sft_digits import digits_sft_args
 
 from jrl import train
 from jrl.config import load_config
 from jrl.parallel.distributed import Launch, launch_from_env
-from jrl.trainer.io.checkpoint import restore_role
+from jrl.trainer.io.checkpoint import problems, read_tracker, restore_role
 from jrl.trainer.io.tracking import Tracking
 from jrl.trainer.ppo.trainer import PPOTrainer
 
@@ -146,39 +148,51 @@ def _overrides(
     ]
 
 
-def _launch(
-    processes: int, run_dir: Path, args: list[str], timeout: float = 900
-) -> list[int | None]:
-    """``python -m jrl.train ARGS`` in `processes` processes of ``DEVICES // processes`` CPU
+def _start(
+    processes: int, run_dir: Path, args: list[str], module: str = "jrl.train"
+) -> list[subprocess.Popen]:
+    """``python -m MODULE ARGS`` in `processes` processes of ``DEVICES // processes`` CPU
     devices, joined by jax.distributed on a free local port; each one's standard output and error
-    go to ``run_dir/{stdout,stderr}.<rank>``. Returns the exit codes (`_wait`); processes still
-    running then are killed."""
+    go to ``run_dir/{stdout,stderr}.<rank>``."""
     port = _free_port()
     run_dir.mkdir(parents=True)
     children = []
+    for rank in range(processes):
+        env = {
+            **os.environ,
+            "JAX_PLATFORMS": "cpu",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES // processes}",
+            "JRL_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
+            "JRL_NUM_PROCESSES": str(processes),
+            "JRL_PROCESS_ID": str(rank),
+            "SCORER_LOG": str(run_dir / "scored.txt"),
+        }
+        with open(run_dir / f"stdout.{rank}", "w") as out:
+            with open(run_dir / f"stderr.{rank}", "w") as err:
+                command = [sys.executable, "-m", module, *args]
+                children.append(
+                    subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err)
+                )
+    return children
+
+
+def _kill(children: list[subprocess.Popen]) -> None:
+    for child in children:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+
+
+def _launch(
+    processes: int, run_dir: Path, args: list[str], timeout: float = 900
+) -> list[int | None]:
+    """`_start` ``python -m jrl.train ARGS`` and wait: the exit codes (`_wait`); processes still
+    running then are killed."""
+    children = _start(processes, run_dir, args)
     try:
-        for rank in range(processes):
-            env = {
-                **os.environ,
-                "JAX_PLATFORMS": "cpu",
-                "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES // processes}",
-                "JRL_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
-                "JRL_NUM_PROCESSES": str(processes),
-                "JRL_PROCESS_ID": str(rank),
-                "SCORER_LOG": str(run_dir / "scored.txt"),
-            }
-            with open(run_dir / f"stdout.{rank}", "w") as out:
-                with open(run_dir / f"stderr.{rank}", "w") as err:
-                    command = [sys.executable, "-m", "jrl.train", *args]
-                    children.append(
-                        subprocess.Popen(command, cwd=REPO, env=env, stdout=out, stderr=err)
-                    )
         return _wait(children, timeout)
     finally:
-        for child in children:
-            if child.poll() is None:
-                child.kill()
-                child.wait()
+        _kill(children)
 
 
 def _wait(children: list[subprocess.Popen], timeout: float, grace: float = 20) -> list[int | None]:
@@ -299,3 +313,37 @@ def test_checkpoint_of_two_processes_restores_in_one(single_run, two_process_run
     assert _relative_change(restored, initial, jax.tree.leaves(jax.device_get(state.params))) < 1e-3
     for a, b in zip(restored_opt, jax.tree.leaves(jax.device_get(state.opt_state)), strict=True):
         assert np.linalg.norm(a - b) <= 1e-3 * np.linalg.norm(b) + 1e-12
+
+
+def test_sigterm_to_one_sft_process_stops_both_after_the_same_step(tmp_path):
+    """SIGTERM to process 1 of a 2-process SFT run: every process finishes the step, they agree
+    to stop after it, and one complete checkpoint of that step is left (exit status 0 on both)."""
+    run_dir = tmp_path / "sft"
+    args = digits_sft_args(
+        run_dir,
+        "trainer.nnodes=2",
+        f"trainer.n_gpus_per_node={DEVICES // 2}",
+        "trainer.total_training_steps=1000",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=['console']",
+    )
+    children = _start(2, run_dir, args, module="jrl.sft")
+    try:
+        deadline = time.monotonic() + 600
+        while "step:2 - " not in (run_dir / "stdout.0").read_text():
+            assert all(c.poll() is None for c in children), (run_dir / "stderr.0").read_text()
+            assert time.monotonic() < deadline, "timed out waiting for step 2"
+            time.sleep(0.05)
+        children[1].send_signal(signal.SIGTERM)
+        codes = _wait(children, timeout=300)
+    finally:
+        _kill(children)
+    errors = "\n".join((run_dir / f"stderr.{rank}").read_text()[-3000:] for rank in (0, 1))
+    assert codes == [0, 0], errors
+    out = (run_dir / "stdout.0").read_text()
+    stopped = read_tracker(run_dir)
+    assert stopped is not None and 2 <= stopped < 1000
+    assert f"stopped after step {stopped} on a signal to another process" in out
+    assert f"step:{stopped + 1} - " not in out
+    assert problems(run_dir / f"global_step_{stopped}", ["actor"]) == []

@@ -130,6 +130,8 @@ def test_every_null_default_is_typed(make):
         (["trainer.resume_mode=resume_path"], "needs trainer.resume_from_path"),
         (["trainer.checkpoint.save_contents=[model,weights]"], r"unknown \['weights'\]"),
         (["data.max_length=1"], "at least 2"),
+        (["model.strategy=megatron"], "model.strategy='megatron' is not supported"),
+        (["ulysses_sequence_parallel_size=2"], "ulysses_sequence_parallel_size > 1"),
     ],
 )
 def test_config_rules_name_the_keys(overrides, message):

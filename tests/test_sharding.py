@@ -134,3 +134,32 @@ def test_tensor_parallel_update_equals_the_one_device_update():
         np.testing.assert_allclose(
             value.get_value(), _flat(want)[path].get_value(), rtol=1e-5, atol=1e-5, err_msg=path
         )
+
+
+def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):
+    """``actor.fsdp_config.tensor_parallel_size=2`` on 8 devices: the actor's mesh is 4-way fsdp x
+    2-way tensor, its attention and MLP kernels split over both, and the batch rules count 4
+    data-parallel ranks (a mini-batch that 8 ranks could not split is fine)."""
+    from jrl.assets import prepare_for
+    from jrl.config import load_config
+    from jrl.trainer.roles.actor import Actor
+
+    actor_key = "actor_rollout_ref.actor"
+    config, _ = load_config(
+        [
+            "--config=configs/gsm8k_grpo.py:tiny",
+            "trainer.n_gpus_per_node=8",
+            f"{actor_key}.fsdp_config.tensor_parallel_size=2",
+            f"{actor_key}.ppo_mini_batch_size=2",  # 2 x 2 answers: 1 row per rank of 4
+            f"{actor_key}.ppo_micro_batch_size_per_gpu=1",
+            "data.train_batch_size=4",
+            f"trainer.default_local_dir={tmp_path}",
+        ]
+    )
+    prepare_for(config)
+    actor = Actor.from_config(config, make_mesh(8), total_training_steps=1)
+    assert dict(actor.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "sequence": 1}
+    placed = {path[-2:]: v.get_value().sharding.spec for path, v in _flat(actor.params).items()}
+    assert placed[("q_proj", "kernel")] == P("fsdp", "tensor")
+    assert placed[("down_proj", "kernel")] == P("tensor", "fsdp")
+    assert actor.spec.train.plan.micro_rows == 4  # 4 data-parallel ranks x 1 row

@@ -134,3 +134,57 @@ def test_non_finite_gradient_skips_the_update_and_is_counted():
     assert any(
         not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), moved, strict=True)
     )
+
+
+def test_each_loss_specification_compiles_its_own_update():
+    """The compiled update is cached per loss: two actor losses that differ in one option compile
+    two programs (the second's loss is its own), an equal one reuses the first."""
+    import dataclasses
+
+    import optax
+
+    from jrl.config import default_config
+    from jrl.models import ModelConfig, init_random
+    from jrl.parallel import make_mesh
+    from jrl.trainer.roles.actor import ActorLoss
+    from jrl.trainer.update.learner import Learner, UpdatePlan
+
+    config = ModelConfig.from_hf(
+        dict(
+            model_type="llama",
+            vocab_size=32,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+        )
+    )
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 32, (4, 6)).astype(np.int32)
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "position_ids": np.tile(np.arange(6, dtype=np.int32), (4, 1)),
+        "responses": ids[:, 3:],
+        "response_mask": np.ones((4, 3), np.float32),
+        "old_log_probs": -rng.random((4, 3)).astype(np.float32),
+        "advantages": rng.standard_normal((4, 3)).astype(np.float32),
+    }
+    plan = UpdatePlan(grad_clip=1.0, mini_rows=4, micro_rows=2)
+    clip = ActorLoss.resolve(default_config().actor_rollout_ref.actor, 1.0, "naive")
+    bonus = dataclasses.replace(clip, entropy_coeff=0.5)
+    results = []
+    for losses in (
+        [clip, clip],
+        [clip, bonus],
+        [clip, ActorLoss.resolve(default_config().actor_rollout_ref.actor, 1.0, "naive")],
+    ):
+        sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=1.0)
+        learner = Learner.create(init_random(config, seed=1), sgd, make_mesh(1))
+        history = [learner.train(loss, tensors, plan, lr=1.0) for loss in losses]
+        results.append((len(learner.compiled), history))
+    assert [count for count, _ in results] == [1, 2, 1]
+    # the same parameters and batch: only the entropy bonus (-0.5 H) tells the second updates apart
+    plain_loss, bonus_loss = (results[i][1][1]["loss"][0] for i in (0, 1))
+    assert bonus_loss < plain_loss - 0.1

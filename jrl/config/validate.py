@@ -124,8 +124,9 @@ def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
         )
     if gpus % (sp * tp):
         yield (
-            f"{prefix}.ulysses_sequence_parallel_size ({sp}) x tensor_parallel_size ({tp}) must "
-            f"divide {_GPUS} ({gpus}); change the model-parallel sizes or the device count"
+            f"{prefix}.ulysses_sequence_parallel_size times its fsdp_config.tensor_parallel_size "
+            f"({sp * tp}) must divide {_GPUS} ({gpus}); change the model-parallel sizes or the "
+            "device count"
         )
         return
     ranks = gpus // (sp * tp)
@@ -212,9 +213,9 @@ def _devices(config: ConfigDict, num_devices: int | None) -> Iterator[str]:
         )
 
 
-def _checkpoints(config: ConfigDict) -> Iterator[str]:
-    """Item names of ``checkpoint.save_contents``/``load_contents``, and ``resume_from_path``."""
-    sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
+def _checkpoints(config: ConfigDict, sections: list[str]) -> Iterator[str]:
+    """Item names of each section's ``checkpoint.save_contents``/``load_contents``, and
+    ``trainer.resume_from_path``."""
     for prefix in sections:
         for key in ("save_contents", "load_contents"):
             items = config[f"{prefix}.checkpoint.{key}"]
@@ -246,6 +247,23 @@ def _unsupported(config: ConfigDict) -> Iterator[str]:
             yield f"{key} is not supported yet; reset it to its default"
 
 
+def _lora_reference(config: ConfigDict) -> Iterator[str]:
+    """With LoRA the reference is the actor's base model: same weights, so the same mesh."""
+    arr = config.actor_rollout_ref
+    if not (uses_reference(config) and (arr.model.get("lora_rank") or 0) > 0):
+        return
+    actor_sp, ref_sp = (
+        arr.actor.ulysses_sequence_parallel_size,
+        arr.ref.ulysses_sequence_parallel_size,
+    )
+    if ref_sp != actor_sp:
+        yield (
+            "with actor_rollout_ref.model.lora_rank > 0 the reference shares the actor's weights "
+            f"and mesh: set actor_rollout_ref.ref.ulysses_sequence_parallel_size={actor_sp} (the "
+            f"actor's), not {ref_sp}"
+        )
+
+
 def _memory_options(model_cfg: ConfigDict, prefix: str) -> Iterator[str]:
     """Activation offload moves what remat keeps, so it needs remat in the same section."""
     remat = model_cfg.get("enable_gradient_checkpointing", False)
@@ -273,8 +291,9 @@ def _schedulers(config: ConfigDict) -> Iterator[str]:
 
 def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     """Raise ConfigError listing every broken rule; `num_devices` is the visible device count."""
-    problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config)]
-    problems += [*_unsupported(config), *_schedulers(config)]
+    sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
+    problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config, sections)]
+    problems += [*_unsupported(config), *_schedulers(config), *_lora_reference(config)]
     problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")
     if uses_critic(config):
         problems += _memory_options(config.critic.model, "critic.model")
@@ -317,20 +336,7 @@ def _sft_choices(config: ConfigDict) -> Iterator[str]:
     for key, allowed in rules:
         if config[key] not in allowed:
             yield f"{key}={config[key]!r} is not supported; use one of {', '.join(allowed)}"
-    for key in ("save_contents", "load_contents"):
-        items = config.trainer.checkpoint[key]
-        items = [items] if isinstance(items, str) else list(items or [])
-        unknown = [item for item in items if item not in CHECKPOINT_ITEMS]
-        if unknown:
-            yield (
-                f"trainer.checkpoint.{key}: unknown {unknown}; use items from "
-                f"{', '.join(CHECKPOINT_ITEMS)}"
-            )
-    if config.trainer.resume_mode == "resume_path" and not config.trainer.resume_from_path:
-        yield (
-            "trainer.resume_mode=resume_path needs trainer.resume_from_path=<.../global_step_N> "
-            "(or use trainer.resume_mode=auto)"
-        )
+    yield from _checkpoints(config, ["trainer"])
     if config.data.max_length < 2:
         yield f"data.max_length ({config.data.max_length}) must be at least 2"
     if config.ulysses_sequence_parallel_size > 1:

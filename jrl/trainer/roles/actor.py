@@ -25,15 +25,14 @@ from jrl.models import LoRAParam
 from jrl.trainer.roles import log_probs
 from jrl.trainer.roles.log_probs import FORWARD_KEYS, LogProbForward, logprob_impl
 from jrl.trainer.roles.specs import (
+    LOG_PROB_KEYS,
     ForwardSpec,
     ModelSpec,
     TrainSpec,
-    check_heads,
-    offloads,
+    load_learner,
     role_mesh_of,
 )
 from jrl.trainer.update.learner import Learner
-from jrl.trainer.update.optim import make_optimizer
 
 ACTOR = "actor_rollout_ref.actor"
 
@@ -162,30 +161,14 @@ class ActorSpec:
             model=ModelSpec.resolve(
                 arr.model, arr.actor.fsdp_config, lora_seed=int(seed if seed is not None else 0)
             ),
-            forward=log_prob_split(arr.rollout, "actor_rollout_ref.rollout", mesh, packed),
+            forward=ForwardSpec.resolve(
+                arr.rollout, "actor_rollout_ref.rollout", mesh, packed, LOG_PROB_KEYS
+            ),
             train=TrainSpec.resolve(
-                arr.actor,
-                ACTOR,
-                mesh,
-                packed,
-                rollout_n=arr.rollout.n,
-                total_training_steps=total_training_steps,
+                arr.actor, ACTOR, mesh, packed, (arr.rollout.n, total_training_steps)
             ),
             loss=ActorLoss.resolve(arr.actor, arr.rollout.temperature, logprob_impl(arr, "actor")),
         )
-
-
-def log_prob_split(section: Any, prefix: str, mesh: Mesh, packed: bool) -> ForwardSpec:
-    """How the log-prob pass of ``actor_rollout_ref.{rollout,ref}`` splits a batch on `mesh`."""
-    return ForwardSpec.resolve(
-        section,
-        prefix,
-        mesh,
-        packed,
-        flag_key="log_prob_use_dynamic_bsz",
-        limit_key="log_prob_max_token_len_per_gpu",
-        micro_key="log_prob_micro_batch_size",
-    )
 
 
 class Actor:
@@ -196,12 +179,7 @@ class Actor:
         self.mesh = mesh
         self.learner = learner
         self.log_probs = LogProbForward(
-            learner.graphdef,
-            learner.param_shardings,
-            mesh,
-            temperature=spec.loss.temperature,
-            forward=spec.forward,
-            impl=spec.loss.impl,
+            learner.graphdef, learner.param_shardings, mesh, spec.forward, spec.loss
         )
 
     @classmethod
@@ -211,15 +189,9 @@ class Actor:
         fsdp = arr.actor.fsdp_config
         mesh = role_mesh_of(arr.actor, ACTOR, mesh, fsdp)
         spec = ActorSpec.resolve(config, mesh, total_training_steps)
-        model = spec.model.load(mesh)
-        check_heads(model, mesh, ACTOR)
-        learner = Learner.create(
-            model,
-            make_optimizer(arr.actor.optim),
-            mesh,
-            nnx.Param if spec.model.lora is None else LoRAParam,
-            **offloads(fsdp, f"{ACTOR}.fsdp_config", mesh),
-        )
+        trainable = nnx.Param if spec.model.lora is None else LoRAParam
+        fsdp_section = (fsdp, f"{ACTOR}.fsdp_config")
+        learner = load_learner(spec.model, arr.actor.optim, mesh, fsdp_section, ACTOR, trainable)
         return cls(spec, mesh, learner)
 
     @property

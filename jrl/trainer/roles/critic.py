@@ -21,15 +21,14 @@ from jrl import algos
 from jrl.batch import Batch
 from jrl.parallel import batch_sharding, on_mesh
 from jrl.trainer.roles.specs import (
+    VALUE_KEYS,
     ForwardSpec,
     ModelSpec,
     TrainSpec,
-    check_heads,
-    offloads,
+    load_learner,
     role_mesh_of,
 )
 from jrl.trainer.update.learner import Learner
-from jrl.trainer.update.optim import make_optimizer
 from jrl.trainer.update.packing import PackLayout, response_window
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
@@ -79,28 +78,15 @@ class CriticSpec:
     loss: CriticLoss
 
     @classmethod
-    def resolve(cls, config: Any, mesh: Mesh, total_training_steps: int) -> CriticSpec:
-        """The spec of the ``critic`` section on the critic's `mesh`."""
+    def resolve(cls, config: Any, mesh: Mesh, total: int) -> CriticSpec:
+        """The spec of the ``critic`` section on the critic's `mesh` (`total` training steps)."""
         critic = config.critic
         packed = bool(critic.model.use_remove_padding)
         return cls(
             model=ModelSpec.resolve(critic.model, critic_fsdp(config), kind="value"),
-            forward=ForwardSpec.resolve(
-                critic,
-                "critic",
-                mesh,
-                packed,
-                flag_key="use_dynamic_bsz",
-                limit_key="forward_max_token_len_per_gpu",
-                micro_key="forward_micro_batch_size",
-            ),
+            forward=ForwardSpec.resolve(critic, "critic", mesh, packed, VALUE_KEYS),
             train=TrainSpec.resolve(
-                critic,
-                "critic",
-                mesh,
-                packed,
-                rollout_n=config.actor_rollout_ref.rollout.n,
-                total_training_steps=total_training_steps,
+                critic, "critic", mesh, packed, (config.actor_rollout_ref.rollout.n, total)
             ),
             loss=CriticLoss(float(critic.cliprange_value), critic.loss_agg_mode),
         )
@@ -133,14 +119,9 @@ class Critic:
         fsdp = critic_fsdp(config)
         mesh = role_mesh_of(config.critic, "critic", mesh, fsdp)
         spec = CriticSpec.resolve(config, mesh, total_training_steps)
-        model = spec.model.load(mesh)
-        check_heads(model, mesh, "critic")
-        learner = Learner.create(
-            model,
-            make_optimizer(config.critic.optim),
-            mesh,
-            **offloads(fsdp, "critic.model.fsdp_config", mesh),
-        )
+        fsdp_section = (fsdp, "critic.model.fsdp_config")
+        optim = config.critic.optim
+        learner = load_learner(spec.model, optim, mesh, fsdp_section, "critic", nnx.Param)
         return cls(spec, mesh, learner)
 
     def _forward_fn(self, params, tensors, packing):

@@ -67,23 +67,17 @@ def response_log_probs(
 class LogProbForward:
     """The jitted log-prob (and entropy) pass of a policy model (`graphdef` over parameters
     laid out as `param_shardings` on `mesh`): rows split over the batch axes in and out, the
-    batch split as `forward` says, tokens scored at `temperature` by the kernel `impl`."""
+    batch split as `forward` says, tokens scored at ``scoring.temperature`` by the kernel
+    ``scoring.impl`` (a role's loss or spec)."""
 
     def __init__(
-        self,
-        graphdef: Any,
-        param_shardings: Any,
-        mesh: Mesh,
-        *,
-        temperature: float,
-        forward: ForwardSpec,
-        impl: str,
+        self, graphdef: Any, param_shardings: Any, mesh: Mesh, forward: ForwardSpec, scoring: Any
     ):
         self.graphdef = graphdef
         self.mesh = mesh
-        self.temperature = float(temperature)
+        self.temperature = float(scoring.temperature)
         self.forward = forward
-        self.impl = impl
+        self.impl = scoring.impl
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
         jitted = jax.jit(
             self._forward_fn,

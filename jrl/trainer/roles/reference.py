@@ -19,10 +19,16 @@ from jax.sharding import Mesh
 
 from jrl.batch import Batch
 from jrl.models.lora import remove_adapters
-from jrl.parallel import ON_DEVICE, Offload, param_shardings, sequence_parallel_size, shard_params
-from jrl.trainer.roles.actor import Actor, log_prob_split
+from jrl.parallel import ON_DEVICE, Offload, param_shardings, shard_params
+from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.log_probs import LogProbForward, logprob_impl
-from jrl.trainer.roles.specs import ForwardSpec, ModelSpec, check_heads, role_mesh_of
+from jrl.trainer.roles.specs import (
+    LOG_PROB_KEYS,
+    ForwardSpec,
+    ModelSpec,
+    check_heads,
+    role_mesh_of,
+)
 
 REF = "actor_rollout_ref.ref"
 
@@ -47,7 +53,9 @@ class ReferenceSpec:
         model = ModelSpec.resolve(arr.model, fsdp)
         return cls(
             model=None if model.lora is not None else model,
-            forward=log_prob_split(arr.ref, REF, mesh, bool(arr.model.use_remove_padding)),
+            forward=ForwardSpec.resolve(
+                arr.ref, REF, mesh, bool(arr.model.use_remove_padding), LOG_PROB_KEYS
+            ),
             temperature=float(arr.rollout.temperature),
             impl=logprob_impl(arr, "ref"),
             param_offload=bool(fsdp.get("param_offload", False)),
@@ -76,14 +84,7 @@ class Reference:
         self.mesh = mesh
         self._stored = offload.store(params, shardings)
         self._shardings = shardings
-        self.log_probs = LogProbForward(
-            graphdef,
-            shardings,
-            mesh,
-            temperature=spec.temperature,
-            forward=spec.forward,
-            impl=spec.impl,
-        )
+        self.log_probs = LogProbForward(graphdef, shardings, mesh, spec.forward, spec)
 
     @classmethod
     def from_config(cls, config: Any, mesh: Mesh, actor: Actor) -> Reference:
@@ -102,15 +103,9 @@ class Reference:
 
     @classmethod
     def from_actor(cls, config: Any, actor: Actor) -> Reference:
-        """With LoRA: `actor`'s frozen base model without its adapters, on the actor's mesh."""
+        """With LoRA: `actor`'s frozen base model without its adapters, on the actor's mesh
+        (`jrl.config.validate` made sure the reference asks for the same sequence parallelism)."""
         mesh = actor.mesh
-        ref_sp = config.actor_rollout_ref.ref.ulysses_sequence_parallel_size
-        if ref_sp != sequence_parallel_size(mesh):
-            raise ValueError(
-                "with actor_rollout_ref.model.lora_rank > 0 the reference shares the actor's "
-                f"weights and mesh: set {REF}.ulysses_sequence_parallel_size to the actor's "
-                f"({sequence_parallel_size(mesh)})"
-            )
         spec = ReferenceSpec.resolve(config, mesh)
         base = remove_adapters(nnx.merge(actor.learner.graphdef, actor.params))
         graphdef, params = nnx.split(base)

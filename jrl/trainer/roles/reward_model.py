@@ -21,7 +21,7 @@ from jrl.batch import Batch
 from jrl.config import n_gpus
 from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import batch_sharding
-from jrl.trainer.roles.specs import ForwardSpec, ModelSpec
+from jrl.trainer.roles.specs import SCORE_KEYS, ForwardSpec, ModelSpec
 
 
 class RewardModel:
@@ -35,15 +35,7 @@ class RewardModel:
         self.graphdef, self.params = nnx.split(model)
         self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
         self.forward = ForwardSpec.resolve(
-            rm,
-            "reward_model",
-            mesh,
-            False,
-            flag_key="use_dynamic_bsz",
-            limit_key="forward_max_token_len_per_gpu",
-            micro_key="micro_batch_size",
-            world=n_gpus(config),
-            sequence_parallel=1,
+            rm, "reward_model", mesh, False, SCORE_KEYS, world=n_gpus(config), sequence_parallel=1
         )
         self.policy_tokenizer = policy_tokenizer
         self.retemplate = rm.model.get("input_tokenizer") is not None

@@ -13,7 +13,7 @@ sequences. verl's data-parallel size is devices // ``ulysses_sequence_parallel_s
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 from jax.sharding import Mesh
 
@@ -25,8 +25,8 @@ from jrl.models.lora import lora_settings
 from jrl.parallel import Offload, data_parallel_size, role_mesh, sequence_parallel_size
 from jrl.trainer.update.batching import Forward, forward_pass
 from jrl.trainer.update.dynamic_batching import TokenBudget
-from jrl.trainer.update.learner import UpdatePlan
-from jrl.trainer.update.optim import Schedule
+from jrl.trainer.update.learner import Learner, UpdatePlan
+from jrl.trainer.update.optim import Schedule, make_optimizer
 from jrl.trainer.update.packing import packing_plan
 
 
@@ -107,10 +107,29 @@ class ModelSpec:
         return model
 
 
+class SplitKeys(NamedTuple):
+    """The config keys of a batch split: the dynamic-batch-size flag, the per-device token
+    budget and the micro-batch size (``<micro>_per_gpu``, or the deprecated global ``<micro>``)."""
+
+    flag: str
+    limit: str
+    micro: str
+
+
+PPO_UPDATE_KEYS = SplitKeys("use_dynamic_bsz", "ppo_max_token_len_per_gpu", "ppo_micro_batch_size")
+LOG_PROB_KEYS = SplitKeys(
+    "log_prob_use_dynamic_bsz", "log_prob_max_token_len_per_gpu", "log_prob_micro_batch_size"
+)
+VALUE_KEYS = SplitKeys(
+    "use_dynamic_bsz", "forward_max_token_len_per_gpu", "forward_micro_batch_size"
+)
+SCORE_KEYS = SplitKeys("use_dynamic_bsz", "forward_max_token_len_per_gpu", "micro_batch_size")
+
+
 @dataclasses.dataclass(frozen=True)
 class ForwardSpec:
-    """How a forward-only pass (log-probs, values, scores) splits a batch: chunks of `rows` rows
-    (packed when `remove_padding`), or micro-batches under the token `budget`."""
+    """How a pass splits a batch: chunks (micro-batches) of `rows` rows (packed when
+    `remove_padding`), or micro-batches under the token `budget`."""
 
     rows: int | None
     budget: TokenBudget | None
@@ -123,25 +142,21 @@ class ForwardSpec:
         prefix: str,
         mesh: Mesh,
         packed: bool,
-        *,
-        flag_key: str,
-        limit_key: str,
-        micro_key: str,
+        keys: SplitKeys,
         world: int | None = None,
         sequence_parallel: int | None = None,
     ) -> ForwardSpec:
         """The split of the role section `section` at `prefix` on `mesh`: the token budget of
-        `limit_key` when `flag_key` is on, else `micro_key` rows per rank (``*_per_gpu``, or the
-        deprecated global key); `world` and `sequence_parallel` override the mesh's
-        data-parallel and sequence-parallel sizes."""
+        ``keys.limit`` when ``keys.flag`` is on, else ``keys.micro`` rows per rank; `world` and
+        `sequence_parallel` override the mesh's data-parallel and sequence-parallel sizes."""
         world = data_parallel_size(mesh) if world is None else world
         if sequence_parallel is None:
             sequence_parallel = sequence_parallel_size(mesh)
-        budget = token_budget(section, prefix, flag_key, limit_key, packed, sequence_parallel)
+        budget = token_budget(section, prefix, keys.flag, keys.limit, packed, sequence_parallel)
         if budget is not None:
             return cls(None, budget, packed)
-        rows = world * micro_rows_per_device(section, f"{micro_key}_per_gpu", micro_key, world)
-        return cls(rows, None, packed)
+        micro = micro_rows_per_device(section, f"{keys.micro}_per_gpu", keys.micro, world)
+        return cls(world * micro, None, packed)
 
     def run(self, fn: Forward, tensors: dict[str, Any], mesh: Mesh) -> Any:
         """Per-row outputs of the jitted ``fn(micro_batch, layout)`` over the whole batch."""
@@ -167,40 +182,23 @@ class TrainSpec:
 
     @classmethod
     def resolve(
-        cls,
-        section: Any,
-        prefix: str,
-        mesh: Mesh,
-        packed: bool,
-        *,
-        rollout_n: int,
-        total_training_steps: int,
+        cls, section: Any, prefix: str, mesh: Mesh, packed: bool, sizes: tuple[int, int]
     ) -> TrainSpec:
-        """The PPO update of the trained role section at `prefix` (actor or critic): verl's
-        mini-batches of ``ppo_mini_batch_size * rollout.n`` rows for ``ppo_epochs``, micro
-        batches by ``ppo_micro_batch_size_per_gpu`` per rank or, with ``use_dynamic_bsz``, by
-        the token budget ``ppo_max_token_len_per_gpu``."""
-        world = data_parallel_size(mesh)
-        budget = token_budget(
-            section,
-            prefix,
-            "use_dynamic_bsz",
-            "ppo_max_token_len_per_gpu",
-            packed,
-            sequence_parallel_size(mesh),
-        )
-        split: dict[str, Any] = {"token_budget": budget}
-        if budget is None:
-            rows = world * micro_rows_per_device(
-                section, "ppo_micro_batch_size_per_gpu", "ppo_micro_batch_size", world
-            )
-            split = {"micro_rows": rows, "packing": packing_plan(rows, mesh, packed)}
+        """The PPO update of the trained role section at `prefix` (actor or critic), `sizes` =
+        (``rollout.n``, total training steps): verl's mini-batches of ``ppo_mini_batch_size *
+        rollout.n`` rows for ``ppo_epochs``, micro-batches split as `PPO_UPDATE_KEYS` say (rows
+        per rank, packed with `packed`, or a token budget)."""
+        rollout_n, total_training_steps = sizes
+        split = ForwardSpec.resolve(section, prefix, mesh, packed, PPO_UPDATE_KEYS)
+        micro: dict[str, Any] = {"token_budget": split.budget}
+        if split.budget is None:
+            micro = {"micro_rows": split.rows, "packing": packing_plan(split.rows, mesh, packed)}
         plan = UpdatePlan(
             grad_clip=float(section.grad_clip),
             mini_rows=int(section.ppo_mini_batch_size) * int(rollout_n),
             epochs=int(section.ppo_epochs),
             loss_scale_factor=section.get("loss_scale_factor"),
-            **split,
+            **micro,
         )
         seed = section.get("data_loader_seed")
         shuffle = (0 if seed is None else int(seed)) if section.get("shuffle") else None
@@ -250,6 +248,19 @@ def check_heads(model: Any, mesh: Mesh, prefix: str) -> None:
     c = model.config
     key = f"{prefix}.ulysses_sequence_parallel_size"
     check_sequence_heads(c.num_heads, c.num_kv_heads, sequence_parallel_size(mesh), key)
+
+
+def load_learner(
+    model: ModelSpec, optim_cfg: Any, mesh: Mesh, fsdp: tuple[Any, str], prefix: str, trainable: Any
+) -> Learner:
+    """A trained role's `Learner`: its model loaded on `mesh` (checked against sequence
+    parallelism; `prefix` names the role section), the `trainable` parameters (an NNX filter)
+    with AdamW of `optim_cfg`, states offloaded as `fsdp` = (the ``fsdp_config`` section, its
+    key) says."""
+    loaded = model.load(mesh)
+    check_heads(loaded, mesh, prefix)
+    offload = offloads(*fsdp, mesh)
+    return Learner.create(loaded, make_optimizer(optim_cfg), mesh, trainable, **offload)
 
 
 def offloads(fsdp_cfg: Any, prefix: str, mesh: Mesh) -> dict[str, Offload]:
