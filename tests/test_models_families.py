@@ -14,14 +14,9 @@ from helpers import assert_close, jit_call, left_padded_inputs, prefill_then_dec
 from reference import FAMILIES, LLAMA3_ROPE, SHAPE, hf_family_model, torch_logits
 
 from jrl.models import CausalLM, ModelConfig, from_pretrained, save_pretrained
+from jrl.models.attention import Visibility, _flash_kernel, attention, splash_attention
 from jrl.models.config import RopeScaling
-from jrl.models.layers import (
-    Visibility,
-    _flash_kernel,
-    attention,
-    rope_frequencies,
-    splash_attention,
-)
+from jrl.models.layers import rope_frequencies
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

@@ -3,6 +3,9 @@
 Values come from verl's configuration document where it gives one, otherwise from verl's own
 defaults. A null default still has a type (`placeholder(int)`), so a wrong override fails.
 `${...}` strings follow other keys (see `jrl.config.interpolation`).
+
+It is one long module on purpose: the whole key tree of the configuration document in one
+place, section by section in the document's order, so that it can be read against it.
 """
 
 from __future__ import annotations

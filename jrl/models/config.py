@@ -115,7 +115,7 @@ class ModelConfig:
     `rope_local_base_freq` when it is set (Gemma 3), global layers with `rope_theta` and
     `rope_scaling`. `query_pre_attn_scalar` (Gemma) sets the attention scale to its inverse
     square root instead of head_dim's; the soft-capping values c map scores / logits z to
-    c * tanh(z / c). `attn_implementation` picks the attention kernel (see `layers.attention`).
+    c * tanh(z / c). `attn_implementation` picks the attention kernel (see `jrl.models.attention`).
     A list `eos_token_id` is stored as a tuple so that the config stays hashable (it is static data
     of the module graph).
 

@@ -13,15 +13,9 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.ad_checkpoint import Recompute, checkpoint_name
 
+from jrl.models.attention import Visibility
 from jrl.models.config import ModelConfig
-from jrl.models.layers import (
-    DecoderLayer,
-    RMSNorm,
-    Visibility,
-    dense,
-    rope_frequencies,
-    rope_tables,
-)
+from jrl.models.layers import DecoderLayer, RMSNorm, dense, rope_frequencies, rope_tables
 from jrl.parallel.mesh import sequence_mesh, sequence_parallel_size, split_sequence
 from jrl.parallel.sharding import logical_axes
 

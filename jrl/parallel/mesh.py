@@ -6,7 +6,7 @@ split over ``('data', 'fsdp')`` along their row dimension (replicated over ``ten
 ``sequence`` axis of more than one device (verl's ``ulysses_sequence_parallel_size``) each batch
 shard's sequences are split over it too: a model traced under such a mesh (`on_mesh`) keeps
 activations ``[B, S, ...]`` with S over ``sequence`` and runs attention on whole sequences with
-its heads split over ``sequence`` (`jrl.models.layers.ulysses_attention`).
+its heads split over ``sequence`` (`jrl.models.attention.ulysses_attention`).
 """
 
 from __future__ import annotations

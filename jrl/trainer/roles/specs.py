@@ -18,9 +18,9 @@ from typing import Any, NamedTuple
 from jax.sharding import Mesh
 
 from jrl.models import apply_lora, from_pretrained
+from jrl.models.attention import check_sequence_heads
 from jrl.models.decoder import set_memory_options
 from jrl.models.dtypes import parse_dtype
-from jrl.models.layers import check_sequence_heads
 from jrl.models.lora import lora_settings
 from jrl.parallel import Offload, data_parallel_size, role_mesh, sequence_parallel_size
 from jrl.trainer.update.batching import Forward, forward_pass

@@ -1,0 +1,307 @@
+"""Attention kernels: who sees whom (`Visibility`), the eager reference, cuDNN (``sdpa`` /
+``flash_attention_2`` on GPU) and the Pallas splash kernel (TPU), picked per call from the
+devices' platform, and Ulysses sequence parallelism around them (all-to-all over the mesh's
+``sequence`` axis). Scores are computed in float32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import warnings
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax.sharding import PartitionSpec
+
+from jrl.parallel.mesh import SEQUENCE_AXIS, row_axes, sequence_mesh, sequence_parallel_size
+
+# Masked attention scores get this (finite) value so that rows without any valid key stay NaN-free.
+MASKED_SCORE = -1e30
+# Sequence lengths must be a multiple of this block for the Pallas splash kernel.
+SPLASH_BLOCK = 128
+# The config key that sets the sequence-parallel size (named in errors).
+SP_KEY = "ulysses_sequence_parallel_size"
+
+
+@dataclasses.dataclass(frozen=True)
+class Visibility:
+    """Which key slots each query may attend.
+
+    Query t sits at slot q_slots[t] ([T] int32); key slot s is visible to it iff kv_valid[b, s]
+    ([B, S] bool) and s <= q_slots[t], and in a sliding-window layer also q_slots[t] - s < window.
+    A query always sees its own slot, so rows of padding never have an empty softmax.
+    `self_attention` marks the full forward, where the queries are the keys (q_slots = arange(S)).
+    `segment_ids` ([B, S] int, self-attention only) holds packed sequences: a key is then visible
+    only to queries of the same segment.
+    """
+
+    kv_valid: jax.Array
+    q_slots: jax.Array
+    self_attention: bool
+    segment_ids: jax.Array | None = None
+
+    def mask(self, window: int | None) -> jax.Array:
+        """The bool mask [B, T, S]."""
+        kv = jnp.arange(self.kv_valid.shape[1], dtype=jnp.int32)[None, :]
+        q = self.q_slots[:, None]
+        visible = kv <= q
+        if window is not None:
+            visible &= q - kv < window
+        allowed = visible[None] & self.kv_valid[:, None, :]
+        if self.segment_ids is not None:
+            allowed &= self.segment_ids[:, :, None] == self.segment_ids[:, None, :]
+        return allowed | (kv == q)[None]
+
+    def segments(self) -> jax.Array:
+        """Segment ids [B, S] int32: the packed ones, else 1 for valid keys and 0 for padding."""
+        if self.segment_ids is not None:
+            return self.segment_ids.astype(jnp.int32)
+        return self.kv_valid.astype(jnp.int32)
+
+
+def eager_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    *,
+    scale: float,
+    softcap: float | None = None,
+) -> jax.Array:
+    """Grouped-query softmax attention as plain einsums.
+
+    q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head h uses kv head h // (H/K));
+    mask [B, T, S] bool. Scores are scale * q.k, soft-capped to softcap * tanh(score / softcap)
+    when `softcap` is set. Returns [B, T, H, D] in q's dtype.
+    """
+    b, t, h, d = q.shape
+    kv_heads = k.shape[2]
+    q = q.reshape(b, t, kv_heads, h // kv_heads, d)
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        scores = softcap * jnp.tanh(scores / softcap)
+    scores = jnp.where(mask[:, None, None], scores, MASKED_SCORE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bskd->btkgd", probs, v)
+    return out.reshape(b, t, h, d).astype(q.dtype)
+
+
+def _splash_module() -> Any:
+    """The Pallas TPU splash-attention package, or None when it cannot be imported."""
+    try:
+        from jax.experimental.pallas.ops.tpu import splash_attention
+    except ImportError:
+        return None
+    return splash_attention
+
+
+@functools.lru_cache(maxsize=32)
+def _splash_kernel(
+    length: int, groups: int, window: int | None, softcap: float | None, interpret: bool
+) -> Any:
+    """A causal (or causal local-window) splash kernel for `groups` query heads per kv head."""
+    splash = _splash_module()
+    shape = (length, length)
+    if window is None:
+        mask = splash.CausalMask(shape)
+    else:
+        mask = splash.LocalMask(shape, (window - 1, 0), offset=0)
+    return splash.make_splash_mqa_single_device(
+        splash.MultiHeadMask([mask] * groups),
+        attn_logits_soft_cap=softcap,
+        interpret=interpret,
+    )
+
+
+def splash_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    segments: jax.Array,
+    *,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    interpret: bool = False,
+) -> jax.Array:
+    """Causal self-attention through the Pallas TPU splash kernel (`interpret` runs it anywhere).
+
+    q [B, T, H, D]; k, v [B, T, K, D]; segments [B, T] int or bool (a valid mask is segment 1,
+    padding 0). T must be a multiple of SPLASH_BLOCK. Tokens attend tokens of their own segment
+    only; padding attends padding, so its rows are not those of the other implementations (their
+    outputs are never used).
+    """
+    b, t, h, d = q.shape
+    kv_heads = k.shape[2]
+    kernel = _splash_kernel(t, h // kv_heads, window, softcap, interpret)
+    segment_ids = _splash_module().SegmentIds
+    q = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    q = q.reshape(b, t, kv_heads, h // kv_heads, d).transpose(0, 2, 3, 1, 4)
+    k, v = (x.transpose(0, 2, 1, 3) for x in (k, v))
+
+    def one_row(q: jax.Array, k: jax.Array, v: jax.Array, row: jax.Array) -> jax.Array:
+        ids = segment_ids(row.astype(jnp.int32), row.astype(jnp.int32))
+        return jax.vmap(lambda qh, kh, vh: kernel(qh, kh, vh, segment_ids=ids))(q, k, v)
+
+    out = jax.vmap(one_row)(q, k, v, segments)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
+def _fall_back(requested: str, reason: str, picked: str) -> str:
+    warnings.warn(
+        f"attn_implementation={requested!r}: {reason}; using {picked!r} instead", stacklevel=3
+    )
+    return picked
+
+
+def _flash_kernel(
+    backend: str, *, softcap: float | None, dtype: Any, visibility: Visibility
+) -> tuple[str, str | None]:
+    """(kernel, why it is not a flash kernel or None) for flash_attention_2 on `backend`."""
+    portable = "eager" if softcap is not None else "sdpa"
+    if backend == "tpu":
+        length = visibility.kv_valid.shape[1]
+        if _splash_module() is None:
+            return portable, "Pallas splash attention is not importable"
+        if not visibility.self_attention:
+            return portable, "the splash kernel runs full sequences, not cached decoding"
+        if length % SPLASH_BLOCK:
+            return portable, f"the splash kernel needs a multiple of {SPLASH_BLOCK} tokens"
+        return "splash", None
+    if backend in ("gpu", "cuda", "rocm"):
+        if softcap is not None:
+            return "eager", "cuDNN attention has no logit soft-capping"
+        if jnp.dtype(dtype) not in (jnp.bfloat16, jnp.float16):
+            return "sdpa", f"cuDNN flash attention needs bfloat16/float16, not {jnp.dtype(dtype)}"
+        return "cudnn", None
+    return portable, f"it needs a GPU (cuDNN) or TPU (Pallas) and the backend is {backend!r}"
+
+
+def _pick_kernel(
+    requested: str, *, softcap: float | None, dtype: Any, visibility: Visibility
+) -> str:
+    """The kernel that runs: 'eager', 'sdpa', 'cudnn' or 'splash' (warns when it differs)."""
+    if requested == "eager":
+        return "eager"
+    if requested == "sdpa":
+        if softcap is None:
+            return "sdpa"
+        return _fall_back(requested, "jax.nn.dot_product_attention has no soft-capping", "eager")
+    backend = jax.default_backend()
+    kernel, reason = _flash_kernel(backend, softcap=softcap, dtype=dtype, visibility=visibility)
+    return kernel if reason is None else _fall_back(requested, reason, kernel)
+
+
+def check_sequence_heads(
+    num_heads: int, num_kv_heads: int, sequence_parallel: int, key: str = SP_KEY
+) -> None:
+    """Fails unless Ulysses can split the heads over `sequence_parallel` devices: the query heads
+    must be a multiple of it and the kv heads a multiple or a divisor of it (smaller kv-head
+    counts are repeated). `key` names the config key for the message."""
+
+    def splits(sp: int) -> bool:
+        return num_heads % sp == 0 and (num_kv_heads % sp == 0 or sp % num_kv_heads == 0)
+
+    if sequence_parallel <= 1 or splits(sequence_parallel):
+        return
+    sp = sequence_parallel
+    fits = ", ".join(str(d) for d in range(1, num_heads + 1) if splits(d))
+    raise ValueError(
+        f"{key}={sp}: sequence parallelism splits attention heads over {sp} devices, so "
+        f"num_attention_heads ({num_heads}) must be a multiple of it and num_key_value_heads "
+        f"({num_kv_heads}) a multiple or a divisor of it; use one of {fits}"
+    )
+
+
+def ulysses_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, visibility: Visibility, **kwargs: Any
+) -> jax.Array:
+    """`attention` of self-attention q [B, S, H, D], k, v [B, S, K, D] whose S is split over the
+    ambient mesh's `sequence` axis, as DeepSpeed-Ulysses does.
+
+    Per device, an all-to-all trades the sequence split for a head split (q, k, v become
+    [B, S, H/sp, D] with whole sequences), attention runs locally with any kernel, and a second
+    all-to-all returns the output [B, S, H, D] split over S again. Kv heads fewer than the
+    devices are repeated first (each query head keeps its kv head). `kwargs` as `attention`.
+    """
+    mesh = sequence_mesh()
+    sp = sequence_parallel_size(mesh)
+    heads, kv_heads = q.shape[2], k.shape[2]
+    check_sequence_heads(heads, kv_heads, sp)
+    if kv_heads % sp:
+        k, v = (jnp.repeat(x, sp // kv_heads, axis=2) for x in (k, v))
+    rows = row_axes(mesh, q.shape[0])
+    split = PartitionSpec(rows, SEQUENCE_AXIS, None, None)
+    whole = PartitionSpec(rows, None)
+    segments = visibility.segments()
+
+    def local(q, k, v, kv_valid, segment_ids, q_slots):
+        q, k, v = (jax.lax.all_to_all(x, SEQUENCE_AXIS, 2, 1, tiled=True) for x in (q, k, v))
+        packed = segment_ids if visibility.segment_ids is not None else None
+        out = _local_attention(q, k, v, Visibility(kv_valid, q_slots, True, packed), **kwargs)
+        return jax.lax.all_to_all(out, SEQUENCE_AXIS, 1, 2, tiled=True)
+
+    return jax.shard_map(
+        local,
+        mesh=mesh,
+        in_specs=(split, split, split, whole, whole, PartitionSpec(None)),
+        out_specs=split,
+    )(q, k, v, visibility.kv_valid, segments, visibility.q_slots)
+
+
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    visibility: Visibility,
+    *,
+    scale: float,
+    window: int | None = None,
+    softcap: float | None = None,
+    implementation: str = "eager",
+) -> jax.Array:
+    """Grouped-query attention of q [B, T, H, D] over k, v [B, S, K, D] -> [B, T, H, D].
+
+    `implementation` is 'eager' (einsums), 'sdpa' (`jax.nn.dot_product_attention`, XLA) or
+    'flash_attention_2' (cuDNN on GPU, Pallas splash on TPU). Where the requested kernel cannot
+    run (soft-capping, dtype, backend, shape) a warning names the fallback that runs instead.
+    Self-attention traced under a mesh whose `sequence` axis has several devices
+    (`jrl.parallel.on_mesh`) runs as `ulysses_attention`.
+    """
+    kwargs = dict(scale=scale, window=window, softcap=softcap, implementation=implementation)
+    if visibility.self_attention and sequence_mesh() is not None:
+        return ulysses_attention(q, k, v, visibility, **kwargs)
+    return _local_attention(q, k, v, visibility, **kwargs)
+
+
+def _local_attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    visibility: Visibility,
+    *,
+    scale: float,
+    window: int | None,
+    softcap: float | None,
+    implementation: str,
+) -> jax.Array:
+    """`attention` without the sequence-parallel dispatch: the kernel on the arrays as given
+    (whole, or one device's part inside `ulysses_attention`)."""
+    kernel = _pick_kernel(implementation, softcap=softcap, dtype=q.dtype, visibility=visibility)
+    if kernel == "splash":
+        return splash_attention(
+            q, k, v, visibility.segments(), scale=scale, window=window, softcap=softcap
+        )
+    mask = visibility.mask(window)
+    if kernel == "cudnn":
+        try:
+            return jax.nn.dot_product_attention(
+                q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn"
+            )
+        except (ValueError, NotImplementedError, RuntimeError) as err:
+            kernel = _fall_back(implementation, f"cuDNN rejected the call ({err})", "sdpa")
+    if kernel == "sdpa":
+        return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale)
+    return eager_attention(q, k, v, mask, scale=scale, softcap=softcap)
