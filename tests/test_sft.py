@@ -483,7 +483,7 @@ def digits_run(tmp_path_factory):
     """8 steps on the digits task, 2 devices x 2 micro-batches, checkpoints at steps 4 and 8."""
     run_dir = tmp_path_factory.mktemp("sft") / "run"
     trainer = _trainer(run_dir)
-    before = trainer.validate()["val/loss"]
+    before = trainer.validate(0)["val/loss"]
     last = trainer.fit()
     return run_dir, before, last
 

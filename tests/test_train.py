@@ -16,6 +16,7 @@ from jrl import train
 from jrl.assets import prepare_for
 from jrl.batch import Batch
 from jrl.config import load_config
+from jrl.trainer.ppo.experience import compute_advantage
 from jrl.trainer.ppo.trainer import PPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -103,13 +104,14 @@ def test_grpo_step_same_for_any_micro_batch_split_and_device_count(tmp_path):
     eight = _grpo_trainer(8, tmp_path)
     assert eight.mesh.shape["fsdp"] == 8
     prompts = next(iter(one.train_loader.epoch(0)))
-    batch = one.make_experience(prompts, 1, {}, {})
+    batch, _ = one.make_experience(prompts, 1, {})
     # a random model scores 0 everywhere; random outcome scores give non-zero GRPO advantages
     mask = batch.tensors["response_mask"]
     scores = np.zeros(mask.shape, np.float32)
     last = np.maximum(mask.sum(-1) - 1, 0)
     scores[np.arange(len(batch)), last] = np.random.default_rng(0).normal(size=len(batch))
-    batch, _ = one.compute_advantage(batch.union(Batch({"token_level_scores": scores})))
+    scored = batch.union(Batch({"token_level_scores": scores}))
+    batch, _ = compute_advantage(scored, one.spec.algorithm, one.kl_ctrl)
     assert np.abs(batch.tensors["advantages"]).max() > 0
     ref_one, _ = one.actor.compute_log_prob(batch)
     ref_eight, _ = eight.actor.compute_log_prob(batch)
