@@ -59,12 +59,10 @@ from jrl.trainer.update.balance import balance_batch
 
 @dataclasses.dataclass(frozen=True)
 class PPOSpec:
-    """The step's settings, resolved once from the config: answers per prompt (`n`), the seed
-    of every sampling key, the ``algorithm`` section (read-only, for `jrl.algos`), batch
-    balancing, ``critic_warmup``, the aggregation of ``actor/entropy``, validation options and
-    the device count."""
+    """The step's settings, resolved once from the config: the seed of every sampling key, the
+    ``algorithm`` section (read-only, for `jrl.algos`), batch balancing, ``critic_warmup``, the
+    aggregation of ``actor/entropy``, validation options, the device count and the epochs."""
 
-    n: int
     seed: int
     algorithm: Mapping[str, Any]
     balance_batch: bool
@@ -77,9 +75,9 @@ class PPOSpec:
 
     @classmethod
     def resolve(cls, config: Any) -> PPOSpec:
+        """The spec of a PPO-family config."""
         data, trainer = config.data, config.trainer
         return cls(
-            n=int(config.actor_rollout_ref.rollout.n),
             seed=int(data.seed if data.seed is not None else 0),
             algorithm=frozen(config.algorithm),
             balance_batch=bool(trainer.balance_batch),

@@ -75,6 +75,7 @@ class SFTSpec:
 
     @classmethod
     def resolve(cls, config: Any, mesh: Any, total_steps: int) -> SFTSpec:
+        """The spec of an SFT config on `mesh`, over `total_steps` training steps."""
         data, model_cfg = config.data, config.model
         world = mesh.size
         micro_rows = world * (data.micro_batch_size_per_gpu or data.micro_batch_size // world)
