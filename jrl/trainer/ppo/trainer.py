@@ -186,11 +186,6 @@ class PPOTrainer:
             tokenizer=self.tokenizer,
         )
 
-    @property
-    def total_training_steps(self) -> int:
-        """The run's last step."""
-        return self.cadence.total_steps
-
     # -- one training step ------------------------------------------------------------------
     def generate(self, prompts: Batch, step: int) -> Batch:
         """Rollout `n` responses per prompt (interleaved), with a key derived from the step."""
@@ -400,7 +395,7 @@ class PPOTrainer:
         return epochs_of(self.train_loader, self.spec.total_epochs or 1)
 
     def fit(self) -> dict[str, float]:
-        """Train for `total_training_steps`; returns the last step's metrics."""
+        """Train to the last step (`Cadence.total_steps`); returns its metrics."""
         return fit(self, self.config, self.created_at)
 
     def describe(self) -> str:

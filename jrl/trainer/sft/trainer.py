@@ -158,11 +158,6 @@ class SFTTrainer:
             tokenizer=self.tokenizer,
         )
 
-    @property
-    def total_steps(self) -> int:
-        """The run's last step."""
-        return self.cadence.total_steps
-
     def _val_fn(self, params: Any, tensors: dict[str, jax.Array], packing: Any) -> jax.Array:
         model = nnx.merge(self.learner.graphdef, params)
         return row_nll(model, tensors, self.spec.loss.impl, packing)
