@@ -10,7 +10,12 @@ from jrl.models.decoder import (
     init_random,
 )
 from jrl.models.lora import LoRAParam, apply_lora
-from jrl.models.pretrained import from_pretrained, gguf_to_hf_folder, save_pretrained
+from jrl.models.pretrained import (
+    abstract_pretrained,
+    from_pretrained,
+    gguf_to_hf_folder,
+    save_pretrained,
+)
 
 __all__ = [
     "CausalLM",
@@ -21,6 +26,7 @@ __all__ = [
     "ValueModel",
     "apply_lora",
     "default_position_ids",
+    "abstract_pretrained",
     "from_pretrained",
     "gguf_to_hf_folder",
     "init_random",

@@ -33,8 +33,11 @@ from jrl.models.weights import TensorSpec, hf_tensor_specs, initial_score_head
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 
-def _resolve(path: str | os.PathLike) -> Path:
-    """A local path, or a Hugging Face hub id downloaded to the local hub cache."""
+def _resolve(
+    path: str | os.PathLike, patterns: tuple[str, ...] = ("*.json", "*.safetensors")
+) -> Path:
+    """A local path, or a Hugging Face hub id whose files matching `patterns` are downloaded to
+    the local hub cache."""
     local = Path(path).expanduser()
     if local.exists():
         return local
@@ -42,7 +45,7 @@ def _resolve(path: str | os.PathLike) -> Path:
         from huggingface_hub import snapshot_download
 
         try:
-            return Path(snapshot_download(str(path), allow_patterns=["*.json", "*.safetensors"]))
+            return Path(snapshot_download(str(path), allow_patterns=list(patterns)))
         except Exception as err:
             raise FileNotFoundError(
                 f"model path {path!r} is neither a local folder nor a reachable hub model: {err}"
@@ -79,6 +82,38 @@ def _open_checkpoint(path: str | os.PathLike) -> tuple[ModelConfig, Mapping[str,
         return checkpoint.config, checkpoint
     config = ModelConfig.from_hf(_read_config_json(resolved))
     return config, SafetensorsCheckpoint(resolved)
+
+
+def abstract_pretrained(
+    path: str | os.PathLike,
+    *,
+    kind: str = "causal_lm",
+    dtype: Any = jnp.float32,
+    param_dtype: Any = jnp.float32,
+    seed: int = 0,
+    external_lib: str | None = None,
+    override_config: Mapping[str, Any] | None = None,
+) -> CausalLM | ValueModel | RewardModel:
+    """The model `from_pretrained` would load, as shapes only (`nnx.eval_shape`): built from the
+    folder's config.json (or a GGUF file's metadata) with `override_config` applied; no weight is
+    read. For compiling a run's programs without its weights (`jrl.compile`)."""
+    if external_lib:
+        _import_external_lib(external_lib)
+    resolved = _resolve(path, patterns=("*.json",))
+    if resolved.is_file():
+        config = _open_checkpoint(resolved)[0]
+    else:
+        config = ModelConfig.from_hf(_read_config_json(resolved))
+    config = apply_override_config(config, override_config or {})
+    return _shapes(config, kind, dtype, param_dtype, seed)
+
+
+def _shapes(config: ModelConfig, kind: str, dtype: Any, param_dtype: Any, seed: int) -> Any:
+    """The `kind` model of `config` as shapes only."""
+    cls = model_class(kind)
+    return nnx.eval_shape(
+        lambda: cls(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
+    )
 
 
 def apply_override_config(config: ModelConfig, override: Mapping[str, Any]) -> ModelConfig:
@@ -139,10 +174,7 @@ def from_pretrained(
         _import_external_lib(external_lib)
     config, checkpoint = _open_checkpoint(path)
     config = apply_override_config(config, override_config or {})
-    cls = model_class(kind)
-    abstract = nnx.eval_shape(
-        lambda: cls(config, dtype=dtype, param_dtype=param_dtype, rngs=nnx.Rngs(seed))
-    )
+    abstract = _shapes(config, kind, dtype, param_dtype, seed)
     if kind == "value" and "score.weight" not in checkpoint:
         checkpoint = collections.ChainMap(checkpoint, initial_score_head(config, seed))
     if kind == "reward":

@@ -30,8 +30,10 @@ from jrl.parallel.sharding import (
     ROLLOUT_RULES,
     TRAINING_RULES,
     Rules,
+    is_abstract,
     logical_axes,
     param_shardings,
+    place,
     shard_params,
 )
 
@@ -51,6 +53,7 @@ __all__ = [
     "batch_sharding",
     "data_parallel_size",
     "gather_batch",
+    "is_abstract",
     "host_array",
     "host_batch",
     "is_primary",
@@ -59,6 +62,7 @@ __all__ = [
     "memory_bytes",
     "on_mesh",
     "param_shardings",
+    "place",
     "put_global",
     "replicated",
     "role_mesh",

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -27,10 +27,15 @@ SEQUENCE_AXIS = "sequence"
 
 
 def make_mesh(
-    num_devices: int, fsdp_size: int = -1, sequence_parallel: int = 1, tensor_parallel: int = 1
+    num_devices: int,
+    fsdp_size: int = -1,
+    sequence_parallel: int = 1,
+    tensor_parallel: int = 1,
+    devices: Sequence[Any] | None = None,
 ) -> Mesh:
-    """A mesh over the first `num_devices` devices; `fsdp_size=-1` takes all devices left over."""
-    available = jax.devices()
+    """A mesh over the first `num_devices` of `devices` (default `jax.devices()`; a TPU slice's
+    devices to compile for it from another host); `fsdp_size=-1` takes all devices left over."""
+    available = list(jax.devices() if devices is None else devices)
     if num_devices > len(available):
         raise ValueError(
             f"trainer.nnodes * trainer.n_gpus_per_node = {num_devices} devices requested, but JAX "
@@ -84,6 +89,7 @@ def role_mesh(
             fsdp_size=fsdp_size,
             sequence_parallel=sequence_parallel,
             tensor_parallel=tensor,
+            devices=list(mesh.devices.flat),
         )
     except ValueError as err:
         raise ValueError(f"{key}={sequence_parallel}: {err}") from err

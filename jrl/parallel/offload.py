@@ -16,6 +16,8 @@ from typing import Any
 
 import jax
 
+from jrl.parallel.sharding import place
+
 HOST_MEMORY = "pinned_host"
 DEVICE_MEMORY = "device"
 
@@ -75,11 +77,11 @@ class Offload:
         if not self.enabled:
             return tree
         host = jax.tree.map(lambda s: s.with_memory_kind(self.memory_kind), shardings)
-        return jax.device_put(tree, host)
+        return place(tree, host)
 
     def fetch(self, tree: Any, shardings: Any) -> Any:
         """`tree` in device memory with `shardings` (unchanged when not enabled)."""
-        return jax.device_put(tree, shardings) if self.enabled else tree
+        return place(tree, shardings) if self.enabled else tree
 
 
 # No offload: the state stays in device memory.

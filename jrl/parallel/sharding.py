@@ -103,7 +103,27 @@ def param_shardings(tree: Any, mesh: Mesh, rules: Rules = TRAINING_RULES) -> Any
     return jax.tree.map(sharding, tree, is_leaf=lambda x: isinstance(x, nnx.Variable))
 
 
+def is_abstract(tree: Any) -> bool:
+    """Whether `tree` holds shapes only (`jax.ShapeDtypeStruct` leaves, as `jax.eval_shape` and
+    `nnx.eval_shape` give): a role built to be compiled, never run (`jrl.compile`)."""
+    leaves = jax.tree.leaves(tree)
+    return bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
+def place(tree: Any, shardings: Any) -> Any:
+    """`tree` laid out by `shardings` (a matching tree): `jax.device_put` for arrays; shapes
+    only (`is_abstract`) become structs that carry their sharding, ready for `.lower()`."""
+    if not is_abstract(tree):
+        return jax.device_put(tree, shardings)
+
+    def struct(x: jax.ShapeDtypeStruct, sharding: Any) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+
+    return jax.tree.map(struct, tree, shardings)
+
+
 def shard_params(tree: Any, mesh: Mesh, rules: Rules = TRAINING_RULES) -> tuple[Any, Any]:
-    """`tree` placed by `param_shardings`; returns (placed, shardings)."""
+    """`tree` placed by `param_shardings` (`place`: arrays or shapes); returns (placed,
+    shardings)."""
     shardings = param_shardings(tree, mesh, rules)
-    return jax.device_put(tree, shardings), shardings
+    return place(tree, shardings), shardings

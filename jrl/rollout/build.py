@@ -57,12 +57,18 @@ def make_rollout(
 
 
 def build_rollout(
-    config: Any, graphdef: nnx.GraphDef, params: nnx.State, mesh: Mesh, tokenizer: Any
+    config: Any,
+    graphdef: nnx.GraphDef,
+    params: nnx.State,
+    mesh: Mesh,
+    tokenizer: Any,
+    engine: str | None = None,
 ) -> Rollout:
-    """The engine of ``actor_rollout_ref.rollout`` for the actor (`graphdef`, `params` on
-    `mesh`): a model computing in ``rollout.dtype`` over the actor's parameters, LoRA adapters
-    (``model.lora_rank``) applied unmerged; responses of ``data.max_response_length`` tokens,
-    padded with the tokenizer's pad token and ended by its and the model config's EOS tokens."""
+    """The engine of ``actor_rollout_ref.rollout`` (or `engine`, in place of ``rollout.name``)
+    for the actor (`graphdef`, `params` on `mesh`): a model computing in ``rollout.dtype`` over
+    the actor's parameters, LoRA adapters (``model.lora_rank``) applied unmerged; responses of
+    ``data.max_response_length`` tokens, padded with the tokenizer's pad token and ended by its
+    and the model config's EOS tokens."""
     arr = config.actor_rollout_ref
     rollout_cfg = arr.rollout
     model_config = nnx.merge(graphdef, params).config
@@ -76,7 +82,7 @@ def build_rollout(
     rollout_graphdef = nnx.graphdef(nnx.eval_shape(abstract_model))
     eos = {tokenizer.eos_token_id, *as_token_ids(model_config.eos_token_id)} - {None}
     return make_rollout(
-        rollout_cfg.name,
+        engine or rollout_cfg.name,
         nnx.merge(rollout_graphdef, params),
         response_length=config.data.max_response_length,
         pad_token_id=tokenizer.pad_token_id,

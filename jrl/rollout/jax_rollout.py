@@ -15,12 +15,26 @@ from jax.sharding import Mesh, NamedSharding
 
 from jrl.batch import Batch
 from jrl.models import CausalLM
-from jrl.parallel import ROLLOUT_RULES, agreed_minimum, batch_sharding, param_shardings
-from jrl.rollout.layout import check_prompts, prompt_bucket, rollout_batch, row_layout
+from jrl.parallel import (
+    ROLLOUT_RULES,
+    agreed_minimum,
+    batch_sharding,
+    is_abstract,
+    param_shardings,
+    place,
+)
+from jrl.rollout.layout import (
+    RowLayout,
+    check_prompts,
+    prompt_bucket,
+    rollout_batch,
+    row_layout,
+)
 from jrl.rollout.limits import (
     EngineLimits,
     SlotPlan,
     free_device_bytes,
+    kv_bytes_per_token,
     plan_slots,
     slot_bytes,
 )
@@ -103,10 +117,14 @@ class JaxRollout:
         log_probs = out["rollout_log_probs"] if sampling.calculate_log_probs else None
         return rollout_batch(batch, out["responses"], out["response_mask"], log_probs)
 
+    def slot_bytes(self, prompt_length: int, sampling: SamplingParams) -> int:
+        """Device bytes one slot takes for prompts `prompt_length` wide (`slot_bytes`)."""
+        tokens = cache_length(prompt_length, sampling)
+        return slot_bytes(self.config, self.dtype, self.mesh.shape["tensor"], tokens)
+
     def plan(self, rows: int, prompt_length: int, sampling: SamplingParams) -> SlotPlan:
         """The slot plan of a call with `rows` rows (per replica) of `prompt_length` tokens."""
-        tokens = cache_length(prompt_length, sampling)
-        per_slot = slot_bytes(self.config, self.dtype, self.mesh.shape["tensor"], tokens)
+        per_slot = self.slot_bytes(prompt_length, sampling)
         return plan_slots(
             self.limits,
             rows=rows,
@@ -115,23 +133,67 @@ class JaxRollout:
             bytes_per_slot=per_slot,
         )
 
+    def _call_layout(
+        self, rows: int, bucket: int, sampling: SamplingParams
+    ) -> tuple[RowLayout, SlotPlan, SamplingParams, tuple[int, ...]]:
+        """(row layout, slot plan, per-row sampling, cache shape) of a call with `rows` rows
+        (prompts already repeated n times) cut to `bucket` tokens."""
+        replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        layout = row_layout(rows, replicas)
+        plan = self.plan(layout.per_replica, bucket, sampling)
+        sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated
+        c = self.config
+        tokens = cache_length(bucket, sampling)
+        cache = (replicas * plan.slots, c.num_layers, tokens, c.num_kv_heads, c.head_dim)
+        return layout, plan, sampling, cache
+
+    def _request_shardings(self) -> dict[str, NamedSharding]:
+        rows, prompts = batch_sharding(self.mesh, 1), batch_sharding(self.mesh, 2)
+        return {"ids": prompts, "mask": prompts, "row_ids": rows, "counts": rows}
+
+    def lower(self, rows: int, bucket: int, sampling: SamplingParams) -> Any:
+        """The generate program of a call with `rows` rows (prompts x n) whose longest prompt
+        takes the `bucket` width, lowered for this engine's mesh from shapes alone (`.compile()`
+        it for its memory and cost analysis; `jrl.plan` does)."""
+        layout, plan, sampling, shape = self._call_layout(rows, bucket, sampling)
+        shardings = self._request_shardings()
+        count = len(layout.source)
+        shapes = {"ids": (count, bucket), "mask": (count, bucket), "row_ids": (count,)}
+        shapes["counts"] = layout.counts.shape
+        args = {
+            k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=shardings[k]) for k, v in shapes.items()
+        }
+        sharding = cache_sharding(self.mesh, self.config.num_kv_heads)
+        part = jax.ShapeDtypeStruct(shape, self.dtype, sharding=sharding)
+        return generate_tokens.lower(
+            self._graphdef,
+            self._state,
+            args["ids"],
+            args["mask"],
+            args["row_ids"],
+            args["counts"],
+            jax.eval_shape(lambda: jax.random.key(0)),
+            jax.ShapeDtypeStruct((), jnp.bool_),
+            SlotCache(part, part),
+            params=sampling,
+            plan=plan,
+            mesh=self.mesh,
+        )
+
     def _generate_rows(
         self, ids: np.ndarray, mask: np.ndarray, sampling: SamplingParams, rng: jax.Array
     ) -> dict[str, jax.Array]:
         bucket = prompt_bucket(int(mask.sum(axis=1).max()), ids.shape[1])
-        replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
-        layout = row_layout(len(ids), replicas)
-        plan = self.plan(layout.per_replica, bucket, sampling)
-        sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated
-        rows = batch_sharding(self.mesh, 1)
-        placed = {
-            "ids": (ids[layout.source, -bucket:], batch_sharding(self.mesh, 2)),
-            "mask": (mask[layout.source, -bucket:], batch_sharding(self.mesh, 2)),
-            "row_ids": (layout.source.astype(np.int32), rows),
-            "counts": (layout.counts, rows),
+        layout, plan, sampling, shape = self._call_layout(len(ids), bucket, sampling)
+        host = {
+            "ids": ids[layout.source, -bucket:],
+            "mask": mask[layout.source, -bucket:],
+            "row_ids": layout.source.astype(np.int32),
+            "counts": layout.counts,
         }
-        args = {k: jax.device_put(v, s) for k, (v, s) in placed.items()}
-        cache = self._take_cache(replicas * plan.slots, cache_length(bucket, sampling))
+        shardings = self._request_shardings()
+        args = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
+        cache = self._take_cache(shape)
         out, decode_steps, cache = generate_tokens(
             self._graphdef,
             self._state,
@@ -157,17 +219,27 @@ class JaxRollout:
         real = np.flatnonzero(layout.real)
         return {k: v[real] for k, v in out.items()}
 
-    def _take_cache(self, slots: int, tokens: int) -> SlotCache:
+    def _take_cache(self, shape: tuple[int, ...]) -> SlotCache:
         """The kept cache when its shape fits this call, else a new zeroed one."""
-        c = self.config
-        shape = (slots, c.num_layers, tokens, c.num_kv_heads, c.head_dim)
-        sharding = cache_sharding(self.mesh, c.num_kv_heads)
+        sharding = cache_sharding(self.mesh, self.config.num_kv_heads)
         cache, self._cache = self._cache, None
         if cache is not None and cache.k.shape == shape:
             # The same layout, spelled as the compiled call expects it: no copy.
             return jax.device_put(cache, SlotCache(sharding, sharding))
         del cache
         return _zero_cache(shape, self.dtype, sharding)()
+
+    def cache_bytes(self, slots: int, bucket: int, sampling: SamplingParams) -> int:
+        """Bytes of the KV cache (keys and values, all devices) of `slots` sequences of prompts
+        `bucket` wide."""
+        tokens = cache_length(bucket, sampling)
+        return slots * tokens * kv_bytes_per_token(self.config, self.dtype, 1)
+
+    def assume_free_bytes(self, free: int) -> None:
+        """Plan the KV cache for `free` bytes per device instead of measuring them (for a slice
+        compiled from another host, whose chips cannot report their memory)."""
+        self._budget = int(self.limits.gpu_memory_utilization * free)
+        self._budget_measured = True
 
     def _kv_budget(self) -> int | None:
         """Bytes per device the KV cache may take, measured once (None where unknown)."""
@@ -185,7 +257,11 @@ class JaxRollout:
             floating = jnp.issubdtype(x.dtype, jnp.floating)
             return x.astype(self.dtype) if floating and x.ndim >= 2 else x
 
-        return jax.device_put(jax.tree.map(cast, state), self._shardings)
+        def cast_all(tree: nnx.State) -> nnx.State:
+            return jax.tree.map(cast, tree)
+
+        cast_state = jax.eval_shape(cast_all, state) if is_abstract(state) else cast_all(state)
+        return place(cast_state, self._shardings)
 
     def update_weights(self, params: nnx.State) -> None:
         """Use new parameters (same structure and shapes), cast and laid out as this engine's."""
@@ -205,7 +281,7 @@ class JaxRollout:
                 )
             leaves.append(value.astype(current.dtype))
         placed = jax.tree_util.tree_unflatten(treedef, leaves)
-        self._state = jax.device_put(placed, self._shardings)
+        self._state = place(placed, self._shardings)
 
     def release(self) -> None:
         """Free the kept KV cache (with `free_cache_engine` each call frees it already)."""

@@ -11,6 +11,7 @@ uses (`jrl.parallel.Offload`). ``model.use_fused_kernels`` picks the log-prob ke
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import jax
@@ -183,15 +184,20 @@ class Actor:
         )
 
     @classmethod
-    def from_config(cls, config: Any, mesh: Mesh, total_training_steps: int) -> Actor:
-        """The actor of `config` on `mesh`'s devices, with AdamW from ``actor.optim``."""
+    def from_config(
+        cls, config: Any, mesh: Mesh, total_training_steps: int, *, abstract: bool = False
+    ) -> Actor:
+        """The actor of `config` on `mesh`'s devices, with AdamW from ``actor.optim`` (shapes
+        only with `abstract`, to compile its programs: `jrl.plan`)."""
         arr = config.actor_rollout_ref
         fsdp = arr.actor.fsdp_config
         mesh = role_mesh_of(arr.actor, ACTOR, mesh, fsdp)
         spec = ActorSpec.resolve(config, mesh, total_training_steps)
         trainable = nnx.Param if spec.model.lora is None else LoRAParam
         fsdp_section = (fsdp, f"{ACTOR}.fsdp_config")
-        learner = load_learner(spec.model, arr.actor.optim, mesh, fsdp_section, ACTOR, trainable)
+        learner = load_learner(
+            spec.model, arr.actor.optim, mesh, fsdp_section, ACTOR, trainable, abstract
+        )
         return cls(spec, mesh, learner)
 
     @property
@@ -205,22 +211,32 @@ class Actor:
         """Log-probs [B, R] of the batch's responses (and entropy, only computed when asked)."""
         return self.log_probs(self.params, batch, calculate_entropy)
 
+    def update_tensors(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """The batch tensors the update reads (the reference's log-probs with the KL loss,
+        importance weights when the batch has them)."""
+        keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
+        if self.spec.loss.use_kl_loss:
+            keys.append("ref_log_prob")
+        if "rollout_is_weights" in tensors:
+            keys.append("rollout_is_weights")
+        return {k: np.asarray(tensors[k]) for k in keys}
+
+    def update_loss(self, rows: int) -> ActorLoss:
+        """The loss of an update over `rows` rows: on-policy (the old log-probs are the current
+        ones) when that is one mini-batch for one epoch."""
+        plan = self.spec.train.plan
+        on_policy = rows == plan.mini_rows and plan.epochs == 1
+        return dataclasses.replace(self.spec.loss, on_policy=on_policy)
+
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """verl's update_policy: ppo_epochs x mini-batches, accumulating over micro-batches."""
         spec = self.spec
-        plan = spec.train.plan
-        keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
-        if spec.loss.use_kl_loss:
-            keys.append("ref_log_prob")
-        if "rollout_is_weights" in batch:
-            keys.append("rollout_is_weights")
-        tensors = {k: np.asarray(batch.tensors[k]) for k in keys}
-        on_policy = len(batch) == plan.mini_rows and plan.epochs == 1
+        tensors = self.update_tensors(batch.tensors)
         lr = spec.train.schedule(step - 1)
         history = self.learner.train(
-            dataclasses.replace(spec.loss, on_policy=on_policy),
+            self.update_loss(len(batch)),
             tensors,
-            plan,
+            spec.train.plan,
             lr=lr,
             shuffle_seed=spec.train.shuffle_seed(step),
         )

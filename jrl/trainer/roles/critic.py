@@ -32,6 +32,7 @@ from jrl.trainer.update.learner import Learner
 from jrl.trainer.update.packing import PackLayout, response_window
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "response_mask")
+UPDATE_KEYS = (*FORWARD_KEYS, "values", "returns")
 
 
 def response_values(
@@ -105,24 +106,33 @@ class Critic:
         self.mesh = mesh
         self.learner = learner
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
-        forward = jax.jit(
+        # The values pass as compiled; run (and lower) it under the mesh (`on_mesh`).
+        self.jitted = jax.jit(
             self._forward_fn,
             static_argnums=2,
             in_shardings=(learner.param_shardings, rows),
             out_shardings=rows,
         )
-        self._forward = on_mesh(forward, mesh)
+        self._forward = on_mesh(self.jitted, mesh)
 
     @classmethod
-    def from_config(cls, config: Any, mesh: Mesh, total_training_steps: int) -> Critic:
-        """The critic of `config` on `mesh`'s devices, with AdamW from ``critic.optim``."""
+    def from_config(
+        cls, config: Any, mesh: Mesh, total_training_steps: int, *, abstract: bool = False
+    ) -> Critic:
+        """The critic of `config` on `mesh`'s devices, with AdamW from ``critic.optim`` (shapes
+        only with `abstract`)."""
         fsdp = critic_fsdp(config)
         mesh = role_mesh_of(config.critic, "critic", mesh, fsdp)
         spec = CriticSpec.resolve(config, mesh, total_training_steps)
         fsdp_section = (fsdp, "critic.model.fsdp_config")
         optim = config.critic.optim
-        learner = load_learner(spec.model, optim, mesh, fsdp_section, "critic", nnx.Param)
+        learner = load_learner(spec.model, optim, mesh, fsdp_section, "critic", nnx.Param, abstract)
         return cls(spec, mesh, learner)
+
+    @property
+    def forward(self) -> Any:
+        """How the values pass splits a batch (its `ForwardSpec`)."""
+        return self.spec.forward
 
     def _forward_fn(self, params, tensors, packing):
         return response_values(nnx.merge(self.learner.graphdef, params), tensors, packing)
@@ -136,7 +146,7 @@ class Critic:
     def update(self, batch: Batch, step: int) -> dict[str, float]:
         """ppo_epochs x mini-batches of the clipped value loss, with gradient accumulation."""
         spec = self.spec
-        tensors = {k: np.asarray(batch.tensors[k]) for k in (*FORWARD_KEYS, "values", "returns")}
+        tensors = {k: np.asarray(batch.tensors[k]) for k in UPDATE_KEYS}
         lr = spec.train.schedule(step - 1)
         history = self.learner.train(
             spec.loss,

@@ -79,13 +79,14 @@ class LogProbForward:
         self.forward = forward
         self.impl = scoring.impl
         rows = batch_sharding(mesh, 1)  # rows split, for tensors of any rank
-        jitted = jax.jit(
+        # The pass as compiled; run (and lower) it under the mesh (`on_mesh`).
+        self.jitted = jax.jit(
             self._forward_fn,
             static_argnums=(2, 3),
             in_shardings=(param_shardings, rows),
             out_shardings=rows,
         )
-        self._forward = on_mesh(jitted, mesh)
+        self._forward = on_mesh(self.jitted, mesh)
 
     def _forward_fn(self, params, tensors, packing, calculate_entropy):
         model = nnx.merge(self.graphdef, params)

@@ -12,14 +12,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
 from jrl.batch import Batch
 from jrl.models.lora import remove_adapters
-from jrl.parallel import ON_DEVICE, Offload, param_shardings, shard_params
+from jrl.parallel import ON_DEVICE, Offload, param_shardings, place, shard_params
 from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.log_probs import LogProbForward, logprob_impl
 from jrl.trainer.roles.specs import (
@@ -87,13 +86,16 @@ class Reference:
         self.log_probs = LogProbForward(graphdef, shardings, mesh, spec.forward, spec)
 
     @classmethod
-    def from_config(cls, config: Any, mesh: Mesh, actor: Actor) -> Reference:
-        """The reference of `config`: loaded on `mesh`'s devices, or with LoRA `actor`'s base."""
+    def from_config(
+        cls, config: Any, mesh: Mesh, actor: Actor, *, abstract: bool = False
+    ) -> Reference:
+        """The reference of `config`: loaded on `mesh`'s devices, or with LoRA `actor`'s base
+        (shapes only with `abstract`)."""
         if actor.spec.model.lora is not None:
             return cls.from_actor(config, actor)
         mesh = role_mesh_of(config.actor_rollout_ref.ref, REF, mesh, reference_fsdp(config))
         spec = ReferenceSpec.resolve(config, mesh)
-        model = spec.model.load(mesh)
+        model = spec.model.load(mesh, abstract=abstract)
         check_heads(model, mesh, REF)
         graphdef, params = nnx.split(model)
         params, shardings = shard_params(params, mesh)
@@ -112,10 +114,15 @@ class Reference:
         return cls(spec, mesh, graphdef, params, param_shardings(params, mesh))
 
     @property
+    def stored(self) -> Any:
+        """The frozen parameters where they live between passes (host memory when offloaded)."""
+        return self._stored
+
+    @property
     def params(self) -> Any:
         """The frozen parameters in device memory (moved from host memory for the call when
         offloaded)."""
-        return jax.device_put(self._stored, self._shardings)
+        return place(self._stored, self._shardings)
 
     def compute_log_prob(self, batch: Batch) -> tuple[np.ndarray, None]:
         """Log-probs [B, R] of the batch's responses (no entropy)."""

@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from flax import nnx
 from jax.sharding import Mesh
 
-from jrl.models import apply_lora, from_pretrained
+from jrl.models import abstract_pretrained, apply_lora, from_pretrained
 from jrl.models.attention import check_sequence_heads
 from jrl.models.decoder import set_memory_options
 from jrl.models.dtypes import parse_dtype
@@ -85,26 +86,34 @@ class ModelSpec:
             "activation_offload": self.activation_offload,
         }
 
-    def load(self, mesh: Mesh, lora_key: str = "actor_rollout_ref.model") -> Any:
+    def load(
+        self, mesh: Mesh, lora_key: str = "actor_rollout_ref.model", *, abstract: bool = False
+    ) -> Any:
         """The model on `mesh`, with LoRA adapters when `lora` is set (`lora_key` names the
-        section for errors)."""
-        model = from_pretrained(
-            self.path,
+        section for errors); with `abstract`, its shapes only, from config.json alone (to compile
+        the run for a slice, `jrl.compile`)."""
+        common = dict(
             kind=self.kind,
             dtype=self.dtype,
             param_dtype=self.param_dtype,
-            mesh=mesh,
-            trust_remote_code=self.trust_remote_code,
             external_lib=self.external_lib,
             override_config=self.override_config,
         )
+        if abstract:
+            model = abstract_pretrained(self.path, **common)
+        else:
+            model = from_pretrained(
+                self.path, mesh=mesh, trust_remote_code=self.trust_remote_code, **common
+            )
         set_memory_options(model, **self.memory_options())
-        if self.lora is not None:
-            try:
-                apply_lora(model, seed=self.lora_seed, **self.lora)
-            except ValueError as err:
-                raise ValueError(f"{lora_key}: {err}") from err
-        return model
+        if self.lora is None:
+            return model
+        try:
+            if abstract:
+                return nnx.eval_shape(lambda: apply_lora(model, seed=self.lora_seed, **self.lora))
+            return apply_lora(model, seed=self.lora_seed, **self.lora)
+        except ValueError as err:
+            raise ValueError(f"{lora_key}: {err}") from err
 
 
 class SplitKeys(NamedTuple):
@@ -251,13 +260,19 @@ def check_heads(model: Any, mesh: Mesh, prefix: str) -> None:
 
 
 def load_learner(
-    model: ModelSpec, optim_cfg: Any, mesh: Mesh, fsdp: tuple[Any, str], prefix: str, trainable: Any
+    model: ModelSpec,
+    optim_cfg: Any,
+    mesh: Mesh,
+    fsdp: tuple[Any, str],
+    prefix: str,
+    trainable: Any,
+    abstract: bool = False,
 ) -> Learner:
     """A trained role's `Learner`: its model loaded on `mesh` (checked against sequence
     parallelism; `prefix` names the role section), the `trainable` parameters (an NNX filter)
     with AdamW of `optim_cfg`, states offloaded as `fsdp` = (the ``fsdp_config`` section, its
-    key) says."""
-    loaded = model.load(mesh)
+    key) says; shapes only with `abstract` (`ModelSpec.load`)."""
+    loaded = model.load(mesh, abstract=abstract)
     check_heads(loaded, mesh, prefix)
     offload = offloads(*fsdp, mesh)
     return Learner.create(loaded, make_optimizer(optim_cfg), mesh, trainable, **offload)

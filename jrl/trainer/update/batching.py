@@ -11,7 +11,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from jrl.parallel import host_array, shard_batch
-from jrl.trainer.update.dynamic_batching import TokenBudget, budget_forward
+from jrl.trainer.update.dynamic_batching import TokenBudget, budget_forward, plan_micro_batches
 from jrl.trainer.update.packing import PackLayout, with_packing
 
 # forward(micro_batch, packed layout or None) -> per-row outputs
@@ -64,6 +64,32 @@ def forward_pass(
         return budget_forward(fn, tensors, budget, mesh)
     tensors, layout = with_packing(tensors, rows, mesh, remove_padding)
     return chunked_forward(lambda chunk: fn(chunk, layout), tensors, rows, mesh)
+
+
+def forward_inputs(
+    tensors: dict[str, np.ndarray],
+    mesh: Mesh,
+    *,
+    rows: int | None,
+    remove_padding: bool = False,
+    budget: TokenBudget | None = None,
+) -> list[tuple[dict[str, np.ndarray], PackLayout | None]]:
+    """The distinct (host micro-batch, layout) inputs `forward_pass` would feed its jitted
+    function for `tensors`, one per shape (to compile the pass without running it)."""
+    if budget is not None:
+        plan = plan_micro_batches(tensors["attention_mask"], budget, mesh)
+        chunks = [plan.gather(tensors, micro) for micro in range(plan.count)]
+        layout = plan.layout
+    else:
+        tensors, layout = with_packing(tensors, rows, mesh, remove_padding)
+        padded, _ = pad_rows(tensors, rows)
+        total = next(iter(padded.values())).shape[0]
+        chunks = [
+            {k: v[start : start + rows] for k, v in padded.items()}
+            for start in range(0, total, rows)
+        ]
+    distinct = {tuple((k, v.shape) for k, v in chunk.items()): chunk for chunk in chunks}
+    return [(chunk, layout) for chunk in distinct.values()]
 
 
 def fixed_minibatches(

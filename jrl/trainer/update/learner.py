@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -46,7 +46,9 @@ from jrl.parallel import (
     Offload,
     batch_sharding,
     data_parallel_size,
+    is_abstract,
     param_shardings,
+    place,
     put_global,
     replicated,
     shard_params,
@@ -124,14 +126,20 @@ class Learner:
         """Split `model` into the `trainable` variables (an NNX filter, e.g. `LoRAParam`) and the
         frozen rest, place both as `jrl.parallel.TRAINING_RULES` lay out their logical axes
         (fsdp + tensor) and initialise the optimizer for the trainable part;
-        the parameters and the optimizer state are then stored as their offloads say."""
+        the parameters and the optimizer state are then stored as their offloads say. A model
+        of shapes only (`nnx.eval_shape`) gives a learner of shapes with their shardings, whose
+        updates can be compiled (`update_programs`) but not run."""
         graphdef, train_params, frozen = nnx.split(model, trainable, ...)
         if not jax.tree.leaves(train_params):
             raise ValueError(f"the model has no parameters that match the filter {trainable}")
         train_params, train_shardings = shard_params(train_params, mesh)
         frozen, frozen_shardings = shard_params(frozen, mesh)
-        opt_shardings = param_shardings(jax.eval_shape(tx.init, train_params), mesh)
-        opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(train_params)
+        opt_shapes = jax.eval_shape(tx.init, train_params)
+        opt_shardings = param_shardings(opt_shapes, mesh)
+        if is_abstract(train_params):  # shapes only, to compile for a slice (`jrl.compile`)
+            opt_state = place(opt_shapes, opt_shardings)
+        else:
+            opt_state = jax.jit(tx.init, out_shardings=opt_shardings)(train_params)
         return cls(
             graphdef,
             param_offload.store(train_params, train_shardings),
@@ -219,12 +227,31 @@ class Learner:
         `packing=`. Offloaded states are in device memory for the passes and back in host memory
         after. Returns every update's metrics as lists (one entry per mini-batch update).
         """
-        dynamic = plan.token_budget is not None
         stored_frozen = self.frozen
         self.trainable, self.frozen = self._on_device("trainable"), self._on_device("frozen")
         self._device_copies.pop("trainable", None)  # the updates consume it
         self.opt_state = self.optimizer_offload.fetch(self.opt_state, self.opt_shardings)
         history: dict[str, list[float]] = {}
+        for mb, update in self.updates(loss_fn, tensors, plan, shuffle_seed):
+            norm = normalisers(mb["response_mask"], plan.loss_scale_factor)
+            metrics = self.step(update, mb, norm, lr)
+            for k, v in jax.device_get(metrics).items():
+                history.setdefault(k, []).append(float(v))
+        self.trainable = self.param_offload.store(self.trainable, self.trainable_shardings)
+        self.frozen = stored_frozen
+        self.opt_state = self.optimizer_offload.store(self.opt_state, self.opt_shardings)
+        return history
+
+    def updates(
+        self,
+        loss_fn: LossFn,
+        tensors: dict[str, np.ndarray],
+        plan: UpdatePlan,
+        shuffle_seed: Sequence[int] | None = None,
+    ) -> Iterator[tuple[dict[str, np.ndarray], Any]]:
+        """Every mini-batch of `train` in order (``[n_micro, rows, ...]`` host arrays) with its
+        jitted update, compiled once per (loss, layout, shapes) and cached."""
+        dynamic = plan.token_budget is not None
         rows = next(iter(tensors.values())).shape[0]
         mini_rows = plan.mini_rows or rows
         ranks = data_parallel_size(self.mesh)
@@ -247,14 +274,7 @@ class Learner:
                     self.compiled[key] = build_update(
                         self, micro_loss, plan.grad_clip, mb, skip_empty=dynamic
                     )
-                norm = normalisers(mb["response_mask"], plan.loss_scale_factor)
-                metrics = self.step(self.compiled[key], mb, norm, lr)
-                for k, v in jax.device_get(metrics).items():
-                    history.setdefault(k, []).append(float(v))
-        self.trainable = self.param_offload.store(self.trainable, self.trainable_shardings)
-        self.frozen = stored_frozen
-        self.opt_state = self.optimizer_offload.store(self.opt_state, self.opt_shardings)
-        return history
+                yield mb, self.compiled[key]
 
 
 def _fill(state: nnx.State, values: dict[str, Any]) -> nnx.State:

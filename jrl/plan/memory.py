@@ -1,0 +1,187 @@
+"""The per-chip memory plan of the hybrid engine: what every role keeps on each chip between
+phases (resident states) plus each phase's compiled peak, against the chip's HBM.
+
+A phase's total is its largest program's peak (arguments + outputs + temporaries - donated
+aliases; its own role's states are among its arguments) plus the resident states of every other
+role still in device memory: offloaded states (``param_offload`` / ``optimizer_offload``) count
+only in the phases that fetch them, and the rollout's KV cache only while generating unless
+``free_cache_engine`` is off. The rollout plans its KV cache for ``gpu_memory_utilization`` of
+what the resident states leave free, as it does on a real chip.
+
+Times are estimates, labelled so: a roofline lower bound per phase, the larger of its analytic
+FLOPs over the slice's peak FLOP/s and its weight reads over the chip's HBM bandwidth.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+from jrl.parallel.topology import PEAK_SOURCE, Slice
+from jrl.plan.compiled import COLLECTIVES, CompiledProgram, compile_program
+from jrl.plan.programs import PHASES, per_chip_bytes, step_programs
+from jrl.plan.roles import Roles, build_roles
+from jrl.trainer.io.flops import peak_flops
+
+# The resident states each phase takes as its own arguments.
+PHASE_STATES = {
+    "rollout": ("rollout weights", "rollout KV cache"),
+    "old_log_prob": ("actor params",),
+    "ref": ("reference params",),
+    "values": ("critic params",),
+    "update_critic": ("critic params", "critic optimizer"),
+    "update_actor": ("actor params", "actor optimizer"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class State:
+    """A resident state: its per-chip bytes in device memory between phases (0 when offloaded)
+    and wherever it lives (`total`)."""
+
+    name: str
+    device: int
+    total: int
+
+
+@dataclasses.dataclass(frozen=True)
+class PhasePlan:
+    """One phase: its programs compiled, its per-chip `total` (peak + other residents), its
+    analytic FLOPs and estimated seconds."""
+
+    phase: str
+    programs: tuple[CompiledProgram, ...]
+    peak: int
+    others: int
+    flops: float
+    seconds: float
+    bound: str
+
+    @property
+    def total(self) -> int:
+        return self.peak + self.others
+
+    @property
+    def collectives(self) -> dict[str, int]:
+        return {c: sum(p.collectives.get(c, 0) for p in self.programs) for c in COLLECTIVES}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """The slice, the resident states, every phase and the notes of one run's plan."""
+
+    where: Slice
+    hbm: int
+    states: tuple[State, ...]
+    phases: tuple[PhasePlan, ...]
+    notes: tuple[str, ...]
+    peak_flops: float | None
+
+    @property
+    def worst(self) -> PhasePlan:
+        return max(self.phases, key=lambda p: p.total)
+
+    @property
+    def fits(self) -> bool:
+        return all(p.total <= self.hbm and not _refused(p) for p in self.phases)
+
+    @property
+    def over(self) -> int:
+        """Bytes the worst phase needs beyond the chip's HBM (<= 0 when it fits)."""
+        return self.worst.total - self.hbm
+
+    @property
+    def step_seconds(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+
+def _refused(phase: PhasePlan) -> bool:
+    return any(p.out_of_memory for p in phase.programs)
+
+
+def resident_states(roles: Roles) -> list[State]:
+    """Every role's states per chip (see the module docstring), the KV cache excluded."""
+    actor = roles.actor.learner
+
+    def state(name: str, *trees: Any) -> State:
+        device = sum(per_chip_bytes(t) for t in trees)
+        return State(name, device, sum(per_chip_bytes(t, None) for t in trees))
+
+    states = [
+        state("actor params", actor.trainable, actor.frozen),
+        state("actor optimizer", actor.opt_state),
+    ]
+    if roles.ref is not None and roles.ref.spec.model is not None:  # with LoRA: the actor's base
+        states.append(state("reference params", roles.ref.stored))
+    if roles.critic is not None:
+        critic = roles.critic.learner
+        states.append(state("critic params", critic.trainable, critic.frozen))
+        states.append(state("critic optimizer", critic.opt_state))
+    states.append(state("rollout weights", roles.rollout.state))
+    return states
+
+
+def _estimate(flops: float, reads: float, where: Slice, peak: float | None) -> tuple[float, str]:
+    """(seconds, which bound) of the roofline lower bound."""
+    compute = flops / (where.chips * peak) if peak else 0.0
+    memory = reads / where.chip.hbm_bandwidth if where.chip else 0.0
+    return (compute, "compute") if compute >= memory else (memory, "HBM")
+
+
+def plan_phases(
+    roles: Roles,
+    config: Any,
+    where: Slice,
+    largest_bucket_only: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """Compiles every program of `config`'s step for `where` and assembles the plan."""
+    hbm = where.chip.hbm_bytes if where.chip else 0
+    states = resident_states(roles)
+    resident = sum(s.device for s in states)
+    notes = list(roles.notes)
+    rollout = roles.rollout
+    one_slot = rollout.slot_bytes(int(config.data.max_prompt_length), roles.sampling)
+    free = hbm - resident
+    if rollout.limits.gpu_memory_utilization * free < one_slot:
+        notes.append("the resident states leave no room for the KV cache: planned with one slot")
+        free = math.ceil(one_slot / rollout.limits.gpu_memory_utilization)
+    rollout.assume_free_bytes(free)
+    kept_cache = not roles.rollout.limits.free_cache_engine
+    programs = step_programs(roles, config, largest_bucket_only)
+    peak = peak_flops(where.devices[0].device_kind)
+    compiled: dict[str, list[CompiledProgram]] = {}
+    for number, program in enumerate(programs, 1):
+        if progress:
+            progress(f"compiling {number}/{len(programs)}: {program.phase} ({program.label})")
+        compiled.setdefault(program.phase, []).append(compile_program(program))
+    cache = max(
+        (c.program.arguments - per_chip_bytes(roles.rollout.state) for c in compiled["rollout"]),
+        default=0,
+    )
+    all_states = [*states, State("rollout KV cache", cache if kept_cache else 0, cache)]
+    phases = []
+    for phase in PHASES:
+        if phase not in compiled:
+            continue
+        own = PHASE_STATES[phase]
+        others = sum(s.device for s in all_states if s.name not in own)
+        flops = max(c.program.flops for c in compiled[phase])
+        reads = max(c.program.weight_reads for c in compiled[phase])
+        seconds, bound = _estimate(flops, reads, where, peak)
+        top = max(c.peak for c in compiled[phase])
+        phases.append(PhasePlan(phase, tuple(compiled[phase]), top, others, flops, seconds, bound))
+    notes.append(f"peak FLOP/s and HBM bandwidth: {PEAK_SOURCE}")
+    return Plan(where, hbm, tuple(all_states), tuple(phases), tuple(notes), peak)
+
+
+def make_plan(
+    config: Any,
+    where: Slice,
+    largest_bucket_only: bool = False,
+    progress: Callable[[str], None] | None = None,
+) -> Plan:
+    """The plan of `config` on the slice `where` (roles built from config.json alone)."""
+    return plan_phases(build_roles(config, where), config, where, largest_bucket_only, progress)

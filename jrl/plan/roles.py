@@ -1,0 +1,92 @@
+"""Every role of a run built as shapes on a slice's devices: the trainer's own roles (`Actor`,
+`Reference`, `Critic`, the JAX rollout engine) from the same config, with shapes in place of
+weights, so that their programs can be compiled for a slice this host cannot run.
+
+Only the model's config.json is read (and its tokenizer, for the pad and EOS ids, when the
+folder has one): no weights and no data files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+from typing import Any
+
+from jax.sharding import Mesh
+
+from jrl.config import n_gpus, uses_critic, uses_reference
+from jrl.parallel import make_mesh
+from jrl.parallel.topology import Slice
+from jrl.rollout.build import build_rollout, sampling_params
+from jrl.rollout.jax_rollout import JaxRollout
+from jrl.rollout.sampling import SamplingParams
+from jrl.trainer.roles.actor import Actor
+from jrl.trainer.roles.critic import Critic
+from jrl.trainer.roles.reference import Reference
+
+
+@dataclasses.dataclass
+class Roles:
+    """The run's roles as shapes on `mesh` (the slice's devices), with the rollout's sampling."""
+
+    mesh: Mesh
+    actor: Actor
+    ref: Reference | None
+    critic: Critic | None
+    rollout: JaxRollout
+    sampling: SamplingParams
+    notes: list[str]
+
+
+def _token_ids(config: Any, model_config: Any) -> Any:
+    """The tokenizer's pad and EOS ids when the model folder has a tokenizer, else the model
+    config's (pad falls back to EOS, then 0)."""
+    path = (
+        config.actor_rollout_ref.model.get("tokenizer_path") or config.actor_rollout_ref.model.path
+    )
+    try:
+        from jrl.data.tokenizer import load_tokenizer
+
+        return load_tokenizer(path)
+    except Exception:  # no tokenizer files: the ids come from config.json
+        eos = model_config.eos_token_id
+        first = eos[0] if isinstance(eos, (list, tuple)) else eos
+        pad = model_config.pad_token_id if model_config.pad_token_id is not None else first
+        return types.SimpleNamespace(eos_token_id=first, pad_token_id=pad or 0)
+
+
+def build_roles(config: Any, where: Slice) -> Roles:
+    """The roles of the PPO-family `config` on the slice `where`, as shapes. The rollout is the
+    JAX engine whatever ``rollout.name`` says (vLLM does not run on TPU; noted)."""
+    notes: list[str] = []
+    arr = config.actor_rollout_ref
+    fsdp = arr.actor.fsdp_config
+    devices = n_gpus(config)
+    if devices != where.chips:
+        notes.append(
+            f"trainer.nnodes * trainer.n_gpus_per_node = {devices}, planned for the slice's "
+            f"{where.chips} chips instead"
+        )
+    mesh = make_mesh(
+        where.chips,
+        fsdp_size=fsdp.fsdp_size,
+        sequence_parallel=arr.actor.ulysses_sequence_parallel_size,
+        tensor_parallel=int(fsdp.get("tensor_parallel_size") or 1),
+        devices=where.devices,
+    )
+    total = int(config.trainer.total_training_steps or 1)
+    actor = Actor.from_config(config, mesh, total, abstract=True)
+    ref = (
+        Reference.from_config(config, mesh, actor, abstract=True)
+        if uses_reference(config)
+        else None
+    )
+    critic = Critic.from_config(config, mesh, total, abstract=True) if uses_critic(config) else None
+    if arr.rollout.name not in ("jax", "hf"):
+        notes.append(f"rollout.name={arr.rollout.name}: planned with jrl's JAX sampler")
+    model_config = actor.learner.model().config
+    tokenizer = _token_ids(config, model_config)
+    rollout = build_rollout(
+        config, actor.learner.graphdef, actor.params, actor.mesh, tokenizer, engine="jax"
+    )
+    return Roles(mesh, actor, ref, critic, rollout, sampling_params(arr.rollout, rollout), notes)
