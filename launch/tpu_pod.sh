@@ -6,12 +6,16 @@
 # Usage:
 #   launch/tpu_pod.sh STEP [flags] [-- TRAIN_ARGS...]
 # Steps:
+#   check     compile the run for the slice here, before anything is created: `python -m jrl.compile
+#             --topology=TYPE TRAIN_ARGS` (libtpu, no TPU) prints the per-chip memory plan; exit 0 fits,
+#             1 does not fit, 2 bad input (needs none of --name/--project/--zone)
 #   create    request the slice as a queued resource and wait until it is ACTIVE
 #   install   copy this checkout to every worker and `pip install -e ".[tpu]"` there
 #   run       run `python -m jrl.train TRAIN_ARGS` on all workers (output also in ~/jrl-run.log)
 #   logs      follow worker 0's ~/jrl-run.log
 #   delete    delete the slice and its queued resource
-#   all       create, install, run, delete (the slice is deleted even when the run fails)
+#   all       check, create, install, run, delete (the slice is deleted even when the run fails);
+#             when check fails nothing is created and the exit status is check's
 # Flags:
 #   --name NAME              slice and queued-resource name (required)
 #   --project PROJECT        GCP project (required)
@@ -21,6 +25,9 @@
 #   --spot                   request Spot capacity (cheaper, may be preempted: resume_mode=auto resumes)
 #   --dry-run                print the commands without running them
 #   -h, --help               this text
+# Environment:
+#   SKIP_CHECK=1             `all` skips check (launch without knowing that the run fits)
+#   JRL_COMPILE=CMD          check's command, default `python3 -m jrl.compile`
 # Example:
 #   launch/tpu_pod.sh all --name jrl-grpo --project my-proj --zone us-west4-a --spot -- \
 #       --config=configs/gsm8k_grpo.py trainer.nnodes=4 trainer.n_gpus_per_node=4 trainer.device=tpu
@@ -49,9 +56,11 @@ while [[ $# -gt 0 ]]; do
     *) die "unknown flag $1 (see --help)" ;;
   esac
 done
-need --name "${NAME}"
-need --project "${PROJECT}"
-need --zone "${ZONE}"
+if [[ "${STEP}" != check ]]; then
+  need --name "${NAME}"
+  need --project "${PROJECT}"
+  need --zone "${ZONE}"
+fi
 WHERE=(--project "${PROJECT}" --zone "${ZONE}")
 
 create() {
@@ -66,7 +75,9 @@ create() {
       state=$(gcloud compute tpus queued-resources describe "${NAME}" "${WHERE[@]}" \
         --format='value(state.state)')
       echo "queued resource ${NAME}: ${state}"
-      [[ "${state}" == FAILED || "${state}" == SUSPENDED ]] && die "the slice request ended in ${state}"
+      if [[ "${state}" == FAILED || "${state}" == SUSPENDED ]]; then
+        die "the slice request ended in ${state}"
+      fi
     done
   fi
 }
@@ -93,16 +104,18 @@ delete() {
 }
 
 case "${STEP}" in
+  check) fit_check "${TYPE}" "${TRAIN_ARGS[@]}" ;;
   create) create ;;
   install) install ;;
   run) train ;;
   logs) logs ;;
   delete) delete ;;
   all)
+    check_before_launch "creating the slice" "${TYPE}" "${TRAIN_ARGS[@]}"
     create
     trap delete EXIT
     install
     train
     ;;
-  *) die "unknown step ${STEP}; use create, install, run, logs, delete or all" ;;
+  *) die "unknown step ${STEP}; use check, create, install, run, logs, delete or all" ;;
 esac
