@@ -3,8 +3,8 @@ each other.
 
 Layers, lowest first: kernels and the batch type <- parallel <- models <- data <-
 algos / rollout / reward <- assets <- config <- trainer <- what the entry points share (plots,
-the compilation cache) <- entry points (the ``python -m`` commands); inside the trainer,
-update <- io / roles <- loop <- ppo / sft. A module may import its own package and the layers
+the compilation cache, the TPU planner) <- entry points (the ``python -m`` commands); inside
+the trainer, update <- io / roles <- loop <- ppo / sft. A module may import its own package and the layers
 below it, never a sibling of its layer or anything above.
 """
 
@@ -25,8 +25,16 @@ LAYERS = (
     ("jrl.assets",),
     ("jrl.config",),
     ("jrl.trainer",),
-    ("jrl.plot", "jrl.compile_cache"),
-    ("jrl.train", "jrl.sft", "jrl.generate", "jrl.evaluate", "jrl.merge", "jrl.notebook"),
+    ("jrl.plot", "jrl.compile_cache", "jrl.plan"),
+    (
+        "jrl.train",
+        "jrl.sft",
+        "jrl.generate",
+        "jrl.evaluate",
+        "jrl.merge",
+        "jrl.notebook",
+        "jrl.compile",
+    ),
 )
 TRAINER_LAYERS = (
     ("jrl.trainer.update",),

@@ -1,21 +1,35 @@
 """Attention kernels: who sees whom (`Visibility`), the eager reference, cuDNN (``sdpa`` /
 ``flash_attention_2`` on GPU) and the Pallas splash kernel (TPU), picked per call from the
-devices' platform, and Ulysses sequence parallelism around them (all-to-all over the mesh's
-``sequence`` axis). Scores are computed in float32.
+platform of the ambient mesh's devices (`mesh_platform`), and Ulysses sequence parallelism
+around them (all-to-all over the mesh's ``sequence`` axis). Scores are computed in float32.
+
+XLA cannot partition a Pallas kernel, and cuDNN's own partitioning rejects (only when compiling)
+a split sequence or q, k, v split differently, so under an ambient mesh of several devices the
+splash and cuDNN kernels run per device inside a `jax.shard_map` (`per_device`): rows over the
+batch axes, heads over ``tensor``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from jrl.parallel.mesh import SEQUENCE_AXIS, row_axes, sequence_mesh, sequence_parallel_size
+from jrl.parallel.devices import mesh_platform
+from jrl.parallel.mesh import (
+    SEQUENCE_AXIS,
+    batch_axes,
+    row_axes,
+    sequence_mesh,
+    sequence_parallel_size,
+)
 
 # Masked attention scores get this (finite) value so that rows without any valid key stay NaN-free.
 MASKED_SCORE = -1e30
@@ -23,6 +37,8 @@ MASKED_SCORE = -1e30
 SPLASH_BLOCK = 128
 # The config key that sets the sequence-parallel size (named in errors).
 SP_KEY = "ulysses_sequence_parallel_size"
+# The mesh axis that splits attention heads in tensor parallelism.
+TENSOR_AXIS = "tensor"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,11 +113,14 @@ def _splash_module() -> Any:
     return splash_attention
 
 
-@functools.lru_cache(maxsize=32)
 def _splash_kernel(
     length: int, groups: int, window: int | None, softcap: float | None, interpret: bool
 ) -> Any:
-    """A causal (or causal local-window) splash kernel for `groups` query heads per kv head."""
+    """A causal (or causal local-window) splash kernel for `groups` query heads per kv head.
+
+    Built per call: its mask tables become arrays of the trace it is called in (inside a
+    `shard_map`, tracers tied to its mesh), so a cached kernel would leak them into later traces;
+    the costly mask processing is cached by the splash package itself."""
     splash = _splash_module()
     shape = (length, length)
     if window is None:
@@ -149,11 +168,83 @@ def splash_attention(
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
+def _cudnn_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, *, scale: float
+) -> jax.Array:
+    """cuDNN flash attention (`jax.nn.dot_product_attention`) under the bool mask [B, T, S]."""
+    return jax.nn.dot_product_attention(
+        q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn"
+    )
+
+
 def _fall_back(requested: str, reason: str, picked: str) -> str:
     warnings.warn(
         f"attn_implementation={requested!r}: {reason}; using {picked!r} instead", stacklevel=3
     )
     return picked
+
+
+def _repeat_kv(k: jax.Array, v: jax.Array, devices: int) -> tuple[jax.Array, jax.Array]:
+    """k, v [B, S, K, D] with each kv head repeated devices / K times when K (a divisor of
+    `devices`) does not split over them, so each query head keeps its kv head."""
+    kv_heads = k.shape[2]
+    if kv_heads % devices == 0:
+        return k, v
+    return jnp.repeat(k, devices // kv_heads, axis=2), jnp.repeat(v, devices // kv_heads, axis=2)
+
+
+def per_device(
+    kernel: Callable[..., jax.Array],
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    *row_arrays: jax.Array,
+    requested: str,
+) -> jax.Array:
+    """`kernel(q, k, v, *row_arrays)` run by each device on its own rows and heads, for a kernel
+    XLA cannot partition (Pallas, cuDNN) under an ambient mesh whose non-manual axes hold several
+    devices.
+
+    The `jax.shard_map` is manual over the ambient mesh's axes not manual yet (none inside
+    `ulysses_attention`, whose kernels run directly). Its specs: q [B, T, H, D], k, v
+    [B, S, K, D] and the output [B, T, H, D] are P(rows, None, heads, None), each of
+    `row_arrays` [B, ...] is P(rows); rows are the batch axes when B splits over them (else
+    None), heads is `tensor` when H and K split over it (kv heads fewer than the `tensor`
+    devices are repeated first). Heads that do not split run whole on every `tensor` device,
+    with a warning naming `requested` (the attn_implementation). Axes named by no spec (e.g.
+    `sequence` in cached decoding) hold whole copies.
+    """
+    mesh = jax.sharding.get_abstract_mesh()
+    free = () if mesh.empty else tuple(a for a in mesh.axis_names if a not in mesh.manual_axes)
+    if math.prod(mesh.shape[a] for a in free) == 1:
+        return kernel(q, k, v, *row_arrays)
+    rows = tuple(a for a in batch_axes() if a in free)
+    if q.shape[0] % math.prod(mesh.shape[a] for a in rows):
+        rows = ()
+    heads = None
+    tensor = mesh.shape[TENSOR_AXIS] if TENSOR_AXIS in free else 1
+    num_heads, kv_heads = q.shape[2], k.shape[2]
+    kv_split = kv_heads % tensor == 0 or tensor % kv_heads == 0
+    if tensor > 1 and num_heads % tensor == 0 and kv_split:
+        k, v = _repeat_kv(k, v, tensor)
+        heads = TENSOR_AXIS
+    elif tensor > 1:
+        warnings.warn(
+            f"attn_implementation={requested!r}: {num_heads} query heads and {kv_heads} kv heads "
+            f"do not split over the {tensor} '{TENSOR_AXIS}' devices (the query heads must be a "
+            "multiple of them and the kv heads a multiple or a divisor); every device runs the "
+            "kernel on all heads",
+            stacklevel=3,
+        )
+    split = PartitionSpec(rows or None, None, heads, None)
+    return jax.shard_map(
+        kernel,
+        mesh=mesh,
+        in_specs=(split, split, split, *[PartitionSpec(rows or None)] * len(row_arrays)),
+        out_specs=split,
+        axis_names=set(free),
+        check_vma=False,
+    )(q, k, v, *row_arrays)
 
 
 def _flash_kernel(
@@ -189,7 +280,7 @@ def _pick_kernel(
         if softcap is None:
             return "sdpa"
         return _fall_back(requested, "jax.nn.dot_product_attention has no soft-capping", "eager")
-    backend = jax.default_backend()
+    backend = mesh_platform()
     kernel, reason = _flash_kernel(backend, softcap=softcap, dtype=dtype, visibility=visibility)
     return kernel if reason is None else _fall_back(requested, reason, kernel)
 
@@ -228,16 +319,21 @@ def ulysses_attention(
     """
     mesh = sequence_mesh()
     sp = sequence_parallel_size(mesh)
-    heads, kv_heads = q.shape[2], k.shape[2]
-    check_sequence_heads(heads, kv_heads, sp)
-    if kv_heads % sp:
-        k, v = (jnp.repeat(x, sp // kv_heads, axis=2) for x in (k, v))
+    check_sequence_heads(q.shape[2], k.shape[2], sp)
+    k, v = _repeat_kv(k, v, sp)
     rows = row_axes(mesh, q.shape[0])
     split = PartitionSpec(rows, SEQUENCE_AXIS, None, None)
     whole = PartitionSpec(rows, None)
     segments = visibility.segments()
 
-    def local(q, k, v, kv_valid, segment_ids, q_slots):
+    def local(
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        kv_valid: jax.Array,
+        segment_ids: jax.Array,
+        q_slots: jax.Array,
+    ) -> jax.Array:
         q, k, v = (jax.lax.all_to_all(x, SEQUENCE_AXIS, 2, 1, tiled=True) for x in (q, k, v))
         packed = segment_ids if visibility.segment_ids is not None else None
         out = _local_attention(q, k, v, Visibility(kv_valid, q_slots, True, packed), **kwargs)
@@ -248,6 +344,7 @@ def ulysses_attention(
         mesh=mesh,
         in_specs=(split, split, split, whole, whole, PartitionSpec(None)),
         out_specs=split,
+        check_vma=False,  # the Pallas kernels inside carry no varying-axes types
     )(q, k, v, visibility.kv_valid, segments, visibility.q_slots)
 
 
@@ -291,15 +388,13 @@ def _local_attention(
     (whole, or one device's part inside `ulysses_attention`)."""
     kernel = _pick_kernel(implementation, softcap=softcap, dtype=q.dtype, visibility=visibility)
     if kernel == "splash":
-        return splash_attention(
-            q, k, v, visibility.segments(), scale=scale, window=window, softcap=softcap
-        )
+        splash = functools.partial(splash_attention, scale=scale, window=window, softcap=softcap)
+        return per_device(splash, q, k, v, visibility.segments(), requested=implementation)
     mask = visibility.mask(window)
     if kernel == "cudnn":
+        cudnn = functools.partial(_cudnn_attention, scale=scale)
         try:
-            return jax.nn.dot_product_attention(
-                q, k, v, mask=mask[:, None], scale=scale, implementation="cudnn"
-            )
+            return per_device(cudnn, q, k, v, mask, requested=implementation)
         except (ValueError, NotImplementedError, RuntimeError) as err:
             kernel = _fall_back(implementation, f"cuDNN rejected the call ({err})", "sdpa")
     if kernel == "sdpa":

@@ -16,6 +16,7 @@ from jax.ad_checkpoint import Recompute, checkpoint_name
 from jrl.models.attention import Visibility
 from jrl.models.config import ModelConfig
 from jrl.models.layers import DecoderLayer, RMSNorm, dense, rope_frequencies, rope_tables
+from jrl.parallel.devices import mesh_platform
 from jrl.parallel.mesh import sequence_mesh, sequence_parallel_size, split_sequence
 from jrl.parallel.sharding import logical_axes
 
@@ -61,7 +62,7 @@ def layer_checkpoint_policy(remat_policy: str, activation_offload: bool) -> Call
     allows it) the layer input and those outputs go to pinned host memory instead.
     """
     policies = jax.checkpoint_policies
-    if not (activation_offload and host_offload_supported(jax.default_backend())):
+    if not (activation_offload and host_offload_supported(mesh_platform())):
         if remat_policy == "dots":
             return policies.dots_with_no_batch_dims_saveable
         return policies.nothing_saveable

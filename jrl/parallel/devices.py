@@ -6,7 +6,10 @@ from typing import Any
 
 import jax
 
-BACKENDS = {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}
+from jrl_kernels.platform import PLATFORMS as BACKENDS
+from jrl_kernels.platform import mesh_platform
+
+__all__ = ["BACKENDS", "check_device", "mesh_platform"]
 
 
 def check_device(config: Any) -> None:
@@ -20,14 +23,3 @@ def check_device(config: Any) -> None:
             "(or install the matching extra, e.g. jrl[cuda])"
         )
 
-
-def mesh_platform() -> str:
-    """The platform the code being traced will run on: that of the ambient mesh's devices
-    (`jax.set_mesh`; e.g. 'tpu' when compiling for a TPU slice from a CPU host), else JAX's
-    default backend. Kernels and attention are chosen by it, never by the host alone."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty:
-        device = getattr(mesh, "abstract_device", None)
-        if device is not None:
-            return BACKENDS.get(device.platform, device.platform)
-    return jax.default_backend()

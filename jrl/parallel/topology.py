@@ -14,6 +14,7 @@ architecture pages (v5e, v5p, v6e); they feed estimates only.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 from typing import Any
 
@@ -122,6 +123,8 @@ def open_slice(name: str) -> Slice:
         devices = tuple(jax.devices())
         return Slice("local", "local", devices, None)
     generation, topology, chips = parse_topology(name)
+    # Describing a slice only compiles; several such processes may share libtpu.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         from jax.experimental import topologies
 

@@ -23,6 +23,7 @@ from jrl.parallel.topology import PEAK_SOURCE, Slice
 from jrl.plan.compiled import COLLECTIVES, CompiledProgram, compile_program
 from jrl.plan.programs import PHASES, per_chip_bytes, step_programs
 from jrl.plan.roles import Roles, build_roles
+from jrl.rollout.limits import ceil_pow2
 from jrl.trainer.io.flops import peak_flops
 
 # The resident states each phase takes as its own arguments.
@@ -130,25 +131,49 @@ def _estimate(flops: float, reads: float, where: Slice, peak: float | None) -> t
     return (compute, "compute") if compute >= memory else (memory, "HBM")
 
 
+def plan_kv_cache(roles: Roles, config: Any, hbm: int, slots: int | None = None) -> str | None:
+    """Gives the rollout the free bytes its KV cache is planned in: what the resident states
+    leave of `hbm`, or room for `slots` sequences of the widest prompts when given (to plan a
+    shallow copy of a deep model with the deep one's slots); a note when nothing is left."""
+    rollout = roles.rollout
+    util = rollout.limits.gpu_memory_utilization
+    one_slot = rollout.slot_bytes(int(config.data.max_prompt_length), roles.sampling)
+    free = hbm - sum(s.device for s in resident_states(roles))
+    note = None
+    if slots is not None:
+        free = math.ceil(slots * one_slot / util)
+    elif util * free < one_slot:
+        note = "the resident states leave no room for the KV cache: planned with one slot"
+        free = math.ceil(one_slot / util)
+    rollout.assume_free_bytes(free)
+    return note
+
+
+def rollout_slots(roles: Roles, config: Any) -> int:
+    """Slots per replica the rollout plans for the widest prompt bucket of a training step."""
+    rollout = roles.rollout
+    rows = int(config.data.train_batch_size) * int(roles.sampling.n)
+    replicas = rollout.mesh.shape["data"] * rollout.mesh.shape["fsdp"]
+    per_replica = ceil_pow2(math.ceil(rows / replicas))
+    return rollout.plan(per_replica, int(config.data.max_prompt_length), roles.sampling).slots
+
+
 def plan_phases(
     roles: Roles,
     config: Any,
     where: Slice,
     largest_bucket_only: bool = False,
     progress: Callable[[str], None] | None = None,
+    kv_slots: int | None = None,
 ) -> Plan:
-    """Compiles every program of `config`'s step for `where` and assembles the plan."""
+    """Compiles every program of `config`'s step for `where` and assembles the plan (the KV
+    cache planned as `plan_kv_cache` says)."""
     hbm = where.chip.hbm_bytes if where.chip else 0
     states = resident_states(roles)
-    resident = sum(s.device for s in states)
     notes = list(roles.notes)
-    rollout = roles.rollout
-    one_slot = rollout.slot_bytes(int(config.data.max_prompt_length), roles.sampling)
-    free = hbm - resident
-    if rollout.limits.gpu_memory_utilization * free < one_slot:
-        notes.append("the resident states leave no room for the KV cache: planned with one slot")
-        free = math.ceil(one_slot / rollout.limits.gpu_memory_utilization)
-    rollout.assume_free_bytes(free)
+    note = plan_kv_cache(roles, config, hbm, kv_slots)
+    if note:
+        notes.append(note)
     kept_cache = not roles.rollout.limits.free_cache_engine
     programs = step_programs(roles, config, largest_bucket_only)
     peak = peak_flops(where.devices[0].device_kind)
@@ -182,6 +207,8 @@ def make_plan(
     where: Slice,
     largest_bucket_only: bool = False,
     progress: Callable[[str], None] | None = None,
+    kv_slots: int | None = None,
 ) -> Plan:
     """The plan of `config` on the slice `where` (roles built from config.json alone)."""
-    return plan_phases(build_roles(config, where), config, where, largest_bucket_only, progress)
+    roles = build_roles(config, where)
+    return plan_phases(roles, config, where, largest_bucket_only, progress, kv_slots)

@@ -1,0 +1,147 @@
+"""Which TPU slice each model's GRPO and PPO run fits on: `python -m jrl.compile` for the cards of
+configs/ with public model shapes (bench/model_shapes.py, config.json only) on Cloud TPU slices,
+one JSON line per (card, model, slice), then a Markdown table.
+
+Every figure comes from the TPU compiler (libtpu, no TPU needed): each run is compiled at 1 and 2
+decoder layers and extrapolated to the model's depth (`jrl.compile --layers=1,2`; the tests check
+the extrapolation against a full-depth compile), the rollout at its widest prompt bucket. Times
+are jrl.compile's roofline estimates. Each plan runs in its own process (results are appended to
+--out as they come, and a rerun skips the lines already there).
+
+    python bench/tpu_plan.py --out bench/results/tpu_plan.jsonl
+    python bench/tpu_plan.py --table bench/results/tpu_plan.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+from model_shapes import SHAPES, write_shape  # noqa: E402
+
+CARDS = {"grpo": "configs/gsm8k_grpo.py", "ppo": "configs/gsm8k_ppo.py"}
+SLICES = (
+    "v5litepod-8",
+    "v5litepod-16",
+    "v5litepod-64",
+    "v5litepod-256",
+    "v5p-8",
+    "v5p-64",
+    "v5p-256",
+    "v6e-8",
+    "v6e-64",
+)
+# The cards' batch sizes are verl's for 8 GPUs; per chip the update takes 1 row at a time here
+# so that the same card splits over any slice (the mini-batch of 256 prompts stays).
+OVERRIDES = (
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "critic.ppo_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+    "critic.forward_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.model.use_fused_kernels=True",
+    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
+    "critic.model.enable_gradient_checkpointing=True",
+)
+
+
+def plan_one(card: str, model: str, topology: str, shapes: Path, timeout: int) -> dict:
+    """jrl.compile's JSON plan of one run (in a subprocess), with its wall time."""
+    folder = write_shape(model, shapes / model)
+    command = [
+        sys.executable,
+        "-m",
+        "jrl.compile",
+        f"--config={CARDS[card]}",
+        f"--topology={topology}",
+        "--layers=1,2",
+        "--rollout-buckets=largest",
+        "--no-advice",
+        "--json",
+        f"actor_rollout_ref.model.path={folder}",
+        f"critic.model.path={folder}",
+        *OVERRIDES,
+    ]
+    start = time.perf_counter()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    seconds = time.perf_counter() - start
+    row = {"card": card, "model": model, "topology": topology, "wall_s": round(seconds, 1)}
+    if done.returncode not in (0, 1):
+        return {**row, "error": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    plan = json.loads(done.stdout)
+    return {
+        **row,
+        "fits": plan["fits"],
+        "chips": plan["chips"],
+        "gib_per_chip": round((plan["hbm_bytes"] + plan["over_bytes"]) / 2**30, 2),
+        "hbm_gib": round(plan["hbm_bytes"] / 2**30, 2),
+        "worst_phase": plan["worst_phase"],
+        "step_s_estimate": round(plan["step_seconds_estimate"], 2),
+    }
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown: per card and model, each slice's per-chip GiB (fits or not) and the estimated
+    step time; the smallest slice that fits."""
+    lines = [
+        "| card | model | " + " | ".join(SLICES) + " | smallest that fits |",
+        "|---" * (len(SLICES) + 3) + "|",
+    ]
+    found = {(r["card"], r["model"], r["topology"]): r for r in rows}
+    for card in CARDS:
+        for model in SHAPES:
+            cells, smallest = [], None
+            for name in SLICES:
+                r = found.get((card, model, name))
+                if r is None or "error" in r:
+                    cells.append("—" if r is None else "error")
+                    continue
+                mark = "fits" if r["fits"] else "**no**"
+                cells.append(f"{mark} {r['gib_per_chip']} GiB, {r['step_s_estimate']} s")
+                if r["fits"] and (smallest is None or r["chips"] < smallest[1]):
+                    smallest = (name, r["chips"])
+            best = smallest[0] if smallest else "none listed"
+            lines.append(f"| {card} | {model} | " + " | ".join(cells) + f" | {best} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench/results/tpu_plan.jsonl")
+    parser.add_argument("--table", help="print the Markdown table of a results file and stop")
+    parser.add_argument("--cards", default=",".join(CARDS))
+    parser.add_argument("--models", default=",".join(SHAPES))
+    parser.add_argument("--slices", default=",".join(SLICES))
+    parser.add_argument("--timeout", type=int, default=3600, help="seconds per plan")
+    args = parser.parse_args()
+    if args.table:
+        rows = [json.loads(line) for line in Path(args.table).read_text().splitlines() if line]
+        print(table(rows))
+        return
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    done = set()
+    if out.exists():
+        for line in out.read_text().splitlines():
+            r = json.loads(line)
+            if "error" not in r:
+                done.add((r["card"], r["model"], r["topology"]))
+    with tempfile.TemporaryDirectory() as tmp:
+        for card in args.cards.split(","):
+            for model in args.models.split(","):
+                for name in args.slices.split(","):
+                    if (card, model, name) in done:
+                        continue
+                    row = plan_one(card, model, name, Path(tmp), args.timeout)
+                    print(json.dumps(row), flush=True)
+                    with out.open("a") as f:
+                        f.write(json.dumps(row) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""`python -m jrl.compile`: the tiny cards compiled for real TPU slices by the TPU compiler (libtpu,
+no TPU needed), the plan's figures, the verdict and the measured advice, and the layer
+extrapolation against a full-depth compile."""
+
+import json
+
+import pytest
+
+from jrl.parallel.topology import libtpu_missing, parse_topology
+from jrl.plan.compiled import count_collectives, needed_bytes
+
+needs_libtpu = pytest.mark.skipif(
+    libtpu_missing() is not None, reason=f"cannot compile for TPU here: {libtpu_missing()}"
+)
+GRPO = "configs/gsm8k_grpo.py:tiny"
+PPO = "configs/gsm8k_ppo.py:tiny"
+# Four chips split a tiny card's mini-batch of 4 prompts x n answers into one row per chip.
+SMALL_MICRO = [
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    "critic.ppo_micro_batch_size_per_gpu=1",
+]
+
+
+def test_topology_names_as_jax_and_cloud_write_them():
+    assert parse_topology("v5p:4x4x4") == ("v5p", "v5p:4x4x4", 64)
+    assert parse_topology("v5p-128") == ("v5p", "v5p:4x4x4", 64)  # v5p counts TensorCores
+    assert parse_topology("v5litepod-16") == ("v5e", "v5e:4x4", 16)
+    assert parse_topology("v6e-64") == ("v6e", "v6e:8x8", 64)
+    assert parse_topology("v5e:1x1") == ("v5e", "v5e:2x2", 1)  # one chip of the smallest grid
+    for bad, why in [("v5e:3x3", "no 3x3 grid"), ("v5p-6", "slices come as"), ("tpu", "not a")]:
+        with pytest.raises(ValueError, match=why):
+            parse_topology(bad)
+
+
+def test_out_of_memory_messages_and_collectives_parse():
+    temps = "RESOURCE_EXHAUSTED: ... required for HLO temporaries (18.80G) exceeds available HBM"
+    assert needed_bytes(temps, arguments=1 << 30) == int(18.8 * (1 << 30)) + (1 << 30)
+    used = "Ran out of memory in memory space hbm. Used 20.50G of 15.75G hbm."
+    assert needed_bytes(used, arguments=0) == int(20.5 * (1 << 30))
+    assert needed_bytes("INTERNAL: something else", arguments=0) is None
+    hlo = "%a = f32[8] all-gather-start(x)\n%b = f32[8] all-reduce(y)\n%c = f32[8] all-reduce(z)"
+    counts = count_collectives(hlo)
+    assert counts["all-gather"] == 1 and counts["all-reduce"] == 2 and counts["all-to-all"] == 0
+
+
+def _plan(*argv: str) -> tuple[int, dict]:
+    from jrl.compile import run
+
+    return run([*argv, "--rollout-buckets=largest"])
+
+
+@needs_libtpu
+@pytest.mark.parametrize("card", [GRPO, PPO], ids=["grpo", "ppo"])
+@pytest.mark.parametrize("topology", ["v5e:2x2", "v5p:2x2x1"])
+def test_tiny_cards_compile_for_tpu_slices_and_fit(card, topology, capsys):
+    status, report = _plan(f"--config={card}", f"--topology={topology}", *SMALL_MICRO)
+    printed = capsys.readouterr().out
+    assert status == 0 and report["fits"] and "fits: the largest phase" in printed
+    assert report["chips"] == 4 and report["device_kind"].startswith("TPU v5")
+    phases = {p["phase"]: p for p in report["phases"]}
+    roles = {"rollout", "old_log_prob", "update_actor"}
+    roles |= {"values", "update_critic"} if card == PPO else {"ref"}
+    assert set(phases) == roles
+    for phase in phases.values():
+        assert 0 < phase["peak_bytes"] <= phase["total_bytes"] <= report["hbm_bytes"]
+        assert phase["flops_analytic"] > 0 and phase["seconds_estimate"] > 0
+        for program in phase["programs"]:
+            memory = program["memory"]
+            assert memory["argument"] > 0 and program["out_of_memory"] is None
+            argument_output_temp = memory["argument"] + memory["output"] + memory["temp"]
+            assert program["peak_bytes"] == argument_output_temp - memory["alias"]
+    # FSDP over 4 chips: the update gathers parameters and reduces gradients.
+    update = phases["update_actor"]["collectives"]
+    assert update["all-gather"] > 0 and update["all-reduce"] + update["reduce-scatter"] > 0
+    assert report["resident"]["actor params"]["device"] > 0
+    json.dumps(report)  # every figure is plain JSON
+
+
+@needs_libtpu
+def test_a_card_that_cannot_fit_exits_1_with_measured_advice(capsys):
+    from jrl.compile import main
+
+    huge = "+actor_rollout_ref.model.override_config.model_config"
+    status = main(
+        [
+            f"--config={GRPO}",
+            "--topology=v5e:1x1",
+            "--rollout-buckets=largest",
+            f"{huge}.vocab_size=1000000",
+            f"{huge}.hidden_size=2048",
+            "actor_rollout_ref.model.use_fused_kernels=True",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert status == 1
+    assert "does not fit: " in printed and "GiB over the 15.75 GiB of HBM" in printed
+    assert "measured advice" in printed
+    assert "enable_gradient_checkpointing=True saves" in printed
+
+
+@needs_libtpu
+def test_bad_topology_and_bad_card_exit_2_naming_the_problem(capsys):
+    from jrl.compile import main
+
+    assert main([f"--config={GRPO}", "--topology=v5e:3x3"]) == 2
+    assert "--topology='v5e:3x3'" in capsys.readouterr().err
+    assert main(["--config=configs/nothing.py", "--topology=v5e:2x2"]) == 2
+    assert "config file 'configs/nothing.py' not found" in capsys.readouterr().err
+
+
+@needs_libtpu
+def test_layer_extrapolation_matches_a_full_depth_compile():
+    depth = "+actor_rollout_ref.model.override_config.model_config.num_hidden_layers=6"
+    common = [f"--config={GRPO}", "--topology=v5e:1x1", depth, "--json"]
+    _, full = _plan(*common)
+    _, extrapolated = _plan(*common, "--layers=2,4")
+    assert "extrapolated to 6 decoder layers" in " ".join(extrapolated["notes"])
+    for a, b in zip(full["phases"], extrapolated["phases"], strict=True):
+        assert a["phase"] == b["phase"]
+        assert b["total_bytes"] == pytest.approx(a["total_bytes"], rel=0.05), a["phase"]
+    for name, state in full["resident"].items():
+        assert extrapolated["resident"][name]["total"] == pytest.approx(state["total"], rel=0.01)
