@@ -4,8 +4,8 @@ each other.
 Layers, lowest first: kernels and the batch type <- parallel <- models <- data <-
 algos / rollout / reward <- assets <- config <- trainer <- what the entry points share (plots,
 the compilation cache, the TPU planner) <- entry points (the ``python -m`` commands); inside
-the trainer, update <- io / roles <- loop <- ppo / sft. A module may import its own package and the layers
-below it, never a sibling of its layer or anything above.
+the trainer, update <- io / roles <- loop <- ppo / sft. A module may import its own package and
+the layers below it, never a sibling of its layer or anything above.
 """
 
 from __future__ import annotations
