@@ -22,4 +22,3 @@ def check_device(config: Any) -> None:
             f"{'cuda' if backend == 'gpu' else backend} "
             "(or install the matching extra, e.g. jrl[cuda])"
         )
-
