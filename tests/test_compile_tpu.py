@@ -123,3 +123,18 @@ def test_layer_extrapolation_matches_a_full_depth_compile():
         assert b["total_bytes"] == pytest.approx(a["total_bytes"], rel=0.05), a["phase"]
     for name, state in full["resident"].items():
         assert extrapolated["resident"][name]["total"] == pytest.approx(state["total"], rel=0.01)
+
+
+def test_local_devices_plan_without_a_memory_limit(capsys):
+    """`--topology=local` compiles for this machine's devices (8 CPU devices here, which report no
+    memory limit): per-device figures, no verdict against HBM, exit 0."""
+    status, report = _plan(f"--config={GRPO}", "--topology=local", *SMALL_MICRO)
+    assert status == 0 and report["hbm_bytes"] is None and report["chips"] == 8
+    assert "memory limit unknown" in capsys.readouterr().out
+    assert {p["phase"] for p in report["phases"]} == {
+        "rollout",
+        "old_log_prob",
+        "ref",
+        "update_actor",
+    }
+    assert all(p["total_bytes"] > 0 for p in report["phases"])

@@ -73,6 +73,18 @@ class Slice:
     def hosts(self) -> int:
         return len({d.process_index for d in self.devices})
 
+    @property
+    def hbm_bytes(self) -> int | None:
+        """Memory per chip: the TPU's usable HBM, a local device's reported limit, or None
+        (e.g. CPU devices, which report none)."""
+        if self.chip is not None:
+            return self.chip.hbm_bytes
+        try:
+            stats = self.devices[0].memory_stats()
+        except Exception:  # a backend without memory statistics
+            stats = None
+        return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+
 
 def _bad(name: str, why: str) -> ValueError:
     return ValueError(f"--topology={name!r}: {why}; use a name such as {_EXAMPLES}")

@@ -80,7 +80,7 @@ def deep_plan(
         raise ValueError(f"--layers={a},{b}: give two layer counts A < B, e.g. --layers=2,4")
     if depth <= b:
         return make_plan(full, where, largest_bucket_only, progress)
-    plan_kv_cache(roles, full, where.chip.hbm_bytes if where.chip else 0)
+    plan_kv_cache(roles, full, where.hbm_bytes)
     slots = rollout_slots(roles, full)
     low, high = (
         make_plan(config_of(layer_overrides(n)), where, largest_bucket_only, progress, slots)

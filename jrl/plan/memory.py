@@ -74,7 +74,7 @@ class Plan:
     """The slice, the resident states, every phase and the notes of one run's plan."""
 
     where: Slice
-    hbm: int
+    hbm: int | None
     states: tuple[State, ...]
     phases: tuple[PhasePlan, ...]
     notes: tuple[str, ...]
@@ -86,12 +86,16 @@ class Plan:
 
     @property
     def fits(self) -> bool:
+        """Every phase within the chip's memory (True where no limit is known)."""
+        if self.hbm is None:
+            return True
         return all(p.total <= self.hbm and not _refused(p) for p in self.phases)
 
     @property
     def over(self) -> int:
-        """Bytes the worst phase needs beyond the chip's HBM (<= 0 when it fits)."""
-        return self.worst.total - self.hbm
+        """Bytes the worst phase needs beyond the chip's memory (<= 0 when it fits; 0 where no
+        limit is known)."""
+        return 0 if self.hbm is None else self.worst.total - self.hbm
 
     @property
     def step_seconds(self) -> float:
@@ -131,11 +135,17 @@ def _estimate(flops: float, reads: float, where: Slice, peak: float | None) -> t
     return (compute, "compute") if compute >= memory else (memory, "HBM")
 
 
-def plan_kv_cache(roles: Roles, config: Any, hbm: int, slots: int | None = None) -> str | None:
+def plan_kv_cache(
+    roles: Roles, config: Any, hbm: int | None, slots: int | None = None
+) -> str | None:
     """Gives the rollout the free bytes its KV cache is planned in: what the resident states
     leave of `hbm`, or room for `slots` sequences of the widest prompts when given (to plan a
-    shallow copy of a deep model with the deep one's slots); a note when nothing is left."""
+    shallow copy of a deep model with the deep one's slots); a note when nothing is left. With
+    no known limit (`hbm` None) the engine measures its devices itself."""
     rollout = roles.rollout
+    if hbm is None and slots is None:
+        return "no memory limit is known for these devices: per-chip figures only"
+    hbm = hbm or 0
     util = rollout.limits.gpu_memory_utilization
     one_slot = rollout.slot_bytes(int(config.data.max_prompt_length), roles.sampling)
     free = hbm - sum(s.device for s in resident_states(roles))
@@ -168,7 +178,7 @@ def plan_phases(
 ) -> Plan:
     """Compiles every program of `config`'s step for `where` and assembles the plan (the KV
     cache planned as `plan_kv_cache` says)."""
-    hbm = where.chip.hbm_bytes if where.chip else 0
+    hbm = where.hbm_bytes
     states = resident_states(roles)
     notes = list(roles.notes)
     note = plan_kv_cache(roles, config, hbm, kv_slots)

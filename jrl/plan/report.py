@@ -24,7 +24,7 @@ def as_table(plan: Plan) -> str:
     where = plan.where
     lines = [
         f"jrl.compile: {where.name} = {where.topology}, {where.chips} chips on {where.hosts} "
-        f"host(s), {where.devices[0].device_kind}, {gib(plan.hbm)} GiB HBM per chip",
+        f"host(s), {where.devices[0].device_kind}, {_memory(plan)} per chip",
         "",
         "resident per chip (GiB)   device   (all memory)",
     ]
@@ -36,12 +36,12 @@ def as_table(plan: Plan) -> str:
         f"{'TFLOP':>10}{'est. time':>12}  bound    collectives",
     ]
     for p in plan.phases:
-        share = p.total / plan.hbm if plan.hbm else 0.0
+        share = f"{p.total / plan.hbm:.0%}" if plan.hbm else "-"
         calls = " ".join(f"{k}:{v}" for k, v in p.collectives.items() if v)
         refused = " (compiler: out of HBM)" if any(c.out_of_memory for c in p.programs) else ""
         lines.append(
             f"{p.phase:<14}{len(p.programs):>9}{gib(p.peak):>9}{gib(p.others):>9}"
-            f"{gib(p.total):>9}{share:>8.0%}{p.flops / 1e12:>10.2f}{_seconds(p.seconds):>12}"
+            f"{gib(p.total):>9}{share:>8}{p.flops / 1e12:>10.2f}{_seconds(p.seconds):>12}"
             f"  {p.bound:<8} {calls or '-'}{refused}"
         )
     lines += [
@@ -55,8 +55,15 @@ def as_table(plan: Plan) -> str:
     return "\n".join(lines)
 
 
+def _memory(plan: Plan) -> str:
+    return "memory limit unknown" if plan.hbm is None else f"{gib(plan.hbm)} GiB HBM"
+
+
 def verdict(plan: Plan) -> str:
+    """The last line: fits (and by how much) or does not fit (the phase and the bytes over)."""
     worst = plan.worst
+    if plan.hbm is None:
+        return f"the largest phase ({worst.phase}) takes {gib(worst.total)} GiB per device"
     if plan.fits:
         return (
             f"fits: the largest phase ({worst.phase}) takes {gib(worst.total)} of "
