@@ -4,8 +4,10 @@ collectives, or, when the TPU compiler refuses it for want of HBM, the bytes it 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import re
 import time
+from typing import Any
 
 from jrl.plan.programs import Program
 
@@ -61,10 +63,23 @@ def count_collectives(hlo: str) -> dict[str, int]:
     return counts
 
 
+# Compiled results by the hash of their lowered program: replanning with a knob that leaves a
+# phase unchanged (e.g. remat for the rollout) compiles it once.
+_RESULTS: dict[str, CompiledProgram] = {}
+
+
 def compile_program(program: Program) -> CompiledProgram:
-    """Lowers and compiles `program`; an out-of-memory refusal is a result, not an error."""
-    start = time.perf_counter()
+    """Lowers and compiles `program` (once per distinct lowered program in this process); an
+    out-of-memory refusal is a result, not an error."""
     lowered = program.lower()
+    key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+    if key not in _RESULTS:
+        _RESULTS[key] = _compile(program, lowered)
+    return dataclasses.replace(_RESULTS[key], program=program)
+
+
+def _compile(program: Program, lowered: Any) -> CompiledProgram:
+    start = time.perf_counter()
     try:
         compiled = lowered.compile()
     except Exception as err:  # the TPU compiler reports HBM exhaustion as an XlaRuntimeError

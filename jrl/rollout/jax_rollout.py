@@ -165,16 +165,33 @@ class JaxRollout:
         }
         sharding = cache_sharding(self.mesh, self.config.num_kv_heads)
         part = jax.ShapeDtypeStruct(shape, self.dtype, sharding=sharding)
-        return generate_tokens.lower(
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        continuous = jax.ShapeDtypeStruct((), jnp.bool_)
+        cache = SlotCache(part, part)
+        return self._call(generate_tokens.lower, args, key, continuous, cache, sampling, plan)
+
+    def _call(
+        self,
+        run: Callable[..., Any],
+        args: dict[str, Any],
+        rng: Any,
+        continuous: Any,
+        cache: SlotCache,
+        sampling: SamplingParams,
+        plan: SlotPlan,
+    ) -> Any:
+        """`run` (`generate_tokens`, or its `.lower`) on the request `args` and this engine's
+        parameters."""
+        return run(
             self._graphdef,
             self._state,
             args["ids"],
             args["mask"],
             args["row_ids"],
             args["counts"],
-            jax.eval_shape(lambda: jax.random.key(0)),
-            jax.ShapeDtypeStruct((), jnp.bool_),
-            SlotCache(part, part),
+            rng,
+            continuous,
+            cache,
             params=sampling,
             plan=plan,
             mesh=self.mesh,
@@ -194,19 +211,9 @@ class JaxRollout:
         shardings = self._request_shardings()
         args = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
         cache = self._take_cache(shape)
-        out, decode_steps, cache = generate_tokens(
-            self._graphdef,
-            self._state,
-            args["ids"],
-            args["mask"],
-            args["row_ids"],
-            args["counts"],
-            rng,
-            jnp.asarray(self.continuous_batching),
-            cache,
-            params=sampling,
-            plan=plan,
-            mesh=self.mesh,
+        continuous = jnp.asarray(self.continuous_batching)
+        out, decode_steps, cache = self._call(
+            generate_tokens, args, rng, continuous, cache, sampling, plan
         )
         if not self.limits.free_cache_engine:
             self._cache = cache
