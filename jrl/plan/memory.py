@@ -202,6 +202,8 @@ def plan_phases(
         if phase not in compiled:
             continue
         own = PHASE_STATES[phase]
+        if phase == "ref" and not any(s.name == "reference params" for s in states):
+            own = ("actor params",)  # with LoRA the reference is the actor's base
         others = sum(s.device for s in all_states if s.name not in own)
         flops = max(c.program.flops for c in compiled[phase])
         reads = max(c.program.weight_reads for c in compiled[phase])

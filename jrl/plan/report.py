@@ -47,7 +47,7 @@ def as_table(plan: Plan) -> str:
     lines += [
         "",
         f"step time, estimated (roofline lower bound): {_seconds(plan.step_seconds)}; FLOPs are "
-        "analytic (verl's count); GiB from the TPU compiler's memory analysis",
+        "analytic (verl's count); GiB from the compiler's memory analysis",
         *(f"note: {n}" for n in plan.notes),
         "",
         verdict(plan),

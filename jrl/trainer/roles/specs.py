@@ -110,7 +110,9 @@ class ModelSpec:
             return model
         try:
             if abstract:
-                return nnx.eval_shape(lambda: apply_lora(model, seed=self.lora_seed, **self.lora))
+                return nnx.eval_shape(
+                    lambda m: apply_lora(m, seed=self.lora_seed, **self.lora), model
+                )
             return apply_lora(model, seed=self.lora_seed, **self.lora)
         except ValueError as err:
             raise ValueError(f"{lora_key}: {err}") from err
