@@ -8,6 +8,7 @@ peak memory is its own; the Pallas kernels of another backend are skipped with a
     python bench/logprob_kernel.py                 # N 16384, D 896 and 3584, V 151936 (a GPU/TPU)
     python bench/logprob_kernel.py --small         # N 512, D 64, V 8192: seconds on a CPU
     python bench/logprob_kernel.py --shape 4096,896,151936 --impls naive,chunked
+    JAX_PLATFORMS=cpu python bench/logprob_kernel.py --tpu-gates   # libtpu, no TPU needed
 
 One JSON line per (D, implementation): `fwd_bwd_ms` and `fwd_ms` (means over --steps after
 --warmup), `temp_bytes` (XLA's compiled memory analysis of the forward + backward), `peak_bytes`
@@ -16,12 +17,22 @@ One JSON line per (D, implementation): `fwd_bwd_ms` and `fwd_ms` (means over --s
 rounding). Then one `summary` line per D and implementation with its ratios to naive and chunked
 and the goals: peak memory at most a tenth of naive's, forward + backward no slower than naive
 and at least 1.3x faster than chunked.
+
+`--tpu-gates` compiles (never runs) forward + backward with the real TPU compiler for the slices
+of `TPU_GATES`, the rows split over `fsdp` and the LM head laid out as the trainer lays it out
+(D over `fsdp`, V over `tensor`), and prints one JSON line per slice: per-chip bytes (argument +
+output + temp - alias) of naive, of chunked and pallas_tpu as they run now (vocabulary-parallel
+under a mesh) and `before` (the earlier path: Pallas with the whole LM head on every chip,
+chunked partitioned by XLA), their ratios to naive, and whether both fused implementations are
+within the slice's bound. A naive program too big to compile is counted as the temporaries its
+RESOURCE_EXHAUSTED error reports plus its arguments and outputs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -37,6 +48,13 @@ IMPLS = ("naive", "chunked", "pallas_gpu", "pallas_tpu")
 KERNEL_BACKENDS = {"pallas_gpu": ("gpu", "cuda"), "pallas_tpu": ("tpu",)}
 FULL = {"tokens": 16384, "dims": (896, 3584), "vocab": 151936, "steps": 10, "warmup": 2}
 SMALL = {"tokens": 512, "dims": (64,), "vocab": 8192, "steps": 3, "warmup": 1}
+# (slice, N, D, V, largest per-chip bytes of a fused implementation relative to naive's).
+TPU_GATES = (
+    ("v5e:4x4", 16384, 3584, 152064, 0.5),
+    ("v5p:4x4x4", 16384, 3584, 152064, 0.5),
+    ("v5e:1x1", 16384, 896, 151936, 0.1),
+)
+GATE_IMPLS = ("chunked", "pallas_tpu")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--impls", default=",".join(IMPLS), help="comma-separated implementations")
     p.add_argument("--steps", type=int, help="timed steps")
     p.add_argument("--warmup", type=int, help="untimed steps first (compilation included)")
+    p.add_argument(
+        "--tpu-gates",
+        action="store_true",
+        help="per-chip memory of forward + backward compiled for TPU slices (needs libtpu only)",
+    )
     p.add_argument("--worker", choices=IMPLS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     spec = dict(SMALL if args.small else FULL)
@@ -154,8 +177,98 @@ def summarise(records: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
     return lines
 
 
+def _shard_bytes(structs: Any) -> int:
+    """Bytes of one device's shard of each `jax.ShapeDtypeStruct` in `structs`."""
+    import jax
+
+    return sum(
+        math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize
+        for x in jax.tree.leaves(structs)
+    )
+
+
+def compiled_bytes(impl: str, mesh: Any, tokens: int, dim: int, vocab: int, before: bool) -> dict:
+    """Per-chip bytes of forward + backward of `impl` compiled for `mesh` (rows over fsdp, the
+    LM head D over fsdp and V over tensor); `before`: without the vocabulary-parallel op. A
+    program that does not fit is counted from the temporaries its error reports."""
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jrl.plan.compiled import needed_bytes
+    from jrl_kernels.logprob import _logprob_entropy
+
+    def loss(h, w, t, g1, g2):
+        logprob, entropy = _logprob_entropy(
+            h, w, t, 1.0, impl, None, None, False, vocab_parallel=not before
+        )
+        return jnp.sum(logprob * g1 + entropy * g2)
+
+    rows, head = P(("data", "fsdp")), P("fsdp", "tensor")
+    layout = [
+        ((tokens, dim), jnp.bfloat16, P(("data", "fsdp"), None)),
+        ((dim, vocab), jnp.bfloat16, head),
+        ((tokens,), jnp.int32, rows),
+        ((tokens,), jnp.float32, rows),
+        ((tokens,), jnp.float32, rows),
+    ]
+    args = [
+        jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
+        for shape, dtype, spec in layout
+    ]
+    outs = (NamedSharding(mesh, P()), (args[0].sharding, args[1].sharding))
+    fn = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)), out_shardings=outs)
+    with jax.set_mesh(mesh):
+        try:
+            m = fn.lower(*args).compile().memory_analysis()
+        except Exception as err:
+            outputs = 4 + _shard_bytes(args[:2])  # the float32 loss and both gradients
+            need = needed_bytes(str(err), arguments=_shard_bytes(args) + outputs)
+            if need is None:
+                raise
+            return {"bytes": need, "fits": False}
+    total = m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+    return {"bytes": total - m.alias_size_in_bytes, "fits": True}
+
+
+def tpu_gates() -> None:
+    """One JSON line per slice of `TPU_GATES` (see the module docstring)."""
+    from jrl.parallel import make_mesh
+    from jrl.parallel.topology import libtpu_missing, open_slice
+
+    missing = libtpu_missing()
+    if missing:
+        print(json.dumps({"bench": "logprob_kernel", "gate": "tpu", "skipped": missing}))
+        return
+    for name, tokens, dim, vocab, bound in TPU_GATES:
+        tpu = open_slice(name)
+        mesh = make_mesh(tpu.chips, devices=tpu.devices)
+        line: dict[str, Any] = {"bench": "logprob_kernel", "gate": "tpu", "slice": name}
+        line.update(chips=tpu.chips, tokens=tokens, dim=dim, vocab=vocab, max_vs_naive=bound)
+        naive = compiled_bytes("naive", mesh, tokens, dim, vocab, before=False)
+        line["naive_bytes"] = naive["bytes"]
+        if not naive["fits"]:
+            line["naive_note"] = (
+                "does not fit: RESOURCE_EXHAUSTED temporaries + arguments + outputs"
+            )
+        passed = True
+        for impl in GATE_IMPLS:
+            for before in (True, False):
+                key = f"{impl}_before" if before else impl
+                got = compiled_bytes(impl, mesh, tokens, dim, vocab, before)
+                ratio = round(got["bytes"] / naive["bytes"], 4)
+                line[f"{key}_bytes"], line[f"{key}_vs_naive"] = got["bytes"], ratio
+                passed &= before or (got["fits"] and ratio <= bound)
+        line["pass"] = passed
+        print(json.dumps(line), flush=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.tpu_gates:
+        tpu_gates()
+        return
     if args.worker:
         dim = args.dims[0]
         result = measure(args.worker, args.tokens, dim, args.vocab, args.steps, args.warmup)

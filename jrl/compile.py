@@ -18,8 +18,8 @@ other roles keep, against the chip's HBM; analytic FLOPs and a roofline estimate
 time (peak figures named in the output); collective counts. When the run does not fit, each memory
 knob the config does not use yet is tried by planning again with it, and its saving is printed.
 ``--layers=A,B`` compiles A- and B-layer copies of the models instead of the full depth and
-extrapolates every figure linearly to it (they are affine in the layer count): minutes instead of
-hours for a 70B model on a laptop; the output says so.
+extrapolates every figure linearly to it (`jrl.plan.extrapolate`: close to affine, erring high
+for the rollout): minutes instead of hours for a 70B model on a laptop; the output says so.
 
 Options: ``--json`` prints one JSON object instead of the table; ``--rollout-buckets=largest``
 compiles only the widest prompt bucket (which sets the rollout's peak); ``--no-advice`` skips the

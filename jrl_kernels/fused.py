@@ -129,7 +129,7 @@ def chunk_bounds(index: jax.Array, width: int, vocab: int) -> tuple[jax.Array, j
     return start, nominal - start
 
 
-def _backward(
+def backward(
     kernels: Kernels,
     softcap: float | None,
     hidden: jax.Array,
@@ -140,8 +140,8 @@ def _backward(
     mean: jax.Array,
     cotangents: tuple[jax.Array, jax.Array],
 ) -> tuple[jax.Array, jax.Array]:
-    """(d hidden, d lm_head) for the cotangents (of log p, of the entropy; [N, 1] float32) by
-    recomputing the logits one vocabulary chunk at a time."""
+    """(d hidden in float32, d lm_head in its dtype) for the cotangents (of log p, of the entropy;
+    [N, 1] float32) by recomputing the logits one vocabulary chunk at a time."""
     rows, dim = hidden.shape
     vocab = lm_head.shape[1]
     width = chunk_width(rows, vocab, kernels.chunk_elements, kernels.chunk_align, kernels.max_chunk)
@@ -160,8 +160,7 @@ def _backward(
         return d_hidden, lax.dynamic_update_slice_in_dim(d_head, new, start, axis=1)
 
     init = (jnp.zeros((rows, dim), jnp.float32), jnp.zeros(lm_head.shape, lm_head.dtype))
-    d_hidden, d_head = lax.fori_loop(0, -(-vocab // width), body, init)
-    return d_hidden.astype(hidden.dtype), d_head
+    return lax.fori_loop(0, -(-vocab // width), body, init)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -190,10 +189,10 @@ def _fused_fwd(kernels, softcap, hidden, lm_head, targets, temperature):
 def _fused_bwd(kernels, softcap, residuals, cotangents):
     hidden, lm_head, targets, temperature, lse, mean = residuals
     columns = tuple(g.astype(jnp.float32)[:, None] for g in cotangents)
-    d_hidden, d_head = _backward(
+    d_hidden, d_head = backward(
         kernels, softcap, hidden, lm_head, targets[:, None], temperature, lse, mean, columns
     )
-    return d_hidden, d_head, None, None
+    return d_hidden.astype(hidden.dtype), d_head, None, None
 
 
 fused_logprob_entropy.defvjp(_fused_fwd, _fused_bwd)

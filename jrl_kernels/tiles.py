@@ -7,7 +7,9 @@ earlier tile); `onehot` marks each row's target column.
 
 The online softmax state of a row is `Stats(m, a, b, t)`: running max `m`, `a = Σ exp(l - m)`,
 `b = Σ exp(l - m) · l` and the target's logit `t`, over the tempered logits `l` seen so far. From
-it, lse = m + log a, E[l] = b / a, log p(target) = t - lse and H = lse - E[l].
+it, lse = m + log a, E[l] = b / a, log p(target) = t - lse and H = lse - E[l]. Finished results
+over some columns are the state `Stats(lse, 1, E[l], log p + lse)` (`finished_stats`), so states of
+disjoint column ranges merge across devices too (`all_reduce_stats`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+from jax import lax
 
 
 class Stats(NamedTuple):
@@ -74,6 +77,20 @@ def reduce_stats(stats: Stats, axis: int) -> Stats:
         jnp.sum(stats.b * scale, axis=axis),
         jnp.sum(stats.t, axis=axis),
     )
+
+
+def all_reduce_stats(stats: Stats, axes: tuple[str, ...]) -> Stats:
+    """Merges the states that the devices along mesh `axes` hold for disjoint column ranges
+    (inside a `shard_map`): m = pmax(m_i), a = psum(a_i·exp(m_i - m)), b likewise, t = psum(t_i)."""
+    m = lax.pmax(stats.m, axes)
+    scale = _rescale(stats.m, m)
+    return Stats(m, *lax.psum((stats.a * scale, stats.b * scale, stats.t), axes))
+
+
+def finished_stats(logprob: jax.Array, lse: jax.Array, mean: jax.Array) -> Stats:
+    """The state of the columns that `finish` turned into (log p, lse, E[l]): m = lse, a = 1,
+    b = E[l], t = log p + lse (the target's logit; 0 when the target is not among them)."""
+    return Stats(lse, jnp.ones_like(lse), mean, logprob + lse)
 
 
 def finish(stats: Stats) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:

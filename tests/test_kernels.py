@@ -1,6 +1,7 @@
 """jrl_kernels.logprob_entropy: every implementation (the Pallas kernels in the interpreter)
 against float32 math on the full logits, values and gradients; padding; memory; lowering for the
-kernels' own platforms; the choice of implementation."""
+kernels' own platforms; the choice of implementation; the vocabulary-parallel op under meshes
+like the trainer's (values, gradients, no whole LM head per device)."""
 
 from __future__ import annotations
 
@@ -168,7 +169,14 @@ def test_kernels_lower_for_their_platform(impl, platform, custom_call):
 
 
 def test_auto_picks_chunked_on_cpu_and_falls_back_with_a_logged_reason(caplog):
-    assert resolve_impl("auto") == "chunked"
+    from jrl_kernels.logprob import _log_once
+
+    _log_once.cache_clear()  # each message is logged once a session; this test reads them
+    with caplog.at_level(logging.INFO, logger="jrl_kernels.logprob"):
+        assert resolve_impl("auto") == "chunked"
+    assert any(
+        "auto is chunked (no fused kernel for cpu)" in r.getMessage() for r in caplog.records
+    )
     assert resolve_impl("naive") == "naive"
     # With the 8 test devices `auto` for a GPU backend keeps to chunked and says why, once.
     with caplog.at_level(logging.WARNING, logger="jrl_kernels.logprob"):
@@ -186,6 +194,14 @@ def test_probe_reports_a_kernel_that_cannot_run_here():
     assert unavailable_reason("chunked") is None
 
 
+def test_probe_only_lowers_for_a_platform_this_host_cannot_run():
+    """For a mesh of TPU or GPU devices seen from this CPU host the probe lowers the kernel for
+    that platform (Mosaic / Triton) instead of running it; a kernel that does not lower fails."""
+    assert unavailable_reason("pallas_tpu", "tpu") is None
+    assert unavailable_reason("pallas_gpu", "gpu") is None
+    assert "Error" in unavailable_reason("pallas_tpu", "cuda")  # Mosaic has no GPU lowering
+
+
 def test_bad_arguments_fail_clearly():
     hidden, lm_head, targets, _, _, _ = _problem((4,), 8, 40, F32, F32, False)
     with pytest.raises(ValueError, match="unknown logprob_entropy impl 'fast'.*chunked"):
@@ -200,10 +216,12 @@ def test_bad_arguments_fail_clearly():
         logprob_entropy(hidden, lm_head, targets, impl="pallas_gpu")
 
 
-def test_pallas_kernel_splits_the_rows_over_an_ambient_mesh():
-    """Under `jax.set_mesh` over the 8 test devices a Pallas kernel runs on each device's share
-    of the tokens (`shard_map`): values and both gradients equal the naive reference's. (The GPU
-    kernel: the TPU interpreter's callbacks cannot run on several CPU devices at once.)"""
+def test_pallas_kernel_splits_the_rows_over_an_ambient_mesh(caplog):
+    """Under `jax.set_mesh` over the 8 test devices, with a vocabulary (1031) that does not split
+    over them, a Pallas kernel runs on each device's share of the tokens with the whole LM head
+    (`shard_map`), saying why in a debug log: values and both gradients equal the naive
+    reference's. (The GPU kernel: the TPU interpreter hangs on this path over several CPU
+    devices.)"""
     impl = "pallas_gpu"
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
@@ -231,9 +249,94 @@ def test_pallas_kernel_splits_the_rows_over_an_ambient_mesh():
         assert row_split(12)[1] == ("data", "fsdp", "tensor")
         h = jax.device_put(hidden, rows)
         fn = jax.jit(jax.value_and_grad(functools.partial(loss, impl), argnums=(0, 1)))
-        text = fn.lower(h, lm_head).as_text()
+        with caplog.at_level(logging.DEBUG, logger="jrl_kernels.logprob"):
+            text = fn.lower(h, lm_head).as_text()
         got = fn(h, lm_head)
     assert "shard_map" in text or "sdy.manual_computation" in text
+    assert any(
+        "V=1031 does not divide over the 8 devices" in r.getMessage() for r in caplog.records
+    )
     want = jax.value_and_grad(functools.partial(loss, "naive"), argnums=(0, 1))(hidden, lm_head)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=2e-4, atol=2e-4)
+
+
+# Meshes like the trainer's over the 8 test devices: (data, fsdp, tensor, sequence).
+VOCAB_MESHES = {
+    "fsdp8": {},
+    "data2-fsdp4": {"fsdp_size": 4},
+    "fsdp4-tensor2": {"tensor_parallel": 2},
+}
+
+
+def _trainer_layout(mesh, hidden, lm_head):
+    """hidden with its rows over (data, fsdp), the LM head D over fsdp and V over tensor."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rows = NamedSharding(mesh, P(("data", "fsdp")))
+    return jax.device_put(hidden, rows), jax.device_put(
+        lm_head, NamedSharding(mesh, P("fsdp", "tensor"))
+    )
+
+
+@pytest.mark.parametrize("impl", ["chunked", "pallas_tpu", "pallas_gpu"])
+@pytest.mark.parametrize("layout", list(VOCAB_MESHES))
+def test_vocab_parallel_matches_full_logits(layout, impl):
+    """Under a mesh like the trainer's the fused op runs vocabulary-parallel (each device a
+    slice of the LM head's columns): values and both gradients, with padding and soft-capping,
+    equal the full-logits reference's (the Pallas kernels in their interpreters)."""
+    from jrl.parallel import make_mesh
+
+    lead, dim, vocab = (8, 4), 32, 1024
+    hidden, lm_head, targets, mask, g_lp, g_ent = _problem(lead, dim, vocab, F32, F32, True, 3)
+    mesh = make_mesh(8, **VOCAB_MESHES[layout])
+
+    def outputs(h, w):
+        return logprob_entropy(
+            h, w, targets, 0.7, impl=impl, softcap=5.0, mask=mask, interpret=True
+        )
+
+    with jax.set_mesh(mesh):
+        h, w = _trainer_layout(mesh, hidden, lm_head)
+        text = jax.jit(outputs).lower(h, w).as_text()
+        got = _loss_and_grads(outputs, h, w, g_lp, g_ent)
+    assert "sdy.manual_computation" in text  # the shard_map
+    keep = mask
+    want = _loss_and_grads(
+        lambda h, w: _exact(h, w, targets[keep], 0.7, 5.0),
+        hidden[keep],
+        lm_head,
+        g_lp[keep],
+        g_ent[keep],
+    )
+    logprob, entropy, d_hidden, d_head = got
+    _close(logprob[keep], want[0], 1e-4, "log-prob")
+    _close(entropy[keep], want[1], 1e-4, "entropy")
+    _close(d_hidden[keep], want[2], 1e-4, "d hidden")
+    _close(d_head, want[3], 1e-4, "d lm_head")
+    assert not np.any(logprob[~keep]) and not np.any(np.asarray(d_hidden[~keep]))
+
+
+def test_vocab_parallel_holds_no_whole_lm_head_per_device():
+    """The compiled (per-device) program of forward + backward under an 8-device FSDP mesh has
+    no buffer of the LM head's whole [D, V] shape: each device keeps V/8 columns of the head and
+    of its gradient."""
+    from jrl.parallel import make_mesh
+
+    dim, vocab = 48, 1024
+    hidden, lm_head, targets, _, g_lp, g_ent = _problem((64,), dim, vocab, BF16, BF16, False)
+    mesh = make_mesh(8)
+
+    def loss(h, w):
+        logprob, entropy = logprob_entropy(h, w, targets, impl="chunked")
+        return jnp.sum(logprob * g_lp + entropy * g_ent)
+
+    with jax.set_mesh(mesh):
+        h, w = _trainer_layout(mesh, hidden, lm_head)
+        shardings = (h.sharding, w.sharding)
+        fn = jax.jit(jax.grad(loss, argnums=(0, 1)), out_shardings=shardings)
+        text = fn.lower(h, w).compile().as_text()
+    assert f"[{dim},{vocab // 8}]" in text  # the device's slice
+    whole = [shape for shape in (f"[{dim},{vocab}]", f"[{vocab},{dim}]") if shape in text]
+    assert not whole, f"a whole-head buffer {whole} on a device"
