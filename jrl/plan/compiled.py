@@ -68,11 +68,12 @@ def count_collectives(hlo: str) -> dict[str, int]:
 _RESULTS: dict[str, CompiledProgram] = {}
 
 
-def compile_program(program: Program) -> CompiledProgram:
-    """Lowers and compiles `program` (once per distinct lowered program in this process); an
-    out-of-memory refusal is a result, not an error."""
+def compile_program(program: Program, target: str) -> CompiledProgram:
+    """Lowers and compiles `program` for the devices `target` names (e.g. the slice's topology
+    and chip kind: the lowered text alone does not say which chips it is for), once per distinct
+    (target, lowered program) in this process; an out-of-memory refusal is a result."""
     lowered = program.lower()
-    key = hashlib.sha256(lowered.as_text().encode()).hexdigest()
+    key = hashlib.sha256(f"{target}\n{lowered.as_text()}".encode()).hexdigest()
     if key not in _RESULTS:
         _RESULTS[key] = _compile(program, lowered)
     return dataclasses.replace(_RESULTS[key], program=program)

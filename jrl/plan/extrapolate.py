@@ -63,8 +63,9 @@ def extrapolate(low: Plan, high: Plan, a: int, b: int, layers: int) -> Plan:
         for x, p in zip(low.phases, high.phases, strict=True)
     )
     note = (
-        f"extrapolated to {layers} decoder layers from compiles at {a} and {b} layers (bytes, "
-        f"FLOPs and times are affine in the layer count); collectives are the {b}-layer programs'"
+        f"extrapolated to {layers} decoder layers from compiles at {a} and {b} layers (close to "
+        f"affine in the layer count; high for the rollout); collectives are the {b}-layer "
+        "programs'"
     )
     return dataclasses.replace(high, states=states, phases=phases, notes=(*high.notes, note))
 

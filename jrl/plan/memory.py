@@ -191,7 +191,8 @@ def plan_phases(
     for number, program in enumerate(programs, 1):
         if progress:
             progress(f"compiling {number}/{len(programs)}: {program.phase} ({program.label})")
-        compiled.setdefault(program.phase, []).append(compile_program(program))
+        target = f"{where.topology} {where.chips} {where.devices[0].device_kind}"
+        compiled.setdefault(program.phase, []).append(compile_program(program, target))
     cache = max(
         (c.program.arguments - per_chip_bytes(roles.rollout.state) for c in compiled["rollout"]),
         default=0,
