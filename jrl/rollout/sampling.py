@@ -160,6 +160,10 @@ def select_tokens(
     if params.greedy:
         tokens = jnp.argmax(logits, axis=-1)
     else:
+        # The barrier keeps the logits in memory: fused into the LM head's matmul, the Gumbel
+        # noise made the TPU compiler take 215 s instead of 34 s for a 0.5B rollout of 1024
+        # slots (it costs the [B, V] logits once, as calculate_log_probs does anyway).
+        logits = jax.lax.optimization_barrier(logits)
         scaled = apply_top_p(apply_top_k(logits / params.temperature, params.top_k), params.top_p)
         tokens = jax.vmap(jax.random.categorical)(keys, scaled)
     tokens = tokens.astype(jnp.int32)
