@@ -5,8 +5,11 @@ one JSON line per (card, model, slice), then a Markdown table.
 Every figure comes from the TPU compiler (libtpu, no TPU needed): each run is compiled at 1 and 2
 decoder layers and extrapolated to the model's depth (`jrl.compile --layers=1,2`; the tests check
 the extrapolation against a full-depth compile), the rollout at its widest prompt bucket. Times
-are jrl.compile's roofline estimates. Each plan runs in its own process (results are appended to
---out as they come, and a rerun skips the lines already there).
+are jrl.compile's roofline estimates. A run whose resident states alone (parameters, optimizer
+states, reference and rollout weights, per chip as the trainer shards them: exact bytes of the
+sharded shapes) exceed the chip's HBM is not compiled: its line says `"by": "resident states"`.
+Each plan runs in its own process (results are appended to --out as they come, and a rerun skips
+the lines already there); runs go model by model, each slice in order of its total HBM.
 
     python bench/tpu_plan.py --out bench/results/tpu_plan.jsonl
     python bench/tpu_plan.py --table bench/results/tpu_plan.jsonl
@@ -16,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this host only traces; libtpu describes slices
 sys.path.insert(0, str(Path(__file__).parent))
 from model_shapes import SHAPES, write_shape  # noqa: E402
 
@@ -50,22 +55,56 @@ OVERRIDES = (
 )
 
 
-def plan_one(card: str, model: str, topology: str, shapes: Path, timeout: int) -> dict:
+def _arguments(card: str, folder: Path) -> list[str]:
+    return [
+        f"--config={CARDS[card]}",
+        f"actor_rollout_ref.model.path={folder}",
+        f"critic.model.path={folder}",
+        *OVERRIDES,
+    ]
+
+
+def resident_only(card: str, model: str, topology: str, folder: Path) -> dict | None:
+    """The line of a run whose resident states alone exceed the chip's HBM (no compile), else
+    None."""
+    from jrl.config import load_config
+    from jrl.parallel.topology import open_slice
+    from jrl.plan.memory import resident_states
+    from jrl.plan.roles import build_roles
+
+    where = open_slice(topology)
+    devices = [
+        f"trainer.nnodes={where.hosts}",
+        f"trainer.n_gpus_per_node={where.chips // where.hosts}",
+    ]
+    config = load_config([*_arguments(card, folder), *devices])[0]
+    states = sum(s.device for s in resident_states(build_roles(config, where)))
+    if states <= where.hbm_bytes:
+        return None
+    return {
+        "card": card,
+        "model": model,
+        "topology": topology,
+        "fits": False,
+        "chips": where.chips,
+        "gib_per_chip": round(states / 2**30, 2),
+        "hbm_gib": round(where.hbm_bytes / 2**30, 2),
+        "by": "resident states",
+    }
+
+
+def plan_one(card: str, model: str, topology: str, folder: Path, timeout: int) -> dict:
     """jrl.compile's JSON plan of one run (in a subprocess), with its wall time."""
-    folder = write_shape(model, shapes / model)
     command = [
         sys.executable,
         "-m",
         "jrl.compile",
-        f"--config={CARDS[card]}",
         f"--topology={topology}",
         "--layers=1,2",
         "--rollout-buckets=largest",
         "--no-advice",
         "--json",
-        f"actor_rollout_ref.model.path={folder}",
-        f"critic.model.path={folder}",
-        *OVERRIDES,
+        *_arguments(card, folder),
     ]
     start = time.perf_counter()
     done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
@@ -85,6 +124,13 @@ def plan_one(card: str, model: str, topology: str, shapes: Path, timeout: int) -
     }
 
 
+def _total_hbm(topology: str) -> float:
+    from jrl.parallel.topology import open_slice
+
+    where = open_slice(topology)
+    return where.chips * where.hbm_bytes
+
+
 def table(rows: list[dict]) -> str:
     """Markdown: per card and model, each slice's per-chip GiB (fits or not) and the estimated
     step time; the smallest slice that fits."""
@@ -100,6 +146,9 @@ def table(rows: list[dict]) -> str:
                 r = found.get((card, model, name))
                 if r is None or "error" in r:
                     cells.append("—" if r is None else "error")
+                    continue
+                if "by" in r:
+                    cells.append(f"**no**: states {r['gib_per_chip']} GiB")
                     continue
                 mark = "fits" if r["fits"] else "**no**"
                 cells.append(f"{mark} {r['gib_per_chip']} GiB, {r['step_s_estimate']} s")
@@ -131,13 +180,16 @@ def main() -> None:
             r = json.loads(line)
             if "error" not in r:
                 done.add((r["card"], r["model"], r["topology"]))
+    slices = sorted(args.slices.split(","), key=_total_hbm)
     with tempfile.TemporaryDirectory() as tmp:
-        for card in args.cards.split(","):
-            for model in args.models.split(","):
-                for name in args.slices.split(","):
+        for model in args.models.split(","):
+            folder = write_shape(model, Path(tmp) / model)
+            for card in args.cards.split(","):
+                for name in slices:
                     if (card, model, name) in done:
                         continue
-                    row = plan_one(card, model, name, Path(tmp), args.timeout)
+                    row = resident_only(card, model, name, folder)
+                    row = row or plan_one(card, model, name, folder, args.timeout)
                     print(json.dumps(row), flush=True)
                     with out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
