@@ -35,19 +35,35 @@ share of the rows; only process 0 prints, logs and writes the metrics; all write
 Compiled programs are cached under ``~/.cache/jrl/jax_compilation`` (``$JRL_COMPILATION_CACHE``
 sets another folder; ``off`` disables it), so a repeated run starts faster. The time to the
 first step is printed.
+
+``--explain`` prints the resolved config instead of training: each key with its value, where it
+comes from (default / card / override) and where it acts, or why it has no effect in this run.
+At start-up a short notice lists the keys set away from their defaults that have no effect here
+(torch, Ray or other engines' options), each with the reason.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 from jrl.assets import prepare_for
 from jrl.compile_cache import enable_compilation_cache
-from jrl.config import ConfigError, load_config
+from jrl.config import ConfigError, load_config, n_gpus
+from jrl.config.effects import explain, no_effect_notice
 from jrl.parallel import distributed
 from jrl.plot import plot_after_training
+from jrl.rollout.build import serving_engine
 from jrl.trainer.loop.stopping import NonFiniteLossError
+
+
+def planned_engine(config: Any) -> str:
+    """The rollout engine that would generate for `config` on this host's devices."""
+    import jax
+
+    devices = jax.devices()[: n_gpus(config)]
+    return serving_engine(config.actor_rollout_ref.rollout, devices)[0]
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -55,6 +71,9 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):
         print(__doc__)
+        return {}
+    if "--explain" in argv:
+        print(explain([a for a in argv if a != "--explain"], planned_engine), flush=True)
         return {}
     config, _ = load_config(argv)
     trainer = config.trainer
@@ -68,6 +87,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     start = time.perf_counter()
     trainer = PPOTrainer(config)
     print(trainer.describe(), flush=True)
+    devices = list(trainer.actor.mesh.devices.flat)
+    notice = no_effect_notice(config, serving_engine(config.actor_rollout_ref.rollout, devices)[0])
+    if notice and distributed.is_primary():
+        print(notice, flush=True)
     try:
         metrics = trainer.fit()
     finally:

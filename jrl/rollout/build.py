@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh
@@ -17,6 +20,42 @@ from jrl.rollout.protocol import Rollout
 from jrl.rollout.sampling import SamplingParams, as_token_ids
 
 _ENGINES = ("jax", "vllm", "hf")
+_SECTION = "actor_rollout_ref.rollout"
+
+
+def vllm_cannot_serve(
+    rollout_cfg: Any, *, platform: str, local_devices: int, processes: int, installed: bool
+) -> str | None:
+    """Why the in-process vLLM engine cannot serve this run (None when it can): it needs vllm
+    installed, a GPU, one device in one process and one engine (tensor, data and pipeline
+    parallel sizes 1)."""
+    if not installed:
+        return "vllm is not installed"
+    if platform != "gpu":
+        return f"vLLM does not run on {platform}"
+    if processes > 1 or local_devices > 1:
+        return f"the vllm engine serves one GPU in one process ({local_devices} devices here)"
+    for key in ("tensor_model_parallel_size", "data_parallel_size", "pipeline_model_parallel_size"):
+        size = int(rollout_cfg.get(key) or 1)
+        if size != 1:
+            return f"{key}={size} needs several vLLM engine processes"
+    return None
+
+
+def serving_engine(rollout_cfg: Any, devices: Sequence[jax.Device]) -> tuple[str, str | None]:
+    """(the engine that generates on `devices`, why vLLM cannot when ``rollout.name=vllm``
+    falls back to jrl's JAX sampler). Other names come back as they are (`make_rollout` checks
+    them)."""
+    if rollout_cfg.name != "vllm":
+        return rollout_cfg.name, None
+    why = vllm_cannot_serve(
+        rollout_cfg,
+        platform=devices[0].platform,
+        local_devices=sum(d.process_index == jax.process_index() for d in devices),
+        processes=jax.process_count(),
+        installed=importlib.util.find_spec("vllm") is not None,
+    )
+    return ("jax", why) if why else ("vllm", None)
 
 
 def make_rollout(
@@ -64,11 +103,13 @@ def build_rollout(
     tokenizer: Any,
     engine: str | None = None,
 ) -> Rollout:
-    """The engine of ``actor_rollout_ref.rollout`` (or `engine`, in place of ``rollout.name``)
-    for the actor (`graphdef`, `params` on `mesh`): a model computing in ``rollout.dtype`` over
-    the actor's parameters, LoRA adapters (``model.lora_rank``) applied unmerged; responses of
-    ``data.max_response_length`` tokens, padded with the tokenizer's pad token and ended by its
-    and the model config's EOS tokens."""
+    """The engine of ``actor_rollout_ref.rollout`` (or `engine`, in place of ``rollout.name``;
+    ``vllm`` falls back to jrl's JAX sampler, announced, where vLLM cannot serve the mesh:
+    `serving_engine`) for the actor (`graphdef`, `params` on `mesh`): a model computing in
+    ``rollout.dtype`` over the actor's parameters, LoRA adapters (``model.lora_rank``) applied
+    unmerged; responses of ``rollout.response_length`` tokens (verl's default: the interpolated
+    ``data.max_response_length``), padded with the tokenizer's pad token and ended by its and
+    the model config's EOS tokens."""
     arr = config.actor_rollout_ref
     rollout_cfg = arr.rollout
     model_config = nnx.merge(graphdef, params).config
@@ -81,10 +122,19 @@ def build_rollout(
 
     rollout_graphdef = nnx.graphdef(nnx.eval_shape(abstract_model))
     eos = {tokenizer.eos_token_id, *as_token_ids(model_config.eos_token_id)} - {None}
+    if engine is None:
+        engine, why = serving_engine(rollout_cfg, list(mesh.devices.flat))
+        if why:
+            print(
+                f"jrl: {_SECTION}.name=vllm: {why}; jrl's JAX sampler generates with the same "
+                "sampling keys and tensor_model_parallel_size="
+                f"{rollout_cfg.tensor_model_parallel_size}",
+                flush=True,
+            )
     return make_rollout(
-        engine or rollout_cfg.name,
+        engine,
         nnx.merge(rollout_graphdef, params),
-        response_length=config.data.max_response_length,
+        response_length=int(rollout_cfg.response_length),
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=sorted(eos),
         mesh=mesh,

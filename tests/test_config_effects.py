@@ -1,0 +1,125 @@
+"""What every key does: the no-effect notice names exactly the settings moved away from their
+defaults that do nothing in this run, `--explain` gives each key's value, source and home, and
+``rollout.name=vllm`` falls back to the JAX sampler where vLLM cannot serve (announced).
+
+vLLM cannot run here: its branch uses the stand-in `vllm` module of `fake_vllm.py`."""
+
+import types
+
+import pytest
+
+from jrl import train
+from jrl.config import default_config, load_config, resolve
+from jrl.config.effects import NO_EFFECT, explain, ignored_settings, leaves, no_effect_notice
+from jrl.config.tree import key_paths
+from jrl.rollout.build import serving_engine, vllm_cannot_serve
+
+TINY = "--config=configs/gsm8k_grpo.py:tiny"
+IGNORED = [
+    "actor_rollout_ref.actor.use_torch_compile=False",
+    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.actor.strategy=megatron",
+    "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000",
+    "actor_rollout_ref.rollout.enforce_eager=False",
+]
+
+
+def test_the_notice_names_only_settings_moved_away_from_their_defaults():
+    config = load_config([TINY, *IGNORED])[0]
+    found = ignored_settings(config, engine="jax")
+    named = {key for pairs in found.values() for key, _ in pairs}
+    assert named == {override.split("=")[0] for override in IGNORED}
+    notice = no_effect_notice(config, engine="jax")
+    assert "actor_rollout_ref.actor.use_torch_compile=False (torch.compile" in notice
+    assert "actor_rollout_ref.actor.strategy='megatron' (a torch training backend" in notice
+    # Untouched defaults (the card's torch keys included) say nothing.
+    assert no_effect_notice(load_config([TINY])[0], engine="jax") is None
+
+
+def test_vllm_options_have_no_effect_only_when_the_jax_sampler_generates():
+    config = load_config([TINY, "actor_rollout_ref.rollout.enforce_eager=False"])[0]
+    assert ignored_settings(config, engine="jax")
+    assert ignored_settings(config, engine="vllm") == {}
+
+
+def test_every_no_effect_entry_names_keys_that_exist():
+    paths = list(key_paths(resolve(default_config())))  # an empty section takes added keys
+    for entry in NO_EFFECT:
+        assert any(entry.matches(p, "jax") or entry.matches(f"{p}.x", "jax") for p in paths), (
+            entry.pattern
+        )
+
+
+def test_explain_gives_value_source_and_where_each_key_acts():
+    argv = ["--config=configs/gsm8k_ppo.py", "actor_rollout_ref.actor.use_torch_compile=False"]
+    lines = {line.split(" = ")[0]: line for line in explain(argv, lambda config: "jax").split("\n")}
+    assert lines["actor_rollout_ref.actor.use_torch_compile"].endswith(
+        "False  [override]  no effect: torch.compile: XLA compiles every jrl program"
+    )
+    assert "= 8  [card]  jrl.trainer.roles.critic" in lines["critic.ppo_micro_batch_size_per_gpu"]
+    assert "[default]  jrl.trainer.update.optim" in lines["actor_rollout_ref.actor.optim.lr"]
+    assert "[default]  jrl.algos" in lines["algorithm.gamma"]
+    assert "no effect: vLLM's option" in lines["actor_rollout_ref.rollout.enforce_eager"]
+    assert len(lines) == len(list(leaves(load_config(argv)[0])))
+
+
+def test_train_explain_prints_and_does_not_train(capsys):
+    assert train.main([TINY, "--explain"]) == {}
+    assert "actor_rollout_ref.rollout.name = 'jax'  [card]" in capsys.readouterr().out
+
+
+def _devices(platform: str, count: int) -> list:
+    return [types.SimpleNamespace(platform=platform, process_index=0) for _ in range(count)]
+
+
+@pytest.mark.parametrize(
+    "where, changes, why",
+    [
+        (dict(installed=False), {}, "vllm is not installed"),
+        (dict(platform="tpu"), {}, "vLLM does not run on tpu"),
+        (dict(local_devices=8), {}, "one GPU in one process (8 devices here)"),
+        (dict(processes=2), {}, "one GPU in one process"),
+        ({}, {"tensor_model_parallel_size": 2}, "tensor_model_parallel_size=2 needs several"),
+        ({}, {}, None),
+    ],
+)
+def test_where_vllm_cannot_serve(where, changes, why):
+    rollout = resolve(default_config()).actor_rollout_ref.rollout
+    rollout.update({"tensor_model_parallel_size": 1, **changes})
+    kwargs = dict(platform="gpu", local_devices=1, processes=1, installed=True) | where
+    got = vllm_cannot_serve(rollout, **kwargs)
+    assert got is None if why is None else why in got
+
+
+def test_vllm_serves_one_gpu_and_falls_back_to_jax_elsewhere(fake_vllm):
+    rollout = resolve(default_config()).actor_rollout_ref.rollout
+    assert rollout.name == "vllm" and rollout.tensor_model_parallel_size == 2  # the document's
+    assert serving_engine(rollout, _devices("gpu", 1)) == (
+        "jax",
+        "tensor_model_parallel_size=2 needs several vLLM engine processes",
+    )
+    rollout.tensor_model_parallel_size = 1
+    assert serving_engine(rollout, _devices("gpu", 1)) == ("vllm", None)
+    assert serving_engine(rollout, _devices("tpu", 4))[0] == "jax"
+    rollout.name = "jax"
+    assert serving_engine(rollout, _devices("gpu", 1)) == ("jax", None)
+
+
+def test_the_documented_vllm_rollout_runs_the_jax_sampler_on_this_host(capsys):
+    from flax import nnx
+    from helpers import tiny_llama
+
+    from jrl.models import init_random
+    from jrl.parallel import make_mesh
+    from jrl.rollout import JaxRollout, build_rollout
+
+    config = resolve(default_config())  # rollout.name=vllm, tensor_model_parallel_size=2
+    config.data.max_response_length = 4
+    config.actor_rollout_ref.rollout.response_length = 3
+    graphdef, params = nnx.split(init_random(tiny_llama(), seed=0))
+    tokenizer = types.SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    engine = build_rollout(config, graphdef, params, make_mesh(8), tokenizer)
+    assert isinstance(engine, JaxRollout) and engine.mesh.shape["tensor"] == 2
+    assert engine.response_length == 3  # rollout.response_length, as verl's engines
+    printed = capsys.readouterr().out
+    assert "rollout.name=vllm: vllm is not installed; jrl's JAX sampler generates" in printed
