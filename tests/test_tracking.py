@@ -175,11 +175,50 @@ def test_dense_params_count_the_models_weight_matrices():
 
 def test_train_flops_closed_form():
     config = ModelConfig.from_hf(TINY)
-    # 6*N*tokens + 12 * sum(s^2) * head_dim * heads * layers
-    assert train_flops(config, [3, 5]) == 6 * 320 * 8 + 12 * (9 + 25) * 2 * 2 * 2
+    # 6*N*tokens + 6 * sum(s^2) * head_dim * heads * layers (causal attention)
+    assert train_flops(config, [3, 5]) == 6 * 320 * 8 + 6 * (9 + 25) * 2 * 2 * 2
     sliding = ModelConfig.from_hf({**TINY, "model_type": "mistral", "sliding_window": 4})
     # every layer attends to at most 4 tokens: 3*3 + 5*4
-    assert train_flops(sliding, [3, 5]) == 6 * 320 * 8 + 12 * (9 + 20) * 2 * 2 * 2
+    assert train_flops(sliding, [3, 5]) == 6 * 320 * 8 + 6 * (9 + 20) * 2 * 2 * 2
+
+
+# verl's tests/utils/test_flops_counter.py (HEAD b178a3c, 2026-01-29): config.json fields and the
+# FLOPs verl counts for batches of lengths [512, 1024, 2048] and [4096, 4096, 4096].
+VERL_FLOPS_CASES = {
+    "llama": (  # llama2-7B
+        dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32),
+        dict(num_attention_heads=32, num_key_value_heads=32),
+        (149226491215872, 536372695793664),
+    ),
+    "qwen2": (  # Qwen2.5-7B-Instruct
+        dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_hidden_layers=28),
+        dict(num_attention_heads=28, num_key_value_heads=4),
+        (167073690943488, 591764889010176),
+    ),
+    "qwen3": (  # Qwen3-8B
+        dict(vocab_size=151936, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36),
+        dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128),
+        (180997438046208, 648394032807936),
+    ),
+    "mistral": (  # Mistral-Small-24B-Instruct-2501
+        dict(vocab_size=131072, hidden_size=5120, intermediate_size=32768, num_hidden_layers=40),
+        dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128),
+        (512303699066880, 1787393589903360),
+    ),
+    "gemma3_text": (  # Gemma3-12B-IT, every 6th layer global, the others a 1024 window
+        dict(vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48),
+        dict(num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024),
+        (279084659638272, 963929979224064),
+    ),
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(VERL_FLOPS_CASES))
+def test_train_flops_match_verl_flops_counter(model_type):
+    shape, attention, expected = VERL_FLOPS_CASES[model_type]
+    config = ModelConfig.from_hf({"model_type": model_type, **shape, **attention})
+    for seqlens, flops in zip(([512, 1024, 2048], [4096] * 3), expected, strict=True):
+        assert train_flops(config, seqlens) == flops
 
 
 def test_peak_flops_by_device_kind():
@@ -196,7 +235,7 @@ def test_peak_flops_by_device_kind():
 
 def test_mfu_closed_form_and_absent_on_cpu():
     config = ModelConfig.from_hf(TINY)
-    flops = 6 * 320 * 8 + 12 * 34 * 8
+    flops = 6 * 320 * 8 + 6 * 34 * 8
     got = mfu_metrics(
         config, [3, 5], 2.0, epochs=3, world_size=4, role="actor", device_kind="NVIDIA H100"
     )

@@ -1,9 +1,12 @@
 """Training FLOPs of a decoder and the peak FLOP/s of accelerators, for model FLOPs utilisation.
 
-The count is verl's (``flops_counter``): a forward and backward pass costs 6 FLOPs per dense
-parameter per token, plus 12·s·s'·head_dim·heads per layer for a sequence of s tokens attending
-to s' of them (the q·k and attention·v matmuls, 4·s·s'·head_dim per head forward, 3x with the
-backward). s' is s, or the window on sliding-window layers.
+The count is verl's (``verl.utils.flops_counter``, causal since 2026): a forward and backward
+pass costs 6 FLOPs per dense parameter per token, plus 6·s·s'·head_dim·heads per layer for a
+sequence of s tokens attending to s' of them. That is the q·k and attention·v matmuls,
+4·s·s'·head_dim per head forward and 3x that with the backward, halved because a causal mask
+leaves half of the score matrix. s' is s, or the window on sliding-window layers (as verl counts
+Gemma 3; verl's Llama/Qwen/Mistral counter ignores windows, which changes nothing for configs
+without one).
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def train_flops(config: ModelConfig, seqlens: Sequence[int]) -> float:
         window = config.sliding_window if config.is_sliding(layer) else None
         attended += sum(s * (min(s, window) if window else s) for s in lengths)
     dense = 6 * dense_params(config) * sum(lengths)
-    return float(dense + 12 * attended * config.head_dim * config.num_heads)
+    return float(dense + 6 * attended * config.head_dim * config.num_heads)
 
 
 def peak_flops(device_kind: str) -> float | None:

@@ -83,7 +83,10 @@ def mfu_metrics(
 ) -> dict[str, float]:
     """``perf/mfu/<role>``: the FLOPs of `epochs` passes over sequences of `seqlens` tokens (the
     rows' attention-mask sums) in `seconds`, over the peak of `world_size` devices of
-    `device_kind` (default: that of ``jax.devices()[0]``). Empty where the peak is unknown (CPU)."""
+    `device_kind` (default: that of ``jax.devices()[0]``). Empty where the peak is unknown (CPU).
+
+    FLOPs per pass are verl's count (`train_flops`): 6·N_dense·Σs + 6·layers·heads·head_dim·Σs²,
+    the attention term causal (half the q·k and attention·v matmuls; windows on sliding layers)."""
     kind = jax.devices()[0].device_kind if device_kind is None else device_kind
     peak = peak_flops(kind)
     if peak is None or seconds <= 0:
