@@ -444,3 +444,113 @@ def test_to_yaml_round_trips_in_config_order():
     text = to_yaml(config)
     assert text.startswith("data:")
     assert yaml.safe_load(text) == resolve(config).to_dict()
+
+
+# --- enumerated values: each checked at load time, naming the key and the valid values -------
+
+
+def _valid(values) -> str:
+    return ", ".join(values)
+
+
+def _enumerated_cases() -> list:
+    from jrl.algos.kl import KL_CONTROLLERS, KL_ESTIMATORS
+    from jrl.models.dtypes import DTYPES
+    from jrl.parallel.devices import BACKENDS
+    from jrl.reward.manager import REWARD_MANAGERS, SOURCES
+    from jrl.trainer.io.tracking import LOGGERS
+    from jrl.trainer.update.optim import LR_SCHEDULER_TYPES, RL_OPTIMIZERS
+
+    kl_in_reward = "algorithm.use_kl_in_reward=true"
+    estimators = f"use one of {_valid(KL_ESTIMATORS)} (each optionally with a '+' suffix)"
+    return [
+        (
+            PPO,
+            ["critic.optim.lr_scheduler_type=linear"],
+            f"critic.optim.lr_scheduler_type='linear' is not supported; use one of "
+            f"{_valid(LR_SCHEDULER_TYPES)}",
+        ),
+        (
+            PPO,
+            [f"{AR}.actor.optim.warmup_style=wsd"],
+            f"{AR}.actor.optim.warmup_style='wsd' is not supported; use one of "
+            f"{_valid(LR_SCHEDULER_TYPES)}",
+        ),
+        (
+            PPO,
+            ["critic.optim.optimizer=SGD"],
+            f"critic.optim.optimizer='SGD' is not supported; use one of {_valid(RL_OPTIMIZERS)}",
+        ),
+        (
+            GRPO,
+            [f"{AR}.actor.kl_loss_type=full"],
+            f"{AR}.actor.kl_loss_type='full' needs the full distributions over the vocabulary, "
+            f"which jrl does not keep (it keeps the sampled tokens' log-probs); {estimators}",
+        ),
+        (
+            GRPO,
+            [f"{AR}.actor.kl_loss_type=k4"],
+            f"{AR}.actor.kl_loss_type='k4' is not supported; {estimators}",
+        ),
+        (
+            PPO,
+            [kl_in_reward, "algorithm.kl_penalty=full+"],
+            "algorithm.kl_penalty='full+' needs the full distributions over the vocabulary, "
+            f"which jrl does not keep (it keeps the sampled tokens' log-probs); {estimators}",
+        ),
+        (
+            PPO,
+            [kl_in_reward, "algorithm.kl_penalty=k5"],
+            f"algorithm.kl_penalty='k5' is not supported; {estimators}",
+        ),
+        (
+            PPO,
+            [kl_in_reward, "algorithm.kl_ctrl.type=linear"],
+            f"algorithm.kl_ctrl.type='linear' is not supported; use one of "
+            f"{_valid(KL_CONTROLLERS)}",
+        ),
+        (
+            PPO,
+            ["reward_model.reward_manager=nave"],
+            f"reward_model.reward_manager='nave' is not supported; use one of "
+            f"{_valid(REWARD_MANAGERS)}",
+        ),
+        (
+            PPO,
+            ["reward_manager.source=hub"],
+            f"reward_manager.source='hub' is not supported; use one of {_valid(SOURCES)}",
+        ),
+        (
+            PPO,
+            [f"{AR}.rollout.dtype=float16"],
+            f"{AR}.rollout.dtype='float16' is not supported; use one of {_valid(DTYPES)}",
+        ),
+        (
+            PPO,
+            ["critic.model.fsdp_config.model_dtype=fp8"],
+            f"critic.model.fsdp_config.model_dtype='fp8' is not supported; use one of "
+            f"{_valid(DTYPES)}",
+        ),
+        (
+            PPO,
+            ["trainer.logger=[console,neptune]"],
+            f"trainer.logger='neptune' is not supported; use one of {_valid(LOGGERS)}",
+        ),
+        (
+            PPO,
+            ["trainer.device=npu"],
+            f"trainer.device='npu' is not supported; use one of {_valid(BACKENDS)}",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("path, overrides, message", _enumerated_cases())
+def test_enumerated_values_fail_at_load_naming_key_and_valid_values(path, overrides, message):
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _tiny(path, *overrides, num_devices=1)
+
+
+def test_kl_types_are_checked_only_where_used():
+    config = _tiny(PPO, "algorithm.kl_penalty=full", f"{AR}.actor.kl_loss_type=full")
+    assert not config.algorithm.use_kl_in_reward and not config.actor_rollout_ref.actor.use_kl_loss
+    _tiny(PPO, "reward_manager.source=importlib", "reward_model.reward_manager=mine")

@@ -13,6 +13,7 @@ from jrl.algos.numerics import masked_mean
 K3_INPUT_CLAMP = 20.0
 K3_OUTPUT_CLAMP = 10.0
 KL_ESTIMATORS = ("kl", "k1", "abs", "mse", "k2", "low_var_kl", "k3")
+KL_CONTROLLERS = ("fixed", "adaptive")
 
 
 def kl_penalty_forward(logprob: jax.Array, ref_logprob: jax.Array, kl_penalty: str) -> jax.Array:
@@ -99,7 +100,9 @@ def get_kl_controller(kl_ctrl_config: Any) -> KLController:
             target_kl=kl_ctrl_config.target_kl,
             horizon=kl_ctrl_config.horizon,
         )
-    raise ValueError(f"Unknown algorithm.kl_ctrl.type {kind!r}; choose 'fixed' or 'adaptive'")
+    raise ValueError(
+        f"Unknown algorithm.kl_ctrl.type {kind!r}; choose one of {', '.join(KL_CONTROLLERS)}"
+    )
 
 
 def apply_kl_penalty(

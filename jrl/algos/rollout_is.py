@@ -9,8 +9,11 @@ ratios and tokens with w outside [lower, upper] leave the response mask (rejecti
 with any valid token whose ℓ < log(rollout_is_veto_threshold) leaves the mask entirely. Weights
 are finally multiplied by the original mask and carry no gradient.
 
-The configuration also has actor-level copies of these keys (`actor_rollout_ref.actor.rollout_is*`);
-only the `algorithm.rollout_is*` keys drive the computation here.
+This is the verl v0.6 spelling mapped onto `jrl.algos.rollout_correction` (current verl's
+`algorithm.rollout_correction`): the log-weights, the weight statistics and the off-policy metrics
+are that module's; the geometric level, mask mode, veto, percentiles and the `mismatch/` names are
+v0.6's. The actor-level copies (`actor_rollout_ref.actor.rollout_is*`) are merged into these keys by
+`jrl.config.rollout_correction_checks.legacy_rollout_is`.
 """
 
 from __future__ import annotations
@@ -22,12 +25,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl.algos.numerics import MEAN_EPS, masked_mean, masked_sum
+from jrl.algos import rollout_correction as rc
+from jrl.algos.numerics import masked_mean, masked_sum
 from jrl.algos.options import config_option
 
 ROLLOUT_IS_LEVELS = ("token", "sequence", "geometric")
 ROLLOUT_IS_MODES = ("truncate", "mask")
-SAFETY_BOUND = 20.0
+SAFETY_BOUND = rc.SAFETY_BOUND
 PERCENTILES = (25, 50, 75, 95, 99)
 METRIC_PREFIX = "mismatch/"
 
@@ -153,21 +157,19 @@ def _rollout_is(
     )
     mask = response_mask.astype(jnp.float32)
     log_ratio = old - rollout
-    if level == "token":
-        log_metric = log_ratio
-    elif level == "sequence":
-        log_metric = masked_sum(log_ratio, mask, axis=-1)[:, None]
-    else:
-        log_metric = masked_mean(log_ratio, mask, axis=-1)[:, None]
+    log_metric = rc.is_log_weights(log_ratio, mask, level)
     ratio = jnp.broadcast_to(jnp.exp(jnp.clip(log_metric, -SAFETY_BOUND, SAFETY_BOUND)), mask.shape)
     catastrophic = (log_ratio < log_veto) & (mask > 0)
     vetoed = jnp.any(catastrophic, axis=-1)
     metrics = {
         "rollout_is_veto_fraction": jnp.mean(vetoed.astype(jnp.float32)),
         "rollout_is_catastrophic_token_fraction": masked_mean(catastrophic, mask),
-        **_weight_metrics(ratio, log_metric, mask, upper, lower, level),
-        **_mismatch_metrics(old, rollout, mask),
+        **rc.is_metrics(ratio, log_metric, mask, upper, lower, level),
+        **{f"mismatch_{k}": v for k, v in rc.offpolicy_metrics(old, rollout, mask).items()},
     }
+    quantiles = masked_quantiles(ratio, mask, [p / 100 for p in PERCENTILES])
+    for percentile, value in zip(PERCENTILES, quantiles, strict=True):
+        metrics[f"rollout_is_p{percentile}"] = value
     if mode == "truncate":
         weights, kept = jnp.minimum(ratio, upper), mask
     else:
@@ -181,57 +183,6 @@ def _rollout_is(
         weights, kept = ratio, mask * inside
     kept = kept * (~vetoed)[:, None]
     return weights * mask, kept.astype(response_mask.dtype), metrics
-
-
-def _weight_metrics(
-    ratio: jax.Array,
-    log_metric: jax.Array,
-    mask: jax.Array,
-    upper: jax.Array,
-    lower: jax.Array,
-    level: str,
-) -> dict[str, jax.Array]:
-    valid = mask > 0
-    metrics = {"rollout_is_mean": masked_mean(ratio, mask)}
-    if level == "token":
-        metrics["rollout_is_max"] = jnp.max(jnp.where(valid, ratio, -jnp.inf))
-        metrics["rollout_is_min"] = jnp.min(jnp.where(valid, ratio, jnp.inf))
-        high, low = ratio > upper, ratio < lower
-    else:
-        metrics["rollout_is_max"] = jnp.exp(jnp.minimum(jnp.max(log_metric), SAFETY_BOUND))
-        metrics["rollout_is_min"] = jnp.exp(jnp.min(log_metric))
-        high, low = log_metric > jnp.log(upper), log_metric < jnp.log(lower)
-    if level == "sequence":
-        metrics["rollout_is_ratio_fraction_high"] = jnp.mean(high.astype(jnp.float32))
-        metrics["rollout_is_ratio_fraction_low"] = jnp.mean(low.astype(jnp.float32))
-    else:
-        metrics["rollout_is_ratio_fraction_high"] = masked_mean(
-            jnp.broadcast_to(high, mask.shape), mask
-        )
-        metrics["rollout_is_ratio_fraction_low"] = masked_mean(
-            jnp.broadcast_to(low, mask.shape), mask
-        )
-    bounded = jnp.clip(ratio, lower, upper)
-    bounded_mean = masked_mean(bounded, mask)
-    variance = masked_mean(jnp.square(bounded), mask) - jnp.square(bounded_mean)
-    metrics["rollout_is_std"] = jnp.where(
-        jnp.sum(mask) > 1, jnp.sqrt(jnp.maximum(variance, 0.0)), 0.0
-    )
-    normalised = bounded / (bounded_mean + MEAN_EPS)
-    metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(jnp.square(normalised), mask)
-    row_means = masked_mean(ratio, mask, axis=-1)
-    rows = row_means.shape[0]
-    metrics["rollout_is_seq_mean"] = jnp.mean(row_means)
-    metrics["rollout_is_seq_std"] = jnp.std(row_means, ddof=1) if rows > 1 else jnp.zeros(())
-    metrics["rollout_is_seq_max"] = jnp.max(row_means)
-    metrics["rollout_is_seq_min"] = jnp.min(row_means)
-    metrics["rollout_is_seq_max_deviation"] = jnp.max(jnp.abs(row_means - 1.0))
-    metrics["rollout_is_seq_fraction_high"] = jnp.mean((row_means > upper).astype(jnp.float32))
-    metrics["rollout_is_seq_fraction_low"] = jnp.mean((row_means < lower).astype(jnp.float32))
-    quantiles = masked_quantiles(ratio, mask, [p / 100 for p in PERCENTILES])
-    for percentile, value in zip(PERCENTILES, quantiles, strict=True):
-        metrics[f"rollout_is_p{percentile}"] = value
-    return metrics
 
 
 def masked_quantiles(values: jax.Array, mask: jax.Array, qs: list[float]) -> list[jax.Array]:
@@ -249,27 +200,3 @@ def masked_quantiles(values: jax.Array, mask: jax.Array, qs: list[float]) -> lis
         low_value, high_value = ordered[below], ordered[above]
         results.append(low_value + (position - below) * (high_value - low_value))
     return results
-
-
-def _mismatch_metrics(old: jax.Array, rollout: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
-    log_ratio = old - rollout
-    train_mean = masked_mean(old, mask, axis=-1)
-    rollout_mean = masked_mean(rollout, mask, axis=-1)
-    log_ppl_diff = rollout_mean - train_mean
-    token_ratio = jnp.exp(jnp.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
-    seq_log_ratio = jnp.clip(masked_sum(log_ratio, mask, axis=-1), -SAFETY_BOUND, SAFETY_BOUND)
-    return {
-        "mismatch_training_ppl": jnp.mean(jnp.exp(-train_mean)),
-        "mismatch_training_log_ppl": jnp.mean(-train_mean),
-        "mismatch_kl": masked_mean(rollout - old, mask),
-        "mismatch_k3_kl": masked_mean(jnp.exp(log_ratio) - log_ratio - 1, mask),
-        "mismatch_rollout_ppl": jnp.mean(jnp.exp(-rollout_mean)),
-        "mismatch_rollout_log_ppl": jnp.mean(-rollout_mean),
-        "mismatch_log_ppl_diff": jnp.mean(log_ppl_diff),
-        "mismatch_log_ppl_abs_diff": jnp.mean(jnp.abs(log_ppl_diff)),
-        "mismatch_log_ppl_diff_max": jnp.max(log_ppl_diff),
-        "mismatch_log_ppl_diff_min": jnp.min(log_ppl_diff),
-        "mismatch_ppl_ratio": jnp.mean(jnp.exp(log_ppl_diff)),
-        "mismatch_chi2_token": masked_mean(jnp.square(token_ratio), mask) - 1.0,
-        "mismatch_chi2_seq": jnp.mean(jnp.exp(2.0 * seq_log_ratio)) - 1.0,
-    }

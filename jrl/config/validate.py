@@ -5,11 +5,12 @@ and the fix; all problems are reported at once."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from ml_collections import ConfigDict
 
 from jrl.config.errors import ConfigError
+from jrl.config.rollout_correction_checks import rollout_correction_problems
 
 LOSS_AGG_MODES = (
     "token-mean",
@@ -25,11 +26,8 @@ CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
 # triton -> the Pallas kernel of the backend (auto: Pallas TPU / GPU where it runs, else chunked),
 # torch -> the chunked XLA loop (portable).
 FUSED_KERNEL_IMPLS = {"triton": "auto", "torch": "chunked"}
-LR_SCHEDULER_TYPES = ("constant", "cosine")
 SFT_TRUNCATIONS = ("error", "left", "right")
-SFT_LR_SCHEDULERS = ("cosine", "wsd")
 SFT_STRATEGIES = ("fsdp", "fsdp2")
-MODEL_DTYPES = ("fp32", "float32", "bf16", "bfloat16")
 _GPUS = "trainer.nnodes * trainer.n_gpus_per_node"
 _N = "actor_rollout_ref.rollout.n"
 
@@ -55,8 +53,13 @@ def _positive(value: int | None) -> bool:
     return value is not None and value > 0
 
 
+def _not_one_of(key: str, value: object, allowed: Sequence[str], note: str = "") -> str:
+    return f"{key}={value!r} is not supported{note}; use one of {', '.join(allowed)}"
+
+
 def _choices(config: ConfigDict) -> Iterator[str]:
     from jrl.algos import ADV_ESTIMATORS, POLICY_LOSS_TERMS  # the registries decide
+    from jrl.parallel.devices import BACKENDS
 
     rules = [
         ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES, ""),
@@ -65,6 +68,7 @@ def _choices(config: ConfigDict) -> Iterator[str]:
         ("actor_rollout_ref.rollout.name", ROLLOUT_NAMES, " (jrl supports jax and vllm)"),
         ("data.truncation", TRUNCATIONS, ""),
         ("trainer.resume_mode", RESUME_MODES, ""),
+        ("trainer.device", tuple(BACKENDS), ""),
     ]
     if uses_critic(config):
         rules.append(("critic.loss_agg_mode", LOSS_AGG_MODES, ""))
@@ -75,7 +79,7 @@ def _choices(config: ConfigDict) -> Iterator[str]:
         rules.append(("actor_rollout_ref.model.fused_kernel_options.impl_backend", backends, note))
     for key, allowed, note in rules:
         if config[key] not in allowed:
-            yield f"{key}={config[key]!r} is not supported{note}; use one of {', '.join(allowed)}"
+            yield _not_one_of(key, config[key], allowed, note)
     rollout = config.actor_rollout_ref.rollout
     if rollout.val_kwargs.do_sample and not rollout.temperature > 0:
         yield (
@@ -247,6 +251,17 @@ def _unsupported(config: ConfigDict) -> Iterator[str]:
             yield f"{key} is not supported yet; reset it to its default"
 
 
+def _response_length(config: ConfigDict) -> Iterator[str]:
+    """The rollout generates ``rollout.response_length`` tokens (verl), at most the
+    ``data.max_response_length`` that the batches and token budgets are sized for."""
+    length, most = config.actor_rollout_ref.rollout.response_length, config.data.max_response_length
+    if not 1 <= length <= most:
+        yield (
+            f"actor_rollout_ref.rollout.response_length={length} must be in [1, "
+            f"data.max_response_length={most}]; lower it or raise data.max_response_length"
+        )
+
+
 def _lora_reference(config: ConfigDict) -> Iterator[str]:
     """With LoRA the reference is the actor's base model: same weights, so the same mesh."""
     arr = config.actor_rollout_ref
@@ -275,25 +290,84 @@ def _memory_options(model_cfg: ConfigDict, prefix: str) -> Iterator[str]:
         )
 
 
-def _schedulers(config: ConfigDict) -> Iterator[str]:
-    """``optim.lr_scheduler_type`` (or its older alias ``warmup_style``) of the trained roles."""
-    sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
+def _optimizers(config: ConfigDict, sections: list[str]) -> Iterator[str]:
+    """``optim.optimizer`` and ``optim.lr_scheduler_type`` (or its older alias ``warmup_style``)
+    of the trained roles, as `jrl.trainer.update.optim` resolves them."""
+    from jrl.trainer.update.optim import LR_SCHEDULER_TYPES, RL_OPTIMIZERS
+
     for prefix in sections:
         optim = config[f"{prefix}.optim"]
         key = "warmup_style" if optim.get("warmup_style") else "lr_scheduler_type"
-        name = optim.get(key)
-        if name not in LR_SCHEDULER_TYPES:
+        if optim.get(key) not in LR_SCHEDULER_TYPES:
+            yield _not_one_of(f"{prefix}.optim.{key}", optim.get(key), LR_SCHEDULER_TYPES)
+        if str(optim.optimizer).lower() not in (name.lower() for name in RL_OPTIMIZERS):
+            yield _not_one_of(f"{prefix}.optim.optimizer", optim.optimizer, RL_OPTIMIZERS)
+
+
+def _kl(config: ConfigDict) -> Iterator[str]:
+    """The KL estimators in use (`jrl.algos.kl.KL_ESTIMATORS`, each optionally with a '+'
+    suffix) and, with KL in the reward, the controller type."""
+    from jrl.algos.kl import KL_CONTROLLERS, KL_ESTIMATORS
+
+    algorithm, actor = config.algorithm, config.actor_rollout_ref.actor
+    keys = ["algorithm.kl_penalty"] if algorithm.use_kl_in_reward else []
+    keys += ["actor_rollout_ref.actor.kl_loss_type"] if actor.use_kl_loss else []
+    estimators = f"{', '.join(KL_ESTIMATORS)} (each optionally with a '+' suffix)"
+    for key in keys:
+        name = str(config[key]).removesuffix("+")
+        if name == "full":
             yield (
-                f"{prefix}.optim.{key}={name!r} is not supported; use one of "
-                f"{', '.join(LR_SCHEDULER_TYPES)}"
+                f"{key}={config[key]!r} needs the full distributions over the vocabulary, which "
+                f"jrl does not keep (it keeps the sampled tokens' log-probs); use one of "
+                f"{estimators}"
             )
+        elif name not in KL_ESTIMATORS:
+            yield f"{key}={config[key]!r} is not supported; use one of {estimators}"
+    if algorithm.use_kl_in_reward and algorithm.kl_ctrl.type not in KL_CONTROLLERS:
+        yield _not_one_of("algorithm.kl_ctrl.type", algorithm.kl_ctrl.type, KL_CONTROLLERS)
+
+
+def _reward_manager(config: ConfigDict) -> Iterator[str]:
+    """``reward_manager.source`` and the built-in ``reward_model.reward_manager`` it selects
+    (`jrl.reward.manager`)."""
+    from jrl.reward.manager import REWARD_MANAGERS, SOURCES
+
+    source = config.reward_manager.source or "register"
+    name = config.reward_model.reward_manager or "naive"
+    if source not in SOURCES:
+        yield _not_one_of("reward_manager.source", source, SOURCES)
+    elif source == "register" and name not in REWARD_MANAGERS:
+        yield _not_one_of("reward_model.reward_manager", name, tuple(REWARD_MANAGERS))
+
+
+def _dtypes_and_loggers(config: ConfigDict) -> Iterator[str]:
+    """Dtypes (`jrl.models.dtypes.DTYPES`) of the roles in use and of the rollout, and the
+    ``trainer.logger`` names (`jrl.trainer.io.tracking.LOGGERS`)."""
+    from jrl.models.dtypes import DTYPES
+    from jrl.trainer.io.tracking import LOGGERS
+
+    sections = ["actor_rollout_ref.actor.fsdp_config"]
+    sections += ["actor_rollout_ref.ref.fsdp_config"] if uses_reference(config) else []
+    sections += ["critic.model.fsdp_config"] if uses_critic(config) else []
+    sections += ["reward_model.model.fsdp_config"] if config.reward_model.enable else []
+    keys = [f"{section}.{name}" for section in sections for name in ("dtype", "model_dtype")]
+    for key in [*keys, "actor_rollout_ref.rollout.dtype"]:
+        if config[key] not in DTYPES:
+            yield _not_one_of(key, config[key], tuple(DTYPES))
+    loggers = config.trainer.logger
+    for name in [loggers] if isinstance(loggers, str) else list(loggers or []):
+        if name not in LOGGERS:
+            yield _not_one_of("trainer.logger", name, tuple(LOGGERS))
 
 
 def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     """Raise ConfigError listing every broken rule; `num_devices` is the visible device count."""
     sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
     problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config, sections)]
-    problems += [*_unsupported(config), *_schedulers(config), *_lora_reference(config)]
+    problems += [*_unsupported(config), *_optimizers(config, sections), *_lora_reference(config)]
+    problems += [*_kl(config), *_reward_manager(config), *_dtypes_and_loggers(config)]
+    problems += _response_length(config)
+    problems += rollout_correction_problems(config)
     problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")
     if uses_critic(config):
         problems += _memory_options(config.critic.model, "critic.model")
@@ -326,11 +400,14 @@ def _micro_rows(config: ConfigDict, world: int) -> Iterator[str]:
 
 
 def _sft_choices(config: ConfigDict) -> Iterator[str]:
+    from jrl.models.dtypes import DTYPES
+    from jrl.trainer.update.optim import SFT_LR_SCHEDULERS
+
     rules = [
         ("data.truncation", SFT_TRUNCATIONS),
         ("optim.lr_scheduler", SFT_LR_SCHEDULERS),
         ("model.strategy", SFT_STRATEGIES),
-        ("model.fsdp_config.model_dtype", MODEL_DTYPES),
+        ("model.fsdp_config.model_dtype", tuple(DTYPES)),
         ("trainer.resume_mode", RESUME_MODES),
     ]
     for key, allowed in rules:

@@ -1,5 +1,5 @@
 """The advantage phase of a PPO step: in-reward KL, the advantage estimator and rollout
-importance sampling, from the batch's scores, log-probs and values (`jrl.algos`)."""
+correction, from the batch's scores, log-probs and values (`jrl.algos`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,9 @@ from typing import Any
 import numpy as np
 
 from jrl import algos
+from jrl.algos.rollout_correction import rollout_correction_step
 from jrl.batch import Batch
+from jrl.config.rollout_correction_checks import legacy_rollout_is
 
 
 def compute_advantage(
@@ -51,19 +53,35 @@ def compute_advantage(
 
 
 def rollout_correction(
-    batch: Batch, algorithm: Mapping[str, Any]
+    batch: Batch, algorithm: Mapping[str, Any], actor: Mapping[str, Any] | None = None
 ) -> tuple[Batch, dict[str, float]]:
-    """Rollout importance sampling (``algorithm.rollout_is*``): mismatch metrics, and with
-    ``rollout_is`` the per-token weights that the policy loss multiplies by. Mask mode and the
-    veto zero the weights of rejected tokens/rows (verl 0.6); response_mask is unchanged."""
+    """Rollout correction from whichever spelling the config uses (`actor`: the actor section,
+    whose ``rollout_is*`` keys stand in for unset ``algorithm.rollout_is*`` ones).
+
+    verl v0.6 (``algorithm.rollout_is*``): `mismatch/` metrics and, with ``rollout_is``, weights
+    zeroed where mask mode or the veto reject; response_mask is unchanged. Current verl
+    (``algorithm.rollout_correction``): `rollout_corr/` metrics whenever the batch has
+    rollout log-probs, weights with ``rollout_is``, and rejection removes tokens from
+    response_mask (run it before the advantage estimator, as verl does)."""
     t = batch.tensors
+    legacy = legacy_rollout_is(algorithm, actor)
+    if legacy["rollout_is_threshold"] is None and not legacy["rollout_is"]:
+        return _current_correction(batch, algorithm["rollout_correction"])
     weights, kept, metrics = algos.rollout_importance_sampling(
-        algorithm,
-        t["old_log_probs"],
-        t.get("rollout_log_probs"),
-        t["response_mask"],
+        legacy, t["old_log_probs"], t.get("rollout_log_probs"), t["response_mask"]
     )
     if weights is None:
         return batch, metrics
     weights = np.asarray(weights, np.float32) * np.asarray(kept, np.float32)
     return batch.union(Batch({"rollout_is_weights": weights})), metrics
+
+
+def _current_correction(batch: Batch, section: Mapping[str, Any]) -> tuple[Batch, dict[str, float]]:
+    t = batch.tensors
+    weights, mask, metrics = rollout_correction_step(
+        section, t["old_log_probs"], t.get("rollout_log_probs"), t["response_mask"]
+    )
+    new = {"response_mask": np.asarray(mask)}
+    if weights is not None:
+        new["rollout_is_weights"] = np.asarray(weights, np.float32)
+    return batch.union(Batch(new)), metrics

@@ -126,7 +126,7 @@ class PPOTrainer:
         try:
             self.tokenizer = load_tokenizer(
                 actor_cfg.model[tokenizer_key],
-                trust_remote_code=actor_cfg.model.trust_remote_code,
+                trust_remote_code=bool(config.data.get("trust_remote_code", False)),  # as verl
                 custom_chat_template=actor_cfg.model.get("custom_chat_template"),
             )
         except (FileNotFoundError, OSError) as err:
@@ -239,10 +239,11 @@ class PPOTrainer:
             with timer("values", timing):
                 batch = batch.union(Batch({"values": self.critic.compute_values(batch)}))
         with timer("adv", timing):
+            actor_config = self.config.actor_rollout_ref.actor
+            batch, is_metrics = rollout_correction(batch, spec.algorithm, actor_config)
+            metrics.update(is_metrics)
             batch, kl_metrics = compute_advantage(batch, spec.algorithm, self.kl_ctrl)
             metrics.update(kl_metrics)
-            batch, is_metrics = rollout_correction(batch, spec.algorithm)
-            metrics.update(is_metrics)
         return batch, metrics
 
     def greedy_baselines(self, prompts: Batch) -> np.ndarray:

@@ -35,6 +35,12 @@ from typing import Any
 
 import optax
 
+# ``optim.lr_scheduler_type`` of the RL roles, ``optim.lr_scheduler`` of SFT, and the RL roles'
+# ``optim.optimizer`` (matched case-insensitively).
+LR_SCHEDULER_TYPES = ("constant", "cosine")
+SFT_LR_SCHEDULERS = ("cosine", "wsd")
+RL_OPTIMIZERS = ("AdamW", "Adam")
+
 
 def warmup_steps(optim_cfg: Any, total_training_steps: int) -> int:
     """`lr_warmup_steps` when >= 0, else int(lr_warmup_steps_ratio * total_training_steps)."""
@@ -47,9 +53,10 @@ def warmup_steps(optim_cfg: Any, total_training_steps: int) -> int:
 def scheduler_type(optim_cfg: Any) -> str:
     """`lr_scheduler_type` (or its older alias `warmup_style`)."""
     name = optim_cfg.get("warmup_style") or optim_cfg.get("lr_scheduler_type", "constant")
-    if name not in ("constant", "cosine"):
+    if name not in LR_SCHEDULER_TYPES:
         raise ValueError(
-            f"optim.lr_scheduler_type={name!r} is not supported; use constant or cosine"
+            f"optim.lr_scheduler_type={name!r} is not supported; use one of "
+            f"{', '.join(LR_SCHEDULER_TYPES)}"
         )
     return name
 
@@ -88,9 +95,10 @@ class Schedule:
     @classmethod
     def sft(cls, optim_cfg: Any, total_steps: int) -> Schedule:
         """The schedule of the SFT ``optim`` (``lr_scheduler``: cosine or wsd)."""
-        if optim_cfg.lr_scheduler not in ("cosine", "wsd"):
+        if optim_cfg.lr_scheduler not in SFT_LR_SCHEDULERS:
             raise ValueError(
-                f"optim.lr_scheduler={optim_cfg.lr_scheduler!r} is not supported; use cosine or wsd"
+                f"optim.lr_scheduler={optim_cfg.lr_scheduler!r} is not supported; use one of "
+                f"{', '.join(SFT_LR_SCHEDULERS)}"
             )
         warmup = warmup_steps(optim_cfg, total_steps)
         return cls(float(optim_cfg.lr), int(total_steps), warmup, optim_cfg.lr_scheduler)
@@ -122,8 +130,10 @@ def lr_multiplier(optim_cfg: Any, step: int, total_training_steps: int) -> float
 def make_optimizer(optim_cfg: Any) -> optax.GradientTransformation:
     """AdamW with an injectable learning rate (clipping and non-finite skips live in the step)."""
     name = str(optim_cfg.get("optimizer", "AdamW")).lower()
-    if name not in ("adamw", "adam"):
-        raise ValueError(f"optim.optimizer={name!r} is not supported; use AdamW")
+    if name not in (o.lower() for o in RL_OPTIMIZERS):
+        raise ValueError(
+            f"optim.optimizer={name!r} is not supported; use one of {', '.join(RL_OPTIMIZERS)}"
+        )
     b1, b2 = optim_cfg.get("betas", (0.9, 0.999))
     decay = float(optim_cfg.get("weight_decay", 0.0)) if name == "adamw" else 0.0
     return optax.inject_hyperparams(optax.adamw)(

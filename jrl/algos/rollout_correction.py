@@ -1,0 +1,465 @@
+"""Rollout correction (`algorithm.rollout_correction`, current verl): importance weights and
+rejection sampling for the gap between the rollout engine's and the trainer's log-probabilities.
+
+ℓ = old_log_prob - rollout_log_prob (trainer minus rollout), m the response mask.
+
+IS weights (`rollout_is`): token w_t = exp(clip(ℓ_t, ±20)); sequence w = exp(clip(Σ_t ℓ·m, ±20))
+broadcast over the row. Weights are masked, truncated w ← min(w·m, rollout_is_threshold) and, with
+`rollout_is_batch_normalize`, divided by their batch mean (token: over valid tokens; sequence: over
+the per-row means of rows with a valid token) when that mean exceeds 1e-8.
+
+Rejection (`rollout_rs`, comma-separated criteria that must all pass), on ℓs = clip(ℓ, ±20):
+k1 = -ℓs, k2 = ½ℓs², k3 = exp(ℓs) - 1 - ℓs, per token (`token_k*`) or per row as the masked sum
+(`seq_sum_k*`), mean (`seq_mean_k*`) or max (`seq_max_k2/k3`). k1 keeps log(lo) ≤ stat ≤ log(hi)
+(threshold "lo_hi", or one number hi with lo = 1/hi); k2/k3 keep stat ≤ hi. Rejected tokens (or
+whole rows) leave the response mask.
+
+Metrics are `rollout_corr/`-prefixed floats: `rollout_is_*` (IS weights), `rollout_rs_<option>_*`
+and `rollout_rs_{masked,seq_masked}_fraction` (rejection) and the off-policy diagnostics
+`training_ppl`, `kl`, `k3_kl`, `chi2_token`, ... (`offpolicy_metrics`).
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jrl.algos.numerics import MEAN_EPS, masked_mean, masked_sum
+from jrl.algos.options import config_option
+
+IS_LEVELS = ("token", "sequence")
+RS_OPTIONS = (
+    "token_k1",
+    "token_k2",
+    "token_k3",
+    "seq_sum_k1",
+    "seq_sum_k2",
+    "seq_sum_k3",
+    "seq_mean_k1",
+    "seq_mean_k2",
+    "seq_mean_k3",
+    "seq_max_k2",
+    "seq_max_k3",
+)
+LOSS_TYPES = ("ppo_clip", "reinforce")
+SAFETY_BOUND = 20.0
+METRIC_PREFIX = "rollout_corr/"
+_GEO = "0.999_1.001"
+_BYPASS_PG = {"bypass_mode": True, "loss_type": "reinforce"}
+# verl's RolloutCorrectionConfig factory methods, as `algorithm.rollout_correction` values.
+PRESETS: dict[str, dict[str, Any]] = {
+    "decoupled_token_is": {"rollout_is": "token"},
+    "decoupled_seq_is": {"rollout_is": "sequence"},
+    "decoupled_seq_is_rs": {
+        "rollout_is": "sequence",
+        "rollout_rs": "seq_sum_k1",
+        "rollout_rs_threshold": "0.5_2.0",
+    },
+    "decoupled_geo_rs": {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": _GEO},
+    "decoupled_geo_rs_seq_tis": {
+        "rollout_is": "sequence",
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": _GEO,
+    },
+    "decoupled_geo_rs_token_tis": {
+        "rollout_is": "token",
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": _GEO,
+    },
+    "decoupled_k3_rs": {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01},
+    "decoupled_k3_rs_seq_tis": {
+        "rollout_is": "sequence",
+        "rollout_rs": "seq_mean_k3",
+        "rollout_rs_threshold": 0.01,
+    },
+    "decoupled_k3_rs_token_tis": {
+        "rollout_is": "token",
+        "rollout_rs": "seq_mean_k3",
+        "rollout_rs_threshold": 0.01,
+    },
+    "bypass_ppo_clip": {"bypass_mode": True},
+    "bypass_ppo_clip_geo_rs": {
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": _GEO,
+        "bypass_mode": True,
+    },
+    "bypass_ppo_clip_k3_rs": {
+        "rollout_rs": "seq_mean_k3",
+        "rollout_rs_threshold": 0.01,
+        "bypass_mode": True,
+    },
+    "bypass_pg_is": {"rollout_is": "sequence", **_BYPASS_PG},
+    "bypass_pg_geo_rs": {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": _GEO, **_BYPASS_PG},
+    "bypass_pg_geo_rs_seq_tis": {
+        "rollout_is": "sequence",
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": _GEO,
+        **_BYPASS_PG,
+    },
+    "bypass_pg_geo_rs_token_tis": {
+        "rollout_is": "token",
+        "rollout_rs": "seq_mean_k1",
+        "rollout_rs_threshold": _GEO,
+        **_BYPASS_PG,
+    },
+    "disabled": {},
+}
+
+Bounds = tuple[float | None, float]
+
+
+def rs_options(rollout_rs: str) -> tuple[str, ...]:
+    """The criteria of a comma-separated `rollout_rs`, duplicates dropped, in order."""
+    options = tuple(dict.fromkeys(part.strip() for part in str(rollout_rs).split(",")))
+    options = tuple(option for option in options if option)
+    unknown = [option for option in options if option not in RS_OPTIONS]
+    if not options or unknown:
+        raise ValueError(
+            f"algorithm.rollout_correction.rollout_rs={rollout_rs!r}: unknown criteria "
+            f"{unknown}; use a comma-separated list of {', '.join(RS_OPTIONS)}"
+        )
+    return options
+
+
+def rs_thresholds(options: tuple[str, ...], spec: str | float | None) -> tuple[Bounds, ...]:
+    """(lower, upper) per criterion from `rollout_rs_threshold`: one entry shared by all or one per
+    criterion (comma-separated); k1 takes "lo_hi" or hi (lo = 1/hi), k2/k3 a single hi."""
+    key = "algorithm.rollout_correction.rollout_rs_threshold"
+    if spec is None:
+        raise ValueError(f"{key} is required with rollout_rs (e.g. 2.0, or '0.5_2.0' for k1)")
+    parts = [part.strip() for part in str(spec).split(",") if part.strip()]
+    if len(parts) not in (1, len(options)):
+        raise ValueError(
+            f"{key}={spec!r}: give one threshold for all or {len(options)} (one per rollout_rs "
+            "criterion)"
+        )
+    if len(parts) == 1:
+        parts = parts * len(options)
+    return tuple(_bounds(option, part, key) for option, part in zip(options, parts, strict=True))
+
+
+def _bounds(option: str, spec: str, key: str) -> Bounds:
+    k1 = option.endswith("k1")
+    if "_" in spec and not k1:
+        raise ValueError(f"{key}: {option} takes one upper bound, not {spec!r}")
+    try:
+        values = [float(value) for value in spec.split("_", 1)]
+    except ValueError:
+        raise ValueError(f"{key}: {spec!r} for {option} is not a number") from None
+    if not all(value > 0 for value in values):
+        raise ValueError(f"{key}: the bounds of {option} must be positive, got {spec!r}")
+    if not k1:
+        return None, values[0]
+    return (values[0], values[1]) if len(values) == 2 else (1.0 / values[0], values[0])
+
+
+def compute_rollout_correction(
+    old_log_prob: jax.Array,
+    rollout_log_prob: jax.Array,
+    response_mask: jax.Array,
+    rollout_is: str | None = None,
+    rollout_is_threshold: float | None = 2.0,
+    rollout_is_batch_normalize: bool = False,
+    rollout_rs: str | None = None,
+    rollout_rs_threshold: str | float | None = None,
+) -> tuple[jax.Array | None, jax.Array, dict[str, float]]:
+    """(rollout_is_weights or None, response mask after rejection, `rollout_corr/` metrics).
+
+    Weights come only with both `rollout_is` and `rollout_is_threshold` set; the off-policy
+    metrics are always computed.
+    """
+    if old_log_prob.shape != rollout_log_prob.shape or old_log_prob.shape != response_mask.shape:
+        raise ValueError(
+            "old_log_prob, rollout_log_prob and response_mask must share one [B, R] shape; got "
+            f"{old_log_prob.shape}, {rollout_log_prob.shape}, {response_mask.shape}"
+        )
+    if not bool(jnp.any(response_mask > 0)):
+        raise ValueError("Rollout correction needs at least one valid response token")
+    level = rollout_is if rollout_is_threshold is not None else None
+    if level is not None and level not in IS_LEVELS:
+        raise ValueError(
+            f"algorithm.rollout_correction.rollout_is={level!r}; use one of token, sequence"
+        )
+    if level is not None and not rollout_is_threshold > 0:
+        raise ValueError(f"rollout_is_threshold must be positive, got {rollout_is_threshold}")
+    options = rs_options(rollout_rs) if rollout_rs is not None else ()
+    bounds = rs_thresholds(options, rollout_rs_threshold) if options else ()
+    weights, mask, metrics = _correction(
+        old_log_prob,
+        rollout_log_prob,
+        response_mask,
+        float(rollout_is_threshold or 1.0),
+        level=level,
+        batch_normalize=bool(rollout_is_batch_normalize),
+        criteria=tuple(zip(options, bounds, strict=True)),
+    )
+    return weights, mask, {METRIC_PREFIX + key: float(value) for key, value in metrics.items()}
+
+
+def rollout_correction_step(
+    section: Any,
+    old_log_prob: jax.Array,
+    rollout_log_prob: jax.Array | None,
+    response_mask: jax.Array,
+) -> tuple[jax.Array | None, jax.Array, dict[str, float]]:
+    """`compute_rollout_correction` from an `algorithm.rollout_correction` section.
+
+    Without rollout log-probs: an error when IS or RS is asked for, else nothing (verl skips).
+    """
+    rollout_is, rollout_rs = (config_option(section, key) for key in ("rollout_is", "rollout_rs"))
+    if rollout_log_prob is None:
+        if rollout_is is not None or rollout_rs is not None:
+            raise ValueError(
+                "algorithm.rollout_correction needs rollout_log_probs in the batch; set "
+                "actor_rollout_ref.rollout.calculate_log_probs=True"
+            )
+        return None, response_mask, {}
+    return compute_rollout_correction(
+        old_log_prob,
+        rollout_log_prob,
+        response_mask,
+        rollout_is=rollout_is,
+        rollout_is_threshold=config_option(section, "rollout_is_threshold"),
+        rollout_is_batch_normalize=config_option(section, "rollout_is_batch_normalize", False),
+        rollout_rs=rollout_rs,
+        rollout_rs_threshold=config_option(section, "rollout_rs_threshold"),
+    )
+
+
+@partial(jax.jit, static_argnames=("level", "batch_normalize", "criteria"))
+def _correction(
+    old_log_prob: jax.Array,
+    rollout_log_prob: jax.Array,
+    response_mask: jax.Array,
+    upper: float,
+    *,
+    level: str | None,
+    batch_normalize: bool,
+    criteria: tuple[tuple[str, Bounds], ...],
+) -> tuple[jax.Array | None, jax.Array, dict[str, jax.Array]]:
+    old, rollout = (
+        jax.lax.stop_gradient(x).astype(jnp.float32) for x in (old_log_prob, rollout_log_prob)
+    )
+    mask = response_mask.astype(jnp.float32)
+    log_ratio = old - rollout
+    metrics = {}
+    weights = None
+    if level is not None:
+        log_metric = is_log_weights(log_ratio, mask, level)
+        ratio = jnp.broadcast_to(
+            jnp.exp(jnp.clip(log_metric, -SAFETY_BOUND, SAFETY_BOUND)), mask.shape
+        )
+        metrics.update(is_metrics(ratio, log_metric, mask, upper, 1.0 / upper, level))
+        weights = jnp.minimum(ratio * mask, upper)
+        if batch_normalize:
+            weights, metrics["rollout_is_batch_norm_factor"] = batch_normalized(
+                weights, mask, level
+            )
+    kept = mask
+    if criteria:
+        keep, rs_metrics = rejection_mask(log_ratio, mask, criteria)
+        kept = mask * keep
+        metrics.update(rs_metrics)
+    metrics.update(offpolicy_metrics(old, rollout, mask))
+    return weights, kept.astype(response_mask.dtype), metrics
+
+
+def is_log_weights(log_ratio: jax.Array, mask: jax.Array, level: str) -> jax.Array:
+    """log w per `level`: token ℓ [B, R]; sequence Σℓ·m, geometric Σℓ·m / (Σm + 1e-8) [B, 1]."""
+    if level == "token":
+        return log_ratio
+    if level == "sequence":
+        return masked_sum(log_ratio, mask, axis=-1)[:, None]
+    return masked_mean(log_ratio, mask, axis=-1)[:, None]
+
+
+def is_metrics(
+    ratio: jax.Array,
+    log_metric: jax.Array,
+    mask: jax.Array,
+    upper: float | jax.Array,
+    lower: float | jax.Array,
+    level: str,
+) -> dict[str, jax.Array]:
+    """verl's `rollout_is_*` statistics of the safety-clamped, untruncated weights `ratio`.
+
+    mean/ESS/std (std and ESS of the weights clipped to [lower, upper]); max/min/fractions
+    outside the bounds from `ratio` (token) or the unclamped log-weights (row levels); `seq_*`
+    from the per-row mean weights.
+    """
+    metrics = {"rollout_is_mean": masked_mean(ratio, mask)}
+    if level == "token":
+        valid = mask > 0
+        metrics["rollout_is_max"] = jnp.max(jnp.where(valid, ratio, -jnp.inf))
+        metrics["rollout_is_min"] = jnp.min(jnp.where(valid, ratio, jnp.inf))
+        high, low = ratio > upper, ratio < lower
+    else:
+        metrics["rollout_is_max"] = jnp.exp(jnp.minimum(jnp.max(log_metric), SAFETY_BOUND))
+        metrics["rollout_is_min"] = jnp.exp(jnp.min(log_metric))
+        high, low = log_metric > jnp.log(upper), log_metric < jnp.log(lower)
+    for name, hit in (("high", high), ("low", low)):
+        if level == "sequence":
+            fraction = jnp.mean(hit.astype(jnp.float32))
+        else:
+            fraction = masked_mean(jnp.broadcast_to(hit, mask.shape), mask)
+        metrics[f"rollout_is_ratio_fraction_{name}"] = fraction
+    bounded = jnp.clip(ratio, lower, upper)
+    metrics["rollout_is_std"] = _masked_std(bounded, mask)
+    normalised = bounded / (masked_mean(bounded, mask) + MEAN_EPS)
+    metrics["rollout_is_eff_sample_size"] = 1.0 / masked_mean(jnp.square(normalised), mask)
+    row_means = masked_mean(ratio, mask, axis=-1)
+    rows = jnp.ones_like(row_means)
+    metrics.update(_row_stats("rollout_is_seq", row_means, rows, upper, lower, center=1.0))
+    return metrics
+
+
+def _masked_std(values: jax.Array, mask: jax.Array) -> jax.Array:
+    """√max(E[x²] - E[x]², 0) over the valid entries; 0 with fewer than two."""
+    variance = masked_mean(jnp.square(values), mask) - jnp.square(masked_mean(values, mask))
+    return jnp.where(jnp.sum(mask) > 1, jnp.sqrt(jnp.maximum(variance, 0.0)), 0.0)
+
+
+def _row_stats(
+    prefix: str,
+    values: jax.Array,
+    rows: jax.Array,
+    upper: float,
+    lower: float | None,
+    center: float,
+) -> dict[str, jax.Array]:
+    """{prefix}_{mean,std,max,min,max_deviation,fraction_high[,fraction_low]} over `rows`
+    (std with Bessel's correction, 0 for one row; deviation = max |v - center|)."""
+    count = jnp.sum(rows)
+    mean = jnp.sum(values * rows) / count
+    variance = jnp.sum(jnp.square(values - mean) * rows) / jnp.maximum(count - 1, 1)
+    on = rows > 0
+    stats = {
+        f"{prefix}_mean": mean,
+        f"{prefix}_std": jnp.where(count > 1, jnp.sqrt(variance), 0.0),
+        f"{prefix}_max": jnp.max(jnp.where(on, values, -jnp.inf)),
+        f"{prefix}_min": jnp.min(jnp.where(on, values, jnp.inf)),
+        f"{prefix}_max_deviation": jnp.max(jnp.where(on, jnp.abs(values - center), -jnp.inf)),
+        f"{prefix}_fraction_high": jnp.sum((values > upper) * rows) / count,
+    }
+    if lower is not None:
+        stats[f"{prefix}_fraction_low"] = jnp.sum((values < lower) * rows) / count
+    return stats
+
+
+def batch_normalized(
+    weights: jax.Array, mask: jax.Array, level: str
+) -> tuple[jax.Array, jax.Array]:
+    """(weights / mean, mean) with the batch mean of `level` (token: valid tokens; sequence:
+    row means of rows with a valid token); unchanged with factor 1 when mean ≤ 1e-8."""
+    if level == "token":
+        mean = masked_mean(weights, mask)
+    else:
+        rows = (jnp.sum(mask, axis=-1) > 0).astype(weights.dtype)
+        mean = jnp.sum(masked_mean(weights, mask, axis=-1) * rows) / jnp.maximum(
+            jnp.sum(rows), MEAN_EPS
+        )
+    usable = mean > MEAN_EPS
+    return jnp.where(usable, weights / mean, weights), jnp.where(usable, mean, 1.0)
+
+
+def rs_statistic(log_ratio: jax.Array, mask: jax.Array, option: str) -> jax.Array:
+    """The criterion's k1/k2/k3 statistic: [B, R] for `token_*`, [B, 1] for `seq_*`."""
+    safe = jnp.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)
+    k = {"k1": -safe, "k2": 0.5 * jnp.square(safe), "k3": jnp.exp(safe) - 1.0 - safe}[option[-2:]]
+    if option.startswith("token"):
+        return k
+    if option.startswith("seq_sum"):
+        return masked_sum(k, mask, axis=-1)[:, None]
+    if option.startswith("seq_mean"):
+        return masked_mean(k, mask, axis=-1)[:, None]
+    row_max = jnp.max(jnp.where(mask > 0, k, -jnp.inf), axis=-1)
+    return jnp.where(jnp.isfinite(row_max), row_max, 0.0)[:, None]
+
+
+def rejection_mask(
+    log_ratio: jax.Array, mask: jax.Array, criteria: tuple[tuple[str, Bounds], ...]
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(keep [B, R] in {0, 1}: every criterion passes, `rollout_rs_*` metrics)."""
+    valid = mask > 0
+    rows = jnp.any(valid, axis=-1).astype(jnp.float32)
+    keep = jnp.ones_like(mask)
+    metrics = {}
+    for option, (lower, upper) in criteria:
+        stat = rs_statistic(log_ratio, mask, option)
+        low, high = (None, upper) if lower is None else (math.log(lower), math.log(upper))
+        passed = stat <= high if low is None else (stat >= low) & (stat <= high)
+        passed = jnp.broadcast_to(passed, mask.shape).astype(mask.dtype)
+        keep = keep * passed
+        metrics.update(_rs_metrics(f"rollout_rs_{option}", stat, mask, rows, low, high))
+        rejected_rows = jnp.any((passed == 0) & valid, axis=-1)
+        metrics[f"rollout_rs_{option}_masked_fraction"] = masked_mean(1 - passed, mask)
+        metrics[f"rollout_rs_{option}_seq_masked_fraction"] = jnp.sum(
+            rejected_rows * rows
+        ) / jnp.sum(rows)
+    metrics["rollout_rs_masked_fraction"] = masked_mean(1 - keep, mask)
+    metrics["rollout_rs_seq_masked_fraction"] = jnp.mean(jnp.any((keep == 0) & valid, axis=-1))
+    return keep, metrics
+
+
+def _rs_metrics(
+    prefix: str,
+    stat: jax.Array,
+    mask: jax.Array,
+    rows: jax.Array,
+    low: float | None,
+    high: float,
+) -> dict[str, jax.Array]:
+    """A criterion's statistics: token-weighted mean, max/min and fractions outside [low, high]
+    (per token, or per valid row for `seq_*`), std clipped to [low or 0, high], `seq_*` over the
+    per-row values (row means for `token_*`). fraction_low is 0 without a lower bound."""
+    tokens = jnp.broadcast_to(stat, mask.shape)
+    seq_values = stat[:, 0] if stat.shape[-1] == 1 else masked_mean(stat, mask, axis=-1)
+    if stat.shape[-1] == 1:
+        values, weight = seq_values, rows
+    else:
+        values, weight = tokens, mask
+    on = weight > 0
+    metrics = {
+        f"{prefix}_mean": masked_mean(tokens, mask),
+        f"{prefix}_max": jnp.max(jnp.where(on, values, -jnp.inf)),
+        f"{prefix}_min": jnp.min(jnp.where(on, values, jnp.inf)),
+        f"{prefix}_fraction_high": jnp.sum((values > high) * weight) / jnp.sum(weight),
+        f"{prefix}_fraction_low": (
+            jnp.zeros(()) if low is None else jnp.sum((values < low) * weight) / jnp.sum(weight)
+        ),
+        f"{prefix}_std": _masked_std(jnp.clip(tokens, 0.0 if low is None else low, high), mask),
+    }
+    metrics.update(_row_stats(f"{prefix}_seq", seq_values, rows, high, low, center=0.0))
+    return metrics
+
+
+def offpolicy_metrics(old: jax.Array, rollout: jax.Array, mask: jax.Array) -> dict[str, jax.Array]:
+    """verl's off-policy diagnostics: per-row perplexities exp(-mean log p) averaged over rows,
+    kl = mean(rollout - old), k3_kl = mean(e^ℓ - ℓ - 1), log_ppl_diff = row mean of rollout - old
+    (mean, |mean|, max, min, ppl_ratio = mean e^diff), chi2_token = E[e^{2ℓ}] - 1 and chi2_seq =
+    E_rows[e^{2Σℓ}] - 1 (ℓ and Σℓ clipped to ±20)."""
+    log_ratio = old - rollout
+    train_mean = masked_mean(old, mask, axis=-1)
+    rollout_mean = masked_mean(rollout, mask, axis=-1)
+    log_ppl_diff = rollout_mean - train_mean
+    token_ratio = jnp.exp(jnp.clip(log_ratio, -SAFETY_BOUND, SAFETY_BOUND))
+    seq_log_ratio = jnp.clip(masked_sum(log_ratio, mask, axis=-1), -SAFETY_BOUND, SAFETY_BOUND)
+    return {
+        "training_ppl": jnp.mean(jnp.exp(-train_mean)),
+        "training_log_ppl": jnp.mean(-train_mean),
+        "kl": masked_mean(rollout - old, mask),
+        "k3_kl": masked_mean(jnp.exp(log_ratio) - log_ratio - 1, mask),
+        "rollout_ppl": jnp.mean(jnp.exp(-rollout_mean)),
+        "rollout_log_ppl": jnp.mean(-rollout_mean),
+        "log_ppl_diff": jnp.mean(log_ppl_diff),
+        "log_ppl_abs_diff": jnp.mean(jnp.abs(log_ppl_diff)),
+        "log_ppl_diff_max": jnp.max(log_ppl_diff),
+        "log_ppl_diff_min": jnp.min(log_ppl_diff),
+        "ppl_ratio": jnp.mean(jnp.exp(log_ppl_diff)),
+        "chi2_token": masked_mean(jnp.square(token_ratio), mask) - 1.0,
+        "chi2_seq": jnp.mean(jnp.exp(2.0 * seq_log_ratio)) - 1.0,
+    }

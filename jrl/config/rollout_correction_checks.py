@@ -1,0 +1,148 @@
+"""The three spellings of rollout correction and their load-time checks.
+
+Current verl: `algorithm.rollout_correction.*`. verl v0.6: `algorithm.rollout_is*`, with
+`actor_rollout_ref.actor.rollout_is*` a third spelling of the same six keys (set on one side, it
+acts; set on both sides, the values must agree). The v0.6 and current spellings exclude each other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from functools import cache
+from typing import Any
+
+from jrl.config.defaults import default_config
+
+LEGACY_KEYS = (
+    "rollout_is",
+    "rollout_is_threshold",
+    "rollout_is_threshold_lower",
+    "rollout_is_level",
+    "rollout_is_mode",
+    "rollout_is_veto_threshold",
+)
+ACTOR = "actor_rollout_ref.actor"
+RC = "algorithm.rollout_correction"
+_LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs"
+_BYPASS = (
+    f"{RC}.bypass_mode=True is not supported yet: verl's bypass mode reuses the rollout "
+    "log-probs as old log-probs and recomputes the IS weights and rejection inside a dedicated "
+    f"policy loss ({RC}.loss_type ppo_clip/reinforce) that jrl does not have; set "
+    f"{RC}.bypass_mode=false"
+)
+
+
+@cache
+def _defaults() -> tuple[dict[str, Any], dict[str, Any]]:
+    algorithm = default_config().algorithm
+    return {k: algorithm[k] for k in LEGACY_KEYS}, algorithm.rollout_correction.to_dict()
+
+
+def _changed(section: Mapping[str, Any] | None, defaults: dict[str, Any]) -> list[str]:
+    if section is None:
+        return []
+    return [k for k, v in defaults.items() if section.get(k, v) != v]
+
+
+def legacy_rollout_is(algorithm: Mapping[str, Any], actor: Mapping[str, Any] | None) -> dict:
+    """The six v0.6 keys: the `algorithm` value where it is not the default, else the actor's."""
+    defaults = _defaults()[0]
+    changed = _changed(algorithm, defaults)
+    return {
+        k: algorithm[k] if k in changed or actor is None else actor.get(k, default)
+        for k, default in defaults.items()
+    }
+
+
+def rollout_correction_problems(config: Any) -> Iterator[str]:
+    """Problems of the rollout-correction keys, each naming the key and the fix."""
+    algorithm, actor = config.algorithm, config.actor_rollout_ref.actor
+    legacy_defaults, current_defaults = _defaults()
+    on_algorithm, on_actor = _changed(algorithm, legacy_defaults), _changed(actor, legacy_defaults)
+    for key in on_algorithm:
+        if key in on_actor and algorithm[key] != actor[key]:
+            yield (
+                f"algorithm.{key}={algorithm[key]!r} and {ACTOR}.{key}={actor[key]!r} disagree; "
+                "set one of them (or both to the same value)"
+            )
+    current = _changed(algorithm.rollout_correction, current_defaults)
+    legacy = [f"algorithm.{k}" for k in on_algorithm] + [f"{ACTOR}.{k}" for k in on_actor]
+    if legacy and current:
+        yield (
+            f"{legacy[0]} (verl v0.6) and {RC}.{current[0]} (current verl) are two spellings of "
+            "rollout correction; use only one of them"
+        )
+    log_probs = bool(config.actor_rollout_ref.rollout.calculate_log_probs)
+    names = {k: f"{ACTOR}.{k}" if k in on_actor else f"algorithm.{k}" for k in LEGACY_KEYS}
+    names.update({k: f"algorithm.{k}" for k in on_algorithm})
+    yield from _legacy_problems(legacy_rollout_is(algorithm, actor), names, log_probs)
+    yield from _current_problems(algorithm.rollout_correction, current, log_probs)
+
+
+def _not_one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:
+    return f"{key}={value!r} is not supported; use one of {', '.join(allowed)}"
+
+
+def _legacy_problems(
+    values: dict[str, Any], names: dict[str, str], log_probs: bool
+) -> Iterator[str]:
+    from jrl.algos.rollout_is import ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES  # jax, so only when run
+
+    for key, allowed in (
+        ("rollout_is_level", ROLLOUT_IS_LEVELS),
+        ("rollout_is_mode", ROLLOUT_IS_MODES),
+    ):
+        if values[key] not in allowed:
+            yield _not_one_of(names[key], values[key], allowed)
+    for key in ("rollout_is_threshold", "rollout_is_threshold_lower", "rollout_is_veto_threshold"):
+        if values[key] is not None and not values[key] > 0:
+            yield f"{names[key]} must be positive (or null), got {values[key]}"
+    if values["rollout_is_threshold"] is None:
+        idle = [k for k in _changed(values, _defaults()[0]) if k != "rollout_is_threshold"]
+        if idle:
+            yield (
+                f"{names[idle[0]]} has no effect without {names['rollout_is_threshold']}; set "
+                "it (e.g. 2.0) or reset the key"
+            )
+    elif not log_probs:
+        yield (
+            f"{names['rollout_is_threshold']} needs the rollout's log-probs: set {_LOG_PROBS}=True"
+        )
+
+
+def _current_problems(
+    section: Mapping[str, Any], changed: list[str], log_probs: bool
+) -> Iterator[str]:
+    from jrl.algos import rollout_correction as rc
+
+    level, threshold = section["rollout_is"], section["rollout_is_threshold"]
+    if level is not None and level not in rc.IS_LEVELS:
+        yield _not_one_of(f"{RC}.rollout_is", level, (*rc.IS_LEVELS, "null"))
+    if level is not None and not (threshold is not None and threshold > 0):
+        yield f"{RC}.rollout_is={level!r} needs a positive {RC}.rollout_is_threshold (e.g. 2.0)"
+    for key in ("rollout_is_threshold", "rollout_is_batch_normalize"):
+        if level is None and key in changed:
+            yield f"{RC}.{key} has no effect without {RC}.rollout_is (token or sequence)"
+    yield from _rejection_problems(section)
+    if section["bypass_mode"]:
+        yield _BYPASS
+    if section["loss_type"] not in rc.LOSS_TYPES:
+        yield _not_one_of(f"{RC}.loss_type", section["loss_type"], rc.LOSS_TYPES)
+    elif "loss_type" in changed and not section["bypass_mode"]:
+        yield f"{RC}.loss_type only applies with {RC}.bypass_mode=True; reset it to ppo_clip"
+    if (level is not None or section["rollout_rs"] is not None) and not log_probs:
+        yield f"{RC}.rollout_is/rollout_rs need the rollout's log-probs: set {_LOG_PROBS}=True"
+
+
+def _rejection_problems(section: Mapping[str, Any]) -> Iterator[str]:
+    from jrl.algos import rollout_correction as rc
+
+    criteria, threshold = section["rollout_rs"], section["rollout_rs_threshold"]
+    if criteria is None:
+        if threshold is not None:
+            yield f"{RC}.rollout_rs_threshold has no effect without {RC}.rollout_rs"
+        return
+    try:
+        rc.rs_thresholds(rc.rs_options(criteria), threshold)
+    except ValueError as error:
+        yield str(error)
