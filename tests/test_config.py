@@ -554,3 +554,18 @@ def test_kl_types_are_checked_only_where_used():
     config = _tiny(PPO, "algorithm.kl_penalty=full", f"{AR}.actor.kl_loss_type=full")
     assert not config.algorithm.use_kl_in_reward and not config.actor_rollout_ref.actor.use_kl_loss
     _tiny(PPO, "reward_manager.source=importlib", "reward_model.reward_manager=mine")
+
+
+@pytest.mark.parametrize(
+    "key, instead",
+    [
+        ("lr_decay_style=cosine", "set optim.lr_scheduler_type (constant or cosine) instead"),
+        ("min_lr=0.0", "set optim.min_lr_ratio (a fraction of optim.lr) instead"),
+        ("lr_decay_steps=10", "the schedule spans optim.total_training_steps"),
+    ],
+)
+def test_megatron_scheduler_keys_name_the_key_to_use(key, instead):
+    with pytest.raises(
+        ConfigError, match=re.escape(f"critic.optim.{key.split('=')[0]} is Megatron's: {instead}")
+    ):
+        _tiny(PPO, f"+critic.optim.{key}", num_devices=1)

@@ -21,6 +21,7 @@ IGNORED = [
     "actor_rollout_ref.actor.strategy=megatron",
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000",
     "actor_rollout_ref.rollout.enforce_eager=False",
+    "critic.optim.clip_grad=0.5",
 ]
 
 

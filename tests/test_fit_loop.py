@@ -78,8 +78,9 @@ def test_cosine_with_cycles_closed_form():
     assert lr_multiplier(optim, 8, 8) == pytest.approx(1.0)
 
 
-def test_adamw_betas_and_weight_decay_closed_form():
-    optim = ConfigDict(dict(lr=0.1, betas=(0.8, 0.9), weight_decay=0.5, optimizer="AdamW"))
+@pytest.mark.parametrize("name", ["AdamW", "adam"])  # adam: Megatron's, decoupled decay too
+def test_adamw_betas_and_weight_decay_closed_form(name):
+    optim = ConfigDict(dict(lr=0.1, betas=(0.8, 0.9), weight_decay=0.5, optimizer=name))
     tx = make_optimizer(optim)
     params = {"w": jnp.array([1.0, -2.0])}
     grads = [np.array([0.5, 0.25]), np.array([-1.0, 0.5])]

@@ -73,6 +73,7 @@ NO_EFFECT = (
     NoEffect(f"{_ROLLOUT}.engine_kwargs.sglang.*", "the sglang engine's options"),
     NoEffect(f"{_ROLLOUT}.agent.custom_async_server.*", "jrl's agent loop runs in process"),
     NoEffect("ray_kwargs.*", "Ray's options: jrl runs without Ray"),
+    NoEffect("*.optim.clip_grad", "Megatron's clipping: verl's FSDP roles clip at grad_clip"),
     *(
         NoEffect(f"{_ROLLOUT}.{key}", "vLLM's option: jrl's JAX sampler generates", _jax_sampler)
         for key in VLLM_ONLY

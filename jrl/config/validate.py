@@ -302,6 +302,21 @@ def _optimizers(config: ConfigDict, sections: list[str]) -> Iterator[str]:
             yield _not_one_of(f"{prefix}.optim.{key}", optim.get(key), LR_SCHEDULER_TYPES)
         if str(optim.optimizer).lower() not in (name.lower() for name in RL_OPTIMIZERS):
             yield _not_one_of(f"{prefix}.optim.optimizer", optim.optimizer, RL_OPTIMIZERS)
+        for key in MEGATRON_SCHEDULER_KEYS.keys() & optim.keys():
+            yield f"{prefix}.optim.{key} is Megatron's: {MEGATRON_SCHEDULER_KEYS[key]}"
+
+
+# Megatron's scheduler keys (added with +key) and what to set instead in verl's FSDP keys.
+MEGATRON_SCHEDULER_KEYS = {
+    "lr_warmup_init": "warm-up starts from 0 here; drop it",
+    "lr_decay_steps": "the schedule spans optim.total_training_steps; set that instead",
+    "lr_decay_style": "set optim.lr_scheduler_type (constant or cosine) instead",
+    "min_lr": "set optim.min_lr_ratio (a fraction of optim.lr) instead",
+    "weight_decay_incr_style": "weight decay stays optim.weight_decay; drop it",
+    "lr_wsd_decay_style": "no warmup-stable-decay schedule for RL; use optim.lr_scheduler_type",
+    "lr_wsd_decay_steps": "no warmup-stable-decay schedule for RL; use optim.lr_scheduler_type",
+    "use_checkpoint_opt_param_scheduler": "the schedule is resumed from the checkpoint's step",
+}
 
 
 def _kl(config: ConfigDict) -> Iterator[str]:

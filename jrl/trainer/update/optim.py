@@ -128,14 +128,18 @@ def lr_multiplier(optim_cfg: Any, step: int, total_training_steps: int) -> float
 
 
 def make_optimizer(optim_cfg: Any) -> optax.GradientTransformation:
-    """AdamW with an injectable learning rate (clipping and non-finite skips live in the step)."""
+    """AdamW with an injectable learning rate (clipping and non-finite skips live in the step).
+
+    ``optimizer: adam`` is AdamW too, with ``weight_decay`` decoupled from the gradient: verl
+    0.6.0's FSDP workers build torch's AdamW whatever the name says, and Megatron's ``adam``
+    decouples weight decay the same way."""
     name = str(optim_cfg.get("optimizer", "AdamW")).lower()
     if name not in (o.lower() for o in RL_OPTIMIZERS):
         raise ValueError(
             f"optim.optimizer={name!r} is not supported; use one of {', '.join(RL_OPTIMIZERS)}"
         )
     b1, b2 = optim_cfg.get("betas", (0.9, 0.999))
-    decay = float(optim_cfg.get("weight_decay", 0.0)) if name == "adamw" else 0.0
+    decay = float(optim_cfg.get("weight_decay", 0.0))
     return optax.inject_hyperparams(optax.adamw)(
         learning_rate=float(optim_cfg.lr), b1=float(b1), b2=float(b2), weight_decay=decay
     )
