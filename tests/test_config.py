@@ -455,11 +455,10 @@ def _valid(values) -> str:
 
 def _enumerated_cases() -> list:
     from jrl.algos.kl import KL_CONTROLLERS, KL_ESTIMATORS
+    from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS
     from jrl.models.dtypes import DTYPES
     from jrl.parallel.devices import BACKENDS
     from jrl.reward.manager import REWARD_MANAGERS, SOURCES
-    from jrl.trainer.io.tracking import LOGGERS
-    from jrl.trainer.update.optim import LR_SCHEDULER_TYPES, RL_OPTIMIZERS
 
     kl_in_reward = "algorithm.use_kl_in_reward=true"
     estimators = f"use one of {_valid(KL_ESTIMATORS)} (each optionally with a '+' suffix)"
@@ -530,11 +529,6 @@ def _enumerated_cases() -> list:
             ["critic.model.fsdp_config.model_dtype=fp8"],
             f"critic.model.fsdp_config.model_dtype='fp8' is not supported; use one of "
             f"{_valid(DTYPES)}",
-        ),
-        (
-            PPO,
-            ["trainer.logger=[console,neptune]"],
-            f"trainer.logger='neptune' is not supported; use one of {_valid(LOGGERS)}",
         ),
         (
             PPO,

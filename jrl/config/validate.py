@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 
 from ml_collections import ConfigDict
 
+from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 from jrl.config.errors import ConfigError
 from jrl.config.rollout_correction_checks import rollout_correction_problems
 
@@ -293,8 +294,6 @@ def _memory_options(model_cfg: ConfigDict, prefix: str) -> Iterator[str]:
 def _optimizers(config: ConfigDict, sections: list[str]) -> Iterator[str]:
     """``optim.optimizer`` and ``optim.lr_scheduler_type`` (or its older alias ``warmup_style``)
     of the trained roles, as `jrl.trainer.update.optim` resolves them."""
-    from jrl.trainer.update.optim import LR_SCHEDULER_TYPES, RL_OPTIMIZERS
-
     for prefix in sections:
         optim = config[f"{prefix}.optim"]
         key = "warmup_style" if optim.get("warmup_style") else "lr_scheduler_type"
@@ -355,11 +354,9 @@ def _reward_manager(config: ConfigDict) -> Iterator[str]:
         yield _not_one_of("reward_model.reward_manager", name, tuple(REWARD_MANAGERS))
 
 
-def _dtypes_and_loggers(config: ConfigDict) -> Iterator[str]:
-    """Dtypes (`jrl.models.dtypes.DTYPES`) of the roles in use and of the rollout, and the
-    ``trainer.logger`` names (`jrl.trainer.io.tracking.LOGGERS`)."""
+def _dtypes(config: ConfigDict) -> Iterator[str]:
+    """Dtypes (`jrl.models.dtypes.DTYPES`) of the roles in use and of the rollout."""
     from jrl.models.dtypes import DTYPES
-    from jrl.trainer.io.tracking import LOGGERS
 
     sections = ["actor_rollout_ref.actor.fsdp_config"]
     sections += ["actor_rollout_ref.ref.fsdp_config"] if uses_reference(config) else []
@@ -369,10 +366,6 @@ def _dtypes_and_loggers(config: ConfigDict) -> Iterator[str]:
     for key in [*keys, "actor_rollout_ref.rollout.dtype"]:
         if config[key] not in DTYPES:
             yield _not_one_of(key, config[key], tuple(DTYPES))
-    loggers = config.trainer.logger
-    for name in [loggers] if isinstance(loggers, str) else list(loggers or []):
-        if name not in LOGGERS:
-            yield _not_one_of("trainer.logger", name, tuple(LOGGERS))
 
 
 def validate(config: ConfigDict, num_devices: int | None = None) -> None:
@@ -380,7 +373,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
     problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config, sections)]
     problems += [*_unsupported(config), *_optimizers(config, sections), *_lora_reference(config)]
-    problems += [*_kl(config), *_reward_manager(config), *_dtypes_and_loggers(config)]
+    problems += [*_kl(config), *_reward_manager(config), *_dtypes(config)]
     problems += _response_length(config)
     problems += rollout_correction_problems(config)
     problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")
@@ -416,7 +409,6 @@ def _micro_rows(config: ConfigDict, world: int) -> Iterator[str]:
 
 def _sft_choices(config: ConfigDict) -> Iterator[str]:
     from jrl.models.dtypes import DTYPES
-    from jrl.trainer.update.optim import SFT_LR_SCHEDULERS
 
     rules = [
         ("data.truncation", SFT_TRUNCATIONS),

@@ -35,11 +35,7 @@ from typing import Any
 
 import optax
 
-# ``optim.lr_scheduler_type`` of the RL roles, ``optim.lr_scheduler`` of SFT, and the RL roles'
-# ``optim.optimizer`` (matched case-insensitively).
-LR_SCHEDULER_TYPES = ("constant", "cosine")
-SFT_LR_SCHEDULERS = ("cosine", "wsd")
-RL_OPTIMIZERS = ("AdamW", "Adam")
+from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 
 
 def warmup_steps(optim_cfg: Any, total_training_steps: int) -> int:
