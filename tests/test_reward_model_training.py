@@ -46,3 +46,53 @@ def test_reward_model_scores_drive_training(reward_model_dir, input_tokenizer, t
     assert metrics["critic/score/mean"] != 0.0
     assert math.isfinite(metrics["critic/score/mean"]) and math.isfinite(metrics["actor/pg_loss"])
     assert metrics["critic/score/max"] != metrics["critic/score/min"]
+
+
+def test_offloaded_reward_model_lives_in_host_memory_and_scores_the_same(reward_model_dir):
+    import jax
+    import numpy as np
+
+    from jrl.batch import Batch
+    from jrl.config import load_config
+    from jrl.parallel import make_mesh
+    from jrl.parallel.offload import HOST_MEMORY, host_memory_kind
+    from jrl.trainer.roles.reward_model import RewardModel
+
+    mesh = make_mesh(1)
+    if host_memory_kind(mesh.local_devices) is None:
+        pytest.skip("this backend has no host memory kind")
+
+    def scorer(offload: bool) -> RewardModel:
+        config = load_config(
+            [
+                "--config=configs/gsm8k_grpo.py:tiny",
+                "trainer.n_gpus_per_node=1",
+                "reward_model.enable=True",
+                f"reward_model.model.path={reward_model_dir}",
+                "reward_model.model.input_tokenizer=null",
+                f"reward_model.model.fsdp_config.param_offload={offload}",
+            ]
+        )[0]
+        return RewardModel(config, mesh, policy_tokenizer=None)
+
+    rng = np.random.default_rng(0)
+    ids = rng.integers(3, 60, (2, 10)).astype(np.int32)
+    mask = np.ones((2, 10), np.int32)
+    response_mask = np.ones((2, 4), np.int32)
+    response_mask[1, 2:] = 0
+    positions = np.broadcast_to(np.arange(10, dtype=np.int32), (2, 10)).copy()
+    batch = Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": positions,
+            "responses": ids[:, 6:],
+            "response_mask": response_mask,
+        }
+    )
+    offloaded, plain = scorer(True), scorer(False)
+    kinds = {x.sharding.memory_kind for x in jax.tree.leaves(offloaded.stored)}
+    assert kinds == {HOST_MEMORY}
+    assert {x.sharding.memory_kind for x in jax.tree.leaves(plain.stored)} == {"device"}
+    np.testing.assert_allclose(offloaded.rm_scores(batch), plain.rm_scores(batch), rtol=1e-6)
+    assert np.count_nonzero(plain.rm_scores(batch)) == 2  # one score per row, at its last token

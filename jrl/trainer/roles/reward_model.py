@@ -6,6 +6,8 @@ manager then returns unchanged (the rule-based score is not computed for that ba
 re-encoded with the reward model's own chat template (prompt as the user turn, response as the
 assistant turn), right-padded or truncated to ``reward_model.max_length`` (default: prompt +
 response length); otherwise the reward model reads the policy's tokens as they are.
+``reward_model.model.fsdp_config.param_offload`` keeps its parameters in host memory between
+scoring calls.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from jax.sharding import Mesh
 from jrl.batch import Batch
 from jrl.config import n_gpus
 from jrl.data.tokenizer import load_tokenizer
-from jrl.parallel import batch_sharding
+from jrl.parallel import Offload, batch_sharding, place
 from jrl.trainer.roles.specs import SCORE_KEYS, ForwardSpec, ModelSpec
 
 
@@ -32,8 +34,14 @@ class RewardModel:
         self.mesh = mesh
         fsdp = rm.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
         model = ModelSpec.resolve(rm.model, fsdp, kind="reward").load(mesh)
-        self.graphdef, self.params = nnx.split(model)
-        self.param_shardings = jax.tree.map(lambda x: x.sharding, self.params)
+        self.graphdef, params = nnx.split(model)
+        self.param_shardings = jax.tree.map(lambda x: x.sharding, params)
+        offload = Offload.configure(
+            bool(fsdp.get("param_offload", False)),
+            "reward_model.model.fsdp_config.param_offload",
+            mesh.local_devices,
+        )
+        self.stored = offload.store(params, self.param_shardings)
         self.forward = ForwardSpec.resolve(
             rm, "reward_model", mesh, False, SCORE_KEYS, world=n_gpus(config), sequence_parallel=1
         )
@@ -58,9 +66,8 @@ class RewardModel:
     def rm_scores(self, batch: Batch) -> np.ndarray:
         """[B, R] float32: each row's reward at its last valid response token, zero elsewhere."""
         inputs = self._inputs(batch)
-        scores = self.forward.run(
-            lambda chunk, _: self._forward(self.params, chunk), inputs, self.mesh
-        )
+        params = place(self.stored, self.param_shardings)  # from host memory when offloaded
+        scores = self.forward.run(lambda chunk, _: self._forward(params, chunk), inputs, self.mesh)
         mask = np.asarray(batch.tensors["response_mask"])
         out = np.zeros(mask.shape, np.float32)
         lengths = mask.sum(-1).astype(int)
