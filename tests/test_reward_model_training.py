@@ -48,32 +48,40 @@ def test_reward_model_scores_drive_training(reward_model_dir, input_tokenizer, t
     assert metrics["critic/score/max"] != metrics["critic/score/min"]
 
 
+def _scorer(reward_model_dir, *overrides: str):
+    from jrl.config import load_config
+    from jrl.parallel import make_mesh
+    from jrl.trainer.roles.reward_model import RewardModel
+
+    config = load_config(
+        [
+            "--config=configs/gsm8k_grpo.py:tiny",
+            "trainer.n_gpus_per_node=1",
+            "reward_model.enable=True",
+            f"reward_model.model.path={reward_model_dir}",
+            *overrides,
+        ]
+    )[0]
+    return RewardModel(config, make_mesh(1))
+
+
 def test_offloaded_reward_model_lives_in_host_memory_and_scores_the_same(reward_model_dir):
     import jax
     import numpy as np
 
     from jrl.batch import Batch
-    from jrl.config import load_config
     from jrl.parallel import make_mesh
     from jrl.parallel.offload import HOST_MEMORY, host_memory_kind
-    from jrl.trainer.roles.reward_model import RewardModel
 
-    mesh = make_mesh(1)
-    if host_memory_kind(mesh.local_devices) is None:
+    if host_memory_kind(make_mesh(1).local_devices) is None:
         pytest.skip("this backend has no host memory kind")
 
-    def scorer(offload: bool) -> RewardModel:
-        config = load_config(
-            [
-                "--config=configs/gsm8k_grpo.py:tiny",
-                "trainer.n_gpus_per_node=1",
-                "reward_model.enable=True",
-                f"reward_model.model.path={reward_model_dir}",
-                "reward_model.model.input_tokenizer=null",
-                f"reward_model.model.fsdp_config.param_offload={offload}",
-            ]
-        )[0]
-        return RewardModel(config, mesh, policy_tokenizer=None)
+    def scorer(offload: bool):
+        return _scorer(
+            reward_model_dir,
+            "reward_model.model.input_tokenizer=null",
+            f"reward_model.model.fsdp_config.param_offload={offload}",
+        )
 
     rng = np.random.default_rng(0)
     ids = rng.integers(3, 60, (2, 10)).astype(np.int32)
@@ -96,3 +104,32 @@ def test_offloaded_reward_model_lives_in_host_memory_and_scores_the_same(reward_
     assert {x.sharding.memory_kind for x in jax.tree.leaves(plain.stored)} == {"device"}
     np.testing.assert_allclose(offloaded.rm_scores(batch), plain.rm_scores(batch), rtol=1e-6)
     assert np.count_nonzero(plain.rm_scores(batch)) == 2  # one score per row, at its last token
+
+
+def test_input_tokenizer_decodes_the_response_for_the_reward_models_template(reward_model_dir):
+    import numpy as np
+
+    from jrl.batch import Batch
+
+    scorer = _scorer(reward_model_dir, f"reward_model.model.input_tokenizer={reward_model_dir}")
+    tokenizer = load_tokenizer(reward_model_dir)
+    messages = [{"role": "user", "content": "what is two plus two?"}]
+    answer = tokenizer("four, I think", add_special_tokens=False)["input_ids"]
+    responses = np.asarray([[*answer, tokenizer.eos_token_id]] * 2, np.int32)
+    prompts = np.full((2, 60), tokenizer.pad_token_id, np.int32)  # room for the template
+    ids = np.concatenate([prompts, responses], axis=1)
+    tensors = {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": ids,
+        "attention_mask": np.ones(ids.shape, np.int32),
+        "response_mask": np.ones(responses.shape, np.int32),
+    }
+    inputs = scorer._inputs(Batch(tensors, meta={"raw_prompt": [messages, messages]}))
+    # verl: the prompt's messages, then the response decoded with its EOS text removed.
+    chat = [*messages, {"role": "assistant", "content": tokenizer.decode(answer)}]
+    text = tokenizer.apply_chat_template(chat, add_generation_prompt=False, tokenize=False)
+    expected = tokenizer(text, add_special_tokens=False)["input_ids"]
+    for row in range(2):
+        assert inputs["attention_mask"][row].sum() == len(expected)
+        np.testing.assert_array_equal(inputs["input_ids"][row, : len(expected)], expected)

@@ -167,9 +167,7 @@ class PPOTrainer:
         )
         self.sampling = sampling_params(actor_cfg.rollout, self.rollout)
         self.val_sampling = sampling_params(actor_cfg.rollout, self.rollout, validate=True)
-        self.reward_model = (
-            RewardModel(config, self.mesh, self.tokenizer) if config.reward_model.enable else None
-        )
+        self.reward_model = RewardModel(config, self.mesh) if config.reward_model.enable else None
         self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
         self.kl_ctrl = (

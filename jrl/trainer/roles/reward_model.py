@@ -2,10 +2,12 @@
 
 As in verl, the score lands on the last valid response token as ``rm_scores``, which the reward
 manager then returns unchanged (the rule-based score is not computed for that batch). With
-``reward_model.model.input_tokenizer`` set, each row is decoded with the policy's tokenizer and
-re-encoded with the reward model's own chat template (prompt as the user turn, response as the
-assistant turn), right-padded or truncated to ``reward_model.max_length`` (default: prompt +
-response length); otherwise the reward model reads the policy's tokens as they are.
+``reward_model.model.input_tokenizer`` set (verl's default: the actor's model path), each row's
+response is decoded with that tokenizer (its EOS text removed, as verl does) and re-encoded with the
+reward model's own chat template after the prompt's messages (``raw_prompt`` when
+``data.return_raw_chat`` keeps them, else the decoded prompt as the user turn), right-padded or
+truncated to ``reward_model.max_length`` (default: prompt + response length); with it null the
+reward model reads the policy's tokens as they are.
 ``reward_model.model.fsdp_config.param_offload`` keeps its parameters in host memory between
 scoring calls.
 """
@@ -29,7 +31,7 @@ from jrl.trainer.roles.specs import SCORE_KEYS, ForwardSpec, ModelSpec
 class RewardModel:
     """Scores a generated batch with the reward model on the mesh."""
 
-    def __init__(self, config: Any, mesh: Mesh, policy_tokenizer: Any):
+    def __init__(self, config: Any, mesh: Mesh):
         rm = config.reward_model
         self.mesh = mesh
         fsdp = rm.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
@@ -45,13 +47,12 @@ class RewardModel:
         self.forward = ForwardSpec.resolve(
             rm, "reward_model", mesh, False, SCORE_KEYS, world=n_gpus(config), sequence_parallel=1
         )
-        self.policy_tokenizer = policy_tokenizer
         self.retemplate = rm.model.get("input_tokenizer") is not None
-        self.tokenizer = (
-            load_tokenizer(rm.model.path, trust_remote_code=rm.model.trust_remote_code)
-            if self.retemplate
-            else None
-        )
+        self.input_tokenizer = self.tokenizer = None
+        if self.retemplate:  # as verl: decode with input_tokenizer, re-encode with the RM's own
+            trust = rm.model.trust_remote_code
+            self.input_tokenizer = load_tokenizer(rm.model.input_tokenizer, trust_remote_code=trust)
+            self.tokenizer = load_tokenizer(rm.model.path, trust_remote_code=trust)
         self.max_length = rm.get("max_length")
         self._forward = jax.jit(
             self._forward_fn,
@@ -85,12 +86,20 @@ class RewardModel:
         length = self.max_length or prompts.shape[1] + responses.shape[1]
         ids = np.full((len(batch), length), self.tokenizer.pad_token_id, np.int32)
         mask = np.zeros((len(batch), length), np.int32)
+        source = self.input_tokenizer
+        raw = batch.meta.get("raw_prompt")
         for i in range(len(batch)):
-            decode = self.policy_tokenizer.decode
-            prompt = decode(prompts[i][prompt_mask[i] > 0], skip_special_tokens=True)
-            response = decode(responses[i][response_mask[i] > 0], skip_special_tokens=True)
-            chat = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
-            text = self.tokenizer.apply_chat_template(chat, tokenize=False)
+            if raw is not None:  # the prompt's messages (data.return_raw_chat), as verl reads them
+                chat = list(raw[i])
+            else:
+                prompt = source.decode(prompts[i][prompt_mask[i] > 0], skip_special_tokens=True)
+                chat = [{"role": "user", "content": prompt}]
+            response = source.decode(responses[i][response_mask[i] > 0])
+            response = response.replace(source.eos_token, "") if source.eos_token else response
+            chat.append({"role": "assistant", "content": response})
+            text = self.tokenizer.apply_chat_template(
+                chat, add_generation_prompt=False, tokenize=False
+            )
             row = self.tokenizer(text, add_special_tokens=False)["input_ids"][:length]
             ids[i, : len(row)], mask[i, : len(row)] = row, 1
         positions = np.clip(np.cumsum(mask, -1) - 1, 0, None).astype(np.int32)
