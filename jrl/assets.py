@@ -10,6 +10,8 @@ its paths as JSON: ``train_files``, ``val_files``, ``model_path`` (model and tok
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -17,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +101,20 @@ def _ready(paths: dict[str, str]) -> bool:
     return all(Path(p).exists() for p in paths.values())
 
 
+@contextlib.contextmanager
+def _one_builder(name: str) -> Iterator[None]:
+    """The cache's lock of asset set `name`: processes that want it at once (two runs, test
+    workers) build it once; the others wait, then find it complete."""
+    lock = cache_dir() / f".{name}.lock"
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _write_offline_data(paths: dict[str, str], train_size: int, test_size: int) -> None:
     from jrl.data import gsm8k
 
@@ -110,12 +127,17 @@ def _write_offline_data(paths: dict[str, str], train_size: int, test_size: int) 
 
 def prepare_tiny() -> dict[str, str]:
     """Build (once) the tiny experiment: offline data, a tiny BPE tokenizer, a tiny random model."""
+    paths = tiny_paths()
+    with _one_builder("tiny"):
+        if not _ready(paths):
+            _build_tiny(paths)
+    return paths
+
+
+def _build_tiny(paths: dict[str, str]) -> None:
     from jrl.data import gsm8k
     from jrl.data.tokenizer import train_tiny_tokenizer
 
-    paths = tiny_paths()
-    if _ready(paths):
-        return paths
     print(f"jrl: building the tiny experiment's assets under {cache_dir() / 'tiny'}", flush=True)
     _write_offline_data(paths, train_size=64, test_size=16)
     corpus = [
@@ -128,7 +150,6 @@ def prepare_tiny() -> dict[str, str]:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = train_tiny_tokenizer(corpus, Path(tmp) / "tokenizer", vocab_size=512)
     _write_tiny_model(paths["model_path"], tokenizer, max_positions=1024)
-    return paths
 
 
 def _write_tiny_model(path: str, tokenizer: Any, max_positions: int) -> None:
@@ -155,31 +176,39 @@ def _write_tiny_model(path: str, tokenizer: Any, max_positions: int) -> None:
 def prepare_digits() -> dict[str, str]:
     """Build (once) the digits task: train/test prompts, a one-token-per-character tokenizer and
     a tiny model (`TINY_MODEL`'s shape) with random weights."""
+    paths = digits_paths()
+    with _one_builder("digits"):
+        if not _ready(paths):
+            _build_digits(paths)
+    return paths
+
+
+def _build_digits(paths: dict[str, str]) -> None:
     from jrl.data import digits
     from jrl.data.splits import write_splits
 
-    paths = digits_paths()
-    if _ready(paths):
-        return paths
     print(f"jrl: building the digits task's assets under {cache_dir() / 'digits'}", flush=True)
     write_splits(Path(paths["train_files"]).parent, digits.make_rows(4096, 256))
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = digits.build_tokenizer(Path(tmp) / "tokenizer")
     _write_tiny_model(paths["model_path"], tokenizer, max_positions=64)
-    return paths
 
 
 def prepare_quickstart() -> dict[str, str]:
     """Fetch (once) SmolLM2-135M-Instruct as an HF folder and write offline GSM8K-style data."""
+    paths = quickstart_paths()
+    with _one_builder("quickstart"):
+        if not _ready(paths):
+            _build_quickstart(paths)
+    return paths
+
+
+def _build_quickstart(paths: dict[str, str]) -> None:
     from jrl.models import gguf_to_hf_folder
 
-    paths = quickstart_paths()
-    if _ready(paths):
-        return paths
     _write_offline_data(paths, train_size=512, test_size=64)
     if not Path(paths["model_path"]).exists():
         gguf_to_hf_folder(smollm2_gguf_path(), paths["model_path"])
-    return paths
 
 
 def prepare_for(config) -> None:

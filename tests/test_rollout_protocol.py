@@ -39,6 +39,7 @@ def _config():
     config.data.max_response_length = R
     rollout = config.actor_rollout_ref.rollout
     rollout.update({"name": "jax", "dtype": "float32", "tensor_model_parallel_size": 2})
+    rollout.response_length = R  # resolved: it no longer follows data.max_response_length
     rollout.update(
         {"max_num_seqs": 4, "max_num_batched_tokens": 2 * P, "calculate_log_probs": True}
     )
