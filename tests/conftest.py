@@ -49,3 +49,22 @@ def jax_run():
     engine = JaxRollout(model, response_length=8, pad_token_id=0, eos_token_ids=1)
     prompts = prompt_batch(*TINY_PROMPTS)
     return model, prompts, engine.generate(prompts, TINY_SAMPLING, jax.random.key(0)).to_numpy()
+
+
+@pytest.fixture(autouse=True)
+def _no_persistent_cache_for_tpu_targets(request):
+    """Programs compiled for a TPU topology from this host (no TPU client) cannot be read back
+    from JAX's persistent cache, which other tests of the same worker may have switched on: the
+    `*_tpu.py` tests compile without it."""
+    if not request.module.__name__.endswith("_tpu"):
+        yield
+        return
+    import jax
+    from jax.experimental.compilation_cache import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    yield
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    compilation_cache.reset_cache()
