@@ -42,8 +42,7 @@ def prompts() -> Batch:
     return left_padded_prompts(LENGTHS, P, CONFIG.vocab_size, meta=meta)
 
 
-@pytest.fixture(scope="module")
-def forward(model):
+def _full_forward(model):
     """Full forward pass (no cache): state, ids, mask, positions -> logits."""
     graphdef = nnx.split(model)[0]
 
@@ -52,6 +51,11 @@ def forward(model):
         return nnx.merge(graphdef, state)(ids, mask, positions)
 
     return run
+
+
+@pytest.fixture(scope="module")
+def forward(model):
+    return _full_forward(model)
 
 
 def _naive_greedy(forward, state, prompts: Batch, steps: int) -> tuple[np.ndarray, np.ndarray]:
@@ -100,6 +104,31 @@ def test_greedy_matches_full_forward(rollout, prompts, naive):
     np.testing.assert_array_equal(out["response_mask"], np.ones_like(tokens))
     expected = _token_log_probs(logits[:, P - 1 : -1], tokens, 1.0)
     np.testing.assert_allclose(out["rollout_log_probs"], expected, atol=1e-4)
+
+
+def test_sliding_window_over_the_ring_of_generated_tokens(prompts):
+    """One slot takes the rows one after another and the first row stops early (EOS), so the
+    later rows' tokens start mid-ring; a 3-token window must still see what the full forward
+    sees (it crosses from the prompt into the ring)."""
+    config = tiny_llama(
+        model_type="mistral",
+        sliding_window=3,
+        layer_types=None,
+        pad_token_id=PAD,
+        initializer_range=0.5,
+    )
+    model = init_random(config, seed=1)
+    tokens, _ = _naive_greedy(_full_forward(model), nnx.state(model), prompts, R)
+    eos = (int(tokens[0, 1]),)
+    one_slot = EngineLimits(max_num_seqs=1, max_num_batched_tokens=P)
+    rollout = JaxRollout(
+        model, response_length=R, pad_token_id=PAD, eos_token_ids=eos, limits=one_slot
+    )
+    out = _generate(rollout, prompts, dataclasses.replace(GREEDY, eos_token_ids=eos))
+    responses, mask = _expected_after_eos(tokens, eos)
+    assert mask[0].sum() == 2 and mask[1:].sum() >= 6 and rollout.stats["rollout/slots"] == 1
+    np.testing.assert_array_equal(out["responses"], responses)
+    np.testing.assert_array_equal(out["response_mask"], mask)
 
 
 def _expected_after_eos(tokens: np.ndarray, eos: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:

@@ -45,30 +45,35 @@ TENSOR_AXIS = "tensor"
 class Visibility:
     """Which key slots each query may attend.
 
-    Query t sits at slot q_slots[t] ([T] int32); key slot s is visible to it iff kv_valid[b, s]
-    ([B, S] bool) and s <= q_slots[t], and in a sliding-window layer also q_slots[t] - s < window.
-    A query always sees its own slot, so rows of padding never have an empty softmax.
-    `self_attention` marks the full forward, where the queries are the keys (q_slots = arange(S)).
-    `segment_ids` ([B, S] int, self-attention only) holds packed sequences: a key is then visible
-    only to queries of the same segment.
+    Query t sits at slot q_slots[t] ([T] int32, or [B, T] per row); key column s holds slot
+    kv_slots[b, s] ([B, S] int32; its column index s when None). Key column s is visible to query
+    t iff kv_valid[b, s] ([B, S] bool) and its slot <= q_slots[t], and in a sliding-window layer
+    also q_slots[t] - slot < window. A query always sees its own slot, so rows of padding never
+    have an empty softmax. `self_attention` marks the full forward, where the queries are the keys
+    (q_slots = arange(S)). `segment_ids` ([B, S] int, self-attention only) holds packed sequences:
+    a key is then visible only to queries of the same segment.
     """
 
     kv_valid: jax.Array
     q_slots: jax.Array
     self_attention: bool
     segment_ids: jax.Array | None = None
+    kv_slots: jax.Array | None = None
 
     def mask(self, window: int | None) -> jax.Array:
         """The bool mask [B, T, S]."""
-        kv = jnp.arange(self.kv_valid.shape[1], dtype=jnp.int32)[None, :]
-        q = self.q_slots[:, None]
+        if self.kv_slots is None:
+            kv = jnp.arange(self.kv_valid.shape[1], dtype=jnp.int32)[None, None, :]
+        else:
+            kv = self.kv_slots[:, None, :]
+        q = self.q_slots[..., :, None]
         visible = kv <= q
         if window is not None:
             visible &= q - kv < window
-        allowed = visible[None] & self.kv_valid[:, None, :]
+        allowed = visible & self.kv_valid[:, None, :]
         if self.segment_ids is not None:
             allowed &= self.segment_ids[:, :, None] == self.segment_ids[:, None, :]
-        return allowed | (kv == q)[None]
+        return allowed | (kv == q)
 
     def segments(self) -> jax.Array:
         """Segment ids [B, S] int32: the packed ones, else 1 for valid keys and 0 for padding."""

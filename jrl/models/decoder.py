@@ -306,20 +306,28 @@ class CausalLM(_DecoderModel):
         cache: KVCache,
         cache_offset: jax.Array | int,
         kv_mask: jax.Array,
+        slots: tuple[jax.Array, jax.Array] | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Runs a chunk [B, T] against the cache (prefill: offset 0; decode: T = 1).
 
-        The chunk's k/v go to slots cache_offset .. cache_offset+T-1 (the caller keeps
-        cache_offset + T <= max_len). Query t attends slot s iff s <= cache_offset + t and
-        kv_mask[b, s] ([B, max_len] bool, marking every valid slot including this chunk's), and in
-        sliding-window layers also cache_offset + t - s < sliding_window. Slots count tokens, so
-        for rows whose valid tokens occupy consecutive slots (left padding, then generated tokens)
-        the window spans the same positions as in the full forward.
+        The chunk's k/v go to columns cache_offset .. cache_offset+T-1 (the caller keeps
+        cache_offset + T <= max_len). A column's slot is its index, a query's slot the column it
+        writes, unless `slots` = (query slots [B, T], column slots [B, max_len]) gives them (a
+        cache whose columns do not hold the tokens in order). Query t attends column s iff
+        kv_mask[b, s] ([B, max_len] bool, marking every valid column including this chunk's) and
+        the column's slot is not after the query's, and in sliding-window layers also the slots
+        differ by less than sliding_window. Slots count tokens, so for rows whose valid tokens
+        occupy consecutive slots (left padding, then generated tokens) the window spans the same
+        positions as in the full forward.
         Returns (final-normed hidden [B, T, D], updated cache).
         """
         offset = jnp.asarray(cache_offset, jnp.int32)
-        slots = offset + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
-        visibility = Visibility(kv_mask.astype(jnp.bool_), slots, self_attention=False)
+        valid = kv_mask.astype(jnp.bool_)
+        if slots is None:
+            queries = offset + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
+            visibility = Visibility(valid, queries, self_attention=False)
+        else:
+            visibility = Visibility(valid, slots[0], self_attention=False, kv_slots=slots[1])
         return self.model(input_ids, position_ids, visibility, cache, offset)
 
 

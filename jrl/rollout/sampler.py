@@ -49,14 +49,31 @@ def cache_length(prompt_length: int, params: SamplingParams) -> int:
 
 
 class SlotCache(NamedTuple):
-    """Keys and values of every slot, each [slots, layers, tokens, kv_heads, head_dim].
+    """Keys and values of every slot, each [layers, slots, tokens, kv_heads, head_dim].
 
-    Slot-major, so that a decode step writes and reads each slot's own rows without moving the
-    rest of the cache.
+    A slot's first P columns hold its prompt (written when it is admitted). The R - 1 columns
+    after them are a ring that all slots write together: decode step g writes column
+    P + g mod (R - 1) of every slot, one in-place update whatever the slots' progress. A slot
+    admitted at step g0 finds its j-th generated token at column P + (g0 + j) mod (R - 1);
+    `ring_slots` puts those columns back in token order for the attention mask.
     """
 
     k: jax.Array
     v: jax.Array
+
+
+def ring_slots(
+    decode_step: jax.Array, generated: jax.Array, prompt_length: int, ring: int
+) -> tuple[jax.Array, jax.Array]:
+    """(token slot [S, ring], valid [S, ring]) of the ring's columns at decode step
+    `decode_step`, for slots that have generated `generated` [S] tokens.
+
+    Ring column c was written ago = (decode_step - c) mod ring steps ago (0: by this step), so
+    it holds generated token j = generated - 1 - ago, at slot prompt_length + j, valid iff j >= 0.
+    """
+    ago = (decode_step - jnp.arange(ring, dtype=jnp.int32)) % ring
+    token = generated[:, None] - 1 - ago[None, :]
+    return prompt_length + token, token >= 0
 
 
 class _Slots(NamedTuple):
@@ -75,25 +92,25 @@ class _Slots(NamedTuple):
     decode_steps: jax.Array  # [] decode steps run so far
 
 
-def _decode_rows(
-    model: CausalLM,
-    tokens: jax.Array,
-    positions: jax.Array,
-    cache: SlotCache,
-    columns: jax.Array,
-    kv_mask: jax.Array,
+def _decode_slots(
+    model: CausalLM, s: _Slots, prompt_length: int, ring: int
 ) -> tuple[jax.Array, SlotCache]:
-    """One cached decode step where each slot writes its own cache column; hidden [S, D]."""
-
-    def one(token, position, k, v, column, mask):
-        row_cache = KVCache(k[:, None], v[:, None])
-        hidden, row_cache = model.forward_cached(
-            token[None, None], position[None, None], row_cache, column, mask[None]
-        )
-        return hidden[0, 0], row_cache.k[:, 0], row_cache.v[:, 0]
-
-    hidden, k, v = jax.vmap(one)(tokens, positions, cache.k, cache.v, columns, kv_mask)
-    return hidden, SlotCache(k, v)
+    """One cached decode step of every slot, each writing the ring's shared column; hidden
+    [S, D]."""
+    ring_slot, ring_valid = ring_slots(s.decode_steps, s.step, prompt_length, ring)
+    prompt_slot = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), s.prompt_mask.shape)
+    columns = jnp.concatenate([prompt_slot, ring_slot], axis=1)
+    kv_mask = jnp.concatenate([s.prompt_mask, ring_valid], axis=1)
+    query = prompt_length + s.step - 1
+    hidden, cache = model.forward_cached(
+        s.last[:, None],
+        (s.length + s.step - 1)[:, None],
+        KVCache(*s.cache),
+        prompt_length + s.decode_steps % ring,
+        kv_mask,
+        slots=(query[:, None], columns),
+    )
+    return hidden[:, 0], SlotCache(*cache)
 
 
 class _Request(NamedTuple):
@@ -142,8 +159,8 @@ def _generate_replica(
 
         return s._replace(
             cache=SlotCache(
-                s.cache.k.at[slot, :, :prompt_len].set(fresh.k.swapaxes(0, 1), mode="drop"),
-                s.cache.v.at[slot, :, :prompt_len].set(fresh.v.swapaxes(0, 1), mode="drop"),
+                s.cache.k.at[:, slot, :prompt_len].set(fresh.k, mode="drop"),
+                s.cache.v.at[:, slot, :prompt_len].set(fresh.v, mode="drop"),
             ),
             row=put(s.row, row),
             step=put(s.step, 1),
@@ -170,15 +187,7 @@ def _generate_replica(
 
     def decode(s: _Slots) -> _Slots:
         """One token for every slot; finished slots compute but write nothing."""
-        generated = jnp.ones((slots, steps - 1), bool)
-        hidden, new_cache = _decode_rows(
-            model,
-            s.last,
-            s.length + s.step - 1,
-            s.cache,
-            prompt_len + s.step - 1,
-            jnp.concatenate([s.prompt_mask, generated], axis=1),
-        )
+        hidden, new_cache = _decode_slots(model, s, prompt_len, steps - 1)
         keys = row_keys(rng, row_ids[jnp.minimum(s.row, rows - 1)], s.step)
         token, logp = select_tokens(model.logits(hidden), keys, params)
         out_row = jnp.where(s.active, s.row, rows)
@@ -210,7 +219,9 @@ def _generate_replica(
     )
     # The loop's values differ per replica, as the carry that starts from these constants will.
     start = _Slots(cache=cache, **jax.lax.pcast(fresh, batch_axes(), to="varying"))
-    end = jax.lax.while_loop(running, lambda s: decode(admission(s)), start)
+    # With one token per row every sequence ends at its prefill: no step decodes.
+    step = admission if steps == 1 else lambda s: decode(admission(s))
+    end = jax.lax.while_loop(running, step, start)
     return end.responses, end.log_probs, end.decode_steps[None], end.cache
 
 
@@ -246,7 +257,7 @@ def generate_tokens(
     drop).
     """
     rows = PartitionSpec(batch_axes())
-    slots = PartitionSpec(batch_axes())
+    slots = PartitionSpec(None, batch_axes())
     request_specs = _Request(rows, rows, rows, rows, PartitionSpec(), PartitionSpec())
     run = jax.shard_map(
         functools.partial(_generate_replica, graphdef, params=params, plan=plan),
