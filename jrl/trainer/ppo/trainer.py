@@ -12,7 +12,7 @@ import functools
 import shutil
 import time
 import warnings
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -39,6 +39,7 @@ from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
+from jrl.trainer.io.generations import write_generations
 from jrl.trainer.io.metrics import (
     data_metrics,
     memory_metrics,
@@ -61,7 +62,8 @@ from jrl.trainer.update.balance import balance_batch
 class PPOSpec:
     """The step's settings, resolved once from the config: the seed of every sampling key, the
     ``algorithm`` section (read-only, for `jrl.algos`), batch balancing, ``critic_warmup``, the
-    aggregation of ``actor/entropy``, validation options, the device count and the epochs."""
+    aggregation of ``actor/entropy``, validation options, the folders of the generation dumps,
+    the device count and the epochs."""
 
     seed: int
     algorithm: Mapping[str, Any]
@@ -70,6 +72,8 @@ class PPOSpec:
     entropy_agg_mode: str
     log_val_generations: int
     validation_shuffle: bool
+    rollout_data_dir: str | None
+    validation_data_dir: str | None
     n_gpus: int
     total_epochs: int
 
@@ -85,6 +89,8 @@ class PPOSpec:
             entropy_agg_mode=config.actor_rollout_ref.actor.loss_agg_mode,
             log_val_generations=int(trainer.log_val_generations),
             validation_shuffle=bool(data.validation_shuffle),
+            rollout_data_dir=trainer.rollout_data_dir,
+            validation_data_dir=trainer.validation_data_dir,
             n_gpus=n_gpus(config),
             total_epochs=int(trainer.total_epochs),
         )
@@ -216,6 +222,9 @@ class PPOTrainer:
                 batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
             reward = score_per_process(self.reward_fn, batch)
             batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
+        if spec.rollout_data_dir:
+            with timer("dump_rollout_generations", timing):
+                self.dump_rollout(batch, reward["reward_extra_info"], step)
         with timer("old_log_prob", timing):
             old_log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
             batch = batch.union(Batch({"old_log_probs": old_log_probs}))
@@ -243,6 +252,38 @@ class PPOTrainer:
             batch, kl_metrics = compute_advantage(batch, spec.algorithm, self.kl_ctrl)
             metrics.update(kl_metrics)
         return batch, metrics
+
+    def dump_rollout(
+        self, batch: Batch, reward_extra_infos: Mapping[str, Sequence[Any]], step: int
+    ) -> None:
+        """``trainer.rollout_data_dir``: the step's scored generations as verl's JSONL."""
+        if is_primary():
+            scores = np.asarray(batch.tensors["token_level_scores"]).sum(-1).tolist()
+            texts = self.decode(batch)
+            self.dump_generations(
+                self.spec.rollout_data_dir, batch, texts, scores, reward_extra_infos, step
+            )
+
+    def decode(self, batch: Batch) -> tuple[list[str], list[str]]:
+        """`batch`'s prompts and responses as text, without special tokens."""
+        decode = functools.partial(self.tokenizer.batch_decode, skip_special_tokens=True)
+        return decode(batch.tensors["prompts"]), decode(batch.tensors["responses"])
+
+    def dump_generations(
+        self,
+        folder: str,
+        batch: Batch,
+        texts: tuple[list[str], list[str]],
+        scores: list[float],
+        reward_extra_infos: Mapping[str, Sequence[Any]],
+        step: int,
+    ) -> None:
+        """``<folder>/<step>.jsonl`` (`write_generations`) with each row's ground truth."""
+        gts = [
+            (info or {}).get("ground_truth")
+            for info in batch.meta.get("reward_model", [None] * len(batch))
+        ]
+        write_generations(folder, step, *texts, gts, scores, reward_extra_infos)
 
     def greedy_baselines(self, prompts: Batch) -> np.ndarray:
         """ReMax's baseline: the score of one greedy answer per prompt, repeated for its n rows."""
@@ -302,7 +343,7 @@ class PPOTrainer:
     def validate(self, step: int) -> dict[str, float]:
         """Greedy (val_kwargs) generation on the validation set, scored per data source, with
         verl's ``val-core``/``val-aux`` metrics; keeps ``log_val_generations`` samples in
-        `val_generations`."""
+        `val_generations` and dumps all of them to ``trainer.validation_data_dir``."""
         loader = DataLoader(
             self.val_dataset,
             len(self.val_dataset),
@@ -319,20 +360,26 @@ class PPOTrainer:
         key = jax.random.fold_in(self.rng, 1)
         batch = host_batch(self.rollout.generate(prompts, self.val_sampling, key))
         reward = score_per_process(self.val_reward_fn, batch)
-        scores = reward["reward_tensor"].sum(-1)
-        infos = {**reward["reward_extra_info"], "reward": scores.tolist()}
+        scores = reward["reward_tensor"].sum(-1).tolist()
+        infos = {**reward["reward_extra_info"], "reward": scores}
+        self.keep_val_generations(batch, scores, infos, step)
         sources = batch.meta.get("data_source", np.full(len(batch), "unknown", dtype=object))
-        count = self.spec.log_val_generations
-        if count:
-            decode = functools.partial(self.tokenizer.batch_decode, skip_special_tokens=True)
-            self.val_generations = select_val_generations(
-                decode(batch.tensors["prompts"]),
-                decode(batch.tensors["responses"]),
-                scores.tolist(),
-                step,
-                count,
-            )
         return validation_metrics(sources, batch.meta["uid"], infos)
+
+    def keep_val_generations(
+        self, batch: Batch, scores: list[float], infos: Mapping[str, Sequence[Any]], step: int
+    ) -> None:
+        """The validation samples for the loggers (``log_val_generations``) and the dump of them
+        all (``validation_data_dir``, by the primary process)."""
+        count, folder = self.spec.log_val_generations, self.spec.validation_data_dir
+        dump = bool(folder) and is_primary()
+        if not (count or dump):
+            return
+        texts = self.decode(batch)
+        if count:
+            self.val_generations = select_val_generations(*texts, scores, step, count)
+        if dump:
+            self.dump_generations(folder, batch, texts, scores, infos, step)
 
     # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
