@@ -360,8 +360,8 @@ def _tiny(path: str, *overrides: str, num_devices: int | None = None):
         (PPO, ["data.truncation=both"], "data.truncation='both'"),
         (PPO, ["trainer.resume_mode=latest"], "trainer.resume_mode='latest'"),
         (PPO, [f"{AR}.actor.fsdp_config.tensor_parallel_size=2"], "(2) must divide"),
-        (PPO, [f"{AR}.model.lora_adapter_path=/a"], "lora_adapter_path is not supported yet"),
-        (PPO, ["critic.model.lora_rank=4"], "critic.model.lora_rank is not supported yet"),
+        (PPO, [f"{AR}.model.lora_adapter_path=/a"], "lora_adapter_path='/a': loading a saved"),
+        (PPO, ["critic.model.lora_rank=4"], "critic.model.lora_rank=4: LoRA on the critic is not"),
         (
             PPO,
             [f"{AR}.actor.optim.lr_scheduler_type=linear"],
@@ -423,7 +423,10 @@ def test_tiny_preset(path, algo, n):
     assert config.trainer.default_local_dir == f"checkpoints/jrl/{algo}_tiny"
     assert config.actor_rollout_ref.rollout.n == n
     assert config.actor_rollout_ref.rollout.name == "jax"
-    assert config.critic.forward_micro_batch_size_per_gpu == 4
+    # Only the roles the run uses are sized (no critic under GRPO, no reference under PPO).
+    assert config.critic.forward_micro_batch_size_per_gpu == (4 if algo == "ppo" else None)
+    if algo == "grpo":
+        assert config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 4
     assert config.actor_rollout_ref.rollout.prompt_length == 128
     assert config.data.train_files.endswith("train.parquet")
 

@@ -5,6 +5,7 @@ defaults that do nothing in this run, `--explain` gives each key's value, source
 vLLM cannot run here: its branch uses the stand-in `vllm` module of `fake_vllm.py`."""
 
 import types
+from fnmatch import fnmatchcase
 
 import pytest
 
@@ -46,8 +47,9 @@ def test_vllm_options_have_no_effect_only_when_the_jax_sampler_generates():
 def test_every_no_effect_entry_names_keys_that_exist():
     paths = list(key_paths(resolve(default_config())))  # an empty section takes added keys
     for entry in NO_EFFECT:
-        assert any(entry.matches(p, "jax") or entry.matches(f"{p}.x", "jax") for p in paths), (
-            entry.pattern
+        pattern = entry.pattern
+        assert any(fnmatchcase(p, pattern) or fnmatchcase(f"{p}.x", pattern) for p in paths), (
+            pattern
         )
 
 

@@ -2,81 +2,256 @@
 effect in this run and ``python -m jrl.train --explain``.
 
 A key acts in the module its section names (`HOMES`, longest prefix wins) unless `NO_EFFECT`
-lists it: keys of torch, Ray or an engine that this run does not use. The notice names only keys
-the user set to a value other than the default; untouched defaults say nothing.
+lists it for this run: keys of torch, Ray or an engine that this run does not use, and keys of a
+part of the run that is switched off (a critic under GRPO, token budgets without dynamic batch
+sizes). Keys of features jrl does not implement are config errors instead
+(`jrl.config.unsupported`). The notice names only keys the user set to a value other than the
+default; untouched defaults say nothing.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import fnmatch
-from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Sequence
 
 from ml_collections import ConfigDict
 
+from jrl.config.choices import VLLM_PASS_THROUGH
 from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
 from jrl.config.loading import load_config, load_config_file
+from jrl.config.moved import leaves, moved_settings, value_at
 from jrl.config.overrides import parse_command_line
-from jrl.config.tree import assign, key_paths
+from jrl.config.unsupported import unsupported_reason
+from jrl.config.validate import uses_critic, uses_reference
 
 _ROLLOUT = "actor_rollout_ref.rollout"
+_ACTOR = "actor_rollout_ref.actor"
+_REF = "actor_rollout_ref.ref"
 # Keys only vLLM reads (`jrl.rollout.vllm_args`): no effect when jrl's JAX sampler generates.
 VLLM_ONLY = (
+    *VLLM_PASS_THROUGH,
     "enforce_eager",
     "load_format",
     "layered_summon",
     "cudagraph_capture_sizes",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "disable_log_stats",
-    "logprobs_mode",
-    "scheduling_policy",
-    "skip_tokenizer_init",
+    "max_model_len",
+    "data_parallel_size",
+    "expert_parallel_size",
+    "pipeline_model_parallel_size",
     "engine_kwargs.vllm.*",
 )
 
+Applies = Callable[[ConfigDict, str], bool]  # (config, generating engine) -> the entry applies
 
-def _always(engine: str) -> bool:
+
+def _always(config: ConfigDict, engine: str) -> bool:
     return True
 
 
-def _jax_sampler(engine: str) -> bool:
+def _jax_sampler(config: ConfigDict, engine: str) -> bool:
     return engine == "jax"
+
+
+def _off(key: str) -> Applies:
+    """Applies while the bool `key` is off."""
+    return lambda config, engine: not config[key]
 
 
 @dataclasses.dataclass(frozen=True)
 class NoEffect:
-    """Keys matching `pattern` (dotted, ``*`` matches any part) have no effect, for `reason`,
-    when the rollout `engine` that generates (jax or vllm, `jrl.rollout.serving_engine`) is one
-    that `applies`."""
+    """Keys matching `pattern` (dotted, ``*`` matches any part) but not listed in `unless` have
+    no effect, for `reason`, in a run whose config and generating rollout `engine` (jax or vllm,
+    `jrl.rollout.serving_engine`) `applies` to."""
 
     pattern: str
     reason: str
-    applies: Callable[[str], bool] = _always
+    applies: Applies = _always
+    unless: tuple[str, ...] = ()
 
-    def matches(self, key: str, engine: str) -> bool:
-        return fnmatch.fnmatchcase(key, self.pattern) and self.applies(engine)
+    def matches(self, key: str, config: ConfigDict, engine: str) -> bool:
+        named = fnmatch.fnmatchcase(key, self.pattern) and key not in self.unless
+        return named and self.applies(config, engine)
 
 
 _TORCH_BACKEND = "a torch training backend: jrl trains with JAX on its own mesh"
 _TORCH_COMPILE = "torch.compile: XLA compiles every jrl program"
-_WRAP = "torch FSDP wrapping: jrl shards every parameter by its logical axes"
+_FSDP = "torch FSDP's scheduling: jrl shards every parameter by its logical axes with XLA"
+_ENTROPY = "torch's entropy memory options: jrl's log-prob/entropy kernel follows use_fused_kernels"
+_MOE = "jrl has no mixture-of-experts model family"
+_TEXT_ONLY = "multi-modal inputs: jrl's model families are text-only"
+_SHM = "copying files to /dev/shm first: jrl reads them where they are"
+_RAY = "Ray's placement: jrl runs every role in one process per host, on the trainer's devices"
+_REWARD_LOOP = "verl's asynchronous reward workers: jrl scores in process (the same scores)"
+_NO_CRITIC = "no critic in this run (critic.enable, or algorithm.adv_estimator=gae, starts one)"
+_NO_REFERENCE = "no reference model in this run (actor.use_kl_loss or algorithm.use_kl_in_reward)"
+_NO_REWARD_MODEL = "reward_model.enable is False"
+_STATIC_BATCHES = "token budgets apply with dynamic batch sizes only"
+_RM_MODEL_KEYS = (
+    "model.*",
+    "micro_batch_size*",
+    "max_length",
+    "use_dynamic_bsz",
+    "forward_max_token_len_per_gpu",
+    "ulysses_sequence_parallel_size",
+)
+
+
+_LORA_KEYS = {
+    "actor_rollout_ref.model": ("lora_alpha", "target_modules", "exclude_modules"),
+    "critic.model": ("lora_alpha", "target_modules"),
+}
+
+
+def _lora_off(model: str) -> Applies:
+    return lambda config, engine: not (config[f"{model}.lora_rank"] or 0) > 0
+
+
+def _token_budgets() -> tuple[NoEffect, ...]:
+    """Each role's token budget, which only dynamic batch sizes use."""
+    budgets = {
+        f"{_ACTOR}.ppo_max_token_len_per_gpu": f"{_ACTOR}.use_dynamic_bsz",
+        f"{_REF}.log_prob_max_token_len_per_gpu": f"{_REF}.log_prob_use_dynamic_bsz",
+        f"{_ROLLOUT}.log_prob_max_token_len_per_gpu": f"{_ROLLOUT}.log_prob_use_dynamic_bsz",
+        "critic.ppo_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+        "critic.forward_max_token_len_per_gpu": "critic.use_dynamic_bsz",
+        "reward_model.forward_max_token_len_per_gpu": "reward_model.use_dynamic_bsz",
+    }
+    return tuple(NoEffect(key, _STATIC_BATCHES, _off(switch)) for key, switch in budgets.items())
+
+
 NO_EFFECT = (
     NoEffect("data.tokenizer", "verl reads the tokenizer from actor_rollout_ref.model.path"),
     NoEffect("actor_rollout_ref.hybrid_engine", "jrl always colocates the roles (hybrid engine)"),
+    NoEffect("actor_rollout_ref.nccl_timeout", "NCCL's timeout: jrl's collectives are XLA's"),
     NoEffect("*.strategy", _TORCH_BACKEND),
     NoEffect("*.use_torch_compile", _TORCH_COMPILE),
-    NoEffect("*.fsdp_config.wrap_policy.*", _WRAP),
-    NoEffect("*.moe_config.freeze_moe_router", "jrl has no mixture-of-experts model family"),
-    NoEffect(f"{_ROLLOUT}.engine_kwargs.sglang.*", "the sglang engine's options"),
-    NoEffect(f"{_ROLLOUT}.agent.custom_async_server.*", "jrl's agent loop runs in process"),
-    NoEffect("ray_kwargs.*", "Ray's options: jrl runs without Ray"),
+    NoEffect("*.use_liger", "Liger's torch kernels: jrl's fused kernels are use_fused_kernels"),
+    NoEffect("*.tiled_mlp.*", "torch's tiled MLP: jrl cuts activations by gradient checkpointing"),
+    NoEffect("*.use_shm", _SHM),
+    NoEffect("*.fsdp_config.wrap_policy.*", "torch FSDP wrapping: jrl shards by logical axes"),
+    NoEffect("*.fsdp_config.min_num_params", "torch FSDP wrapping: jrl shards by logical axes"),
+    *(
+        NoEffect(f"*.fsdp_config.{key}", _FSDP)
+        for key in (
+            "offload_policy",
+            "reshard_after_forward",
+            "forward_prefetch",
+            "use_orig_params",
+        )
+    ),
+    NoEffect(
+        "*.fsdp_config.seed", "the torch engine's seed: jrl's random keys come from data.seed"
+    ),
+    NoEffect("*.fsdp_config.full_determinism", "torch's deterministic algorithms switch"),
+    NoEffect("*.fsdp_config.forward_only", "set by verl's engine for roles without an optimizer"),
+    NoEffect(
+        "*.fsdp_config.ulysses_sequence_parallel_size",
+        "the engine's copy of the role's ulysses_sequence_parallel_size, which jrl reads",
+    ),
+    NoEffect(f"{_REF}.fsdp_config.optimizer_offload", "the reference has no optimizer"),
+    NoEffect(
+        "reward_model.model.fsdp_config.optimizer_offload", "the reward model has no optimizer"
+    ),
+    NoEffect("*.entropy_from_logits_with_chunking", _ENTROPY),
+    NoEffect("*.entropy_checkpointing", _ENTROPY),
+    NoEffect("*.moe_config.freeze_moe_router", _MOE),
+    NoEffect("*.router_replay.*", _MOE),
+    NoEffect(f"{_ROLLOUT}.enable_rollout_routing_replay", _MOE),
     NoEffect("*.optim.clip_grad", "Megatron's clipping: verl's FSDP roles clip at grad_clip"),
+    NoEffect("*.optim.optimizer_impl", "the torch module of verl's optimizer: jrl's are optax's"),
+    NoEffect("*.optim.total_training_steps", "set from the run's total steps (as verl sets it)"),
+    NoEffect("*.checkpoint.async_save", "jrl always writes checkpoints in the background"),
+    *(
+        NoEffect(f"{role}.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which jrl reads")
+        for role in (_ACTOR, _REF, "critic")
+    ),
+    NoEffect(f"{_ACTOR}.use_remove_padding", "jrl packs rows as model.use_remove_padding says"),
+    NoEffect(f"{_ACTOR}.calculate_entropy", "jrl always computes the entropy (actor/entropy)"),
+    NoEffect(f"{_ACTOR}.freeze_vision_tower", _TEXT_ONLY),
+    *(NoEffect(f"data.{key}", _TEXT_ONLY) for key in ("image_patch_size", "video_key")),
+    NoEffect("data.return_multi_modal_inputs", _TEXT_ONLY),
+    NoEffect(
+        "data.val_batch_size",
+        "jrl generates the whole validation set in one call (verl's default); the sampler "
+        "batches it by its slots",
+    ),
+    NoEffect("data.dataloader_num_workers", "torch DataLoader workers: jrl reads rows in process"),
+    NoEffect("data.filter_overlong_prompts_workers", "jrl filters long prompts in process"),
+    NoEffect("critic.model.tokenizer_path", "the critic reads the actor's tokens (model.path's)"),
+    NoEffect(f"{_ROLLOUT}.mode", "verl's rollout servers: jrl's sampler runs in the trainer"),
+    NoEffect(f"{_ROLLOUT}.prompt_length", "jrl's rollout takes prompts as data.max_prompt_length"),
+    NoEffect(f"{_ROLLOUT}.over_sample_rate", "the sglang engine's option"),
+    NoEffect(f"{_ROLLOUT}.multi_stage_wake_up", "the sglang engine's option"),
+    NoEffect(f"{_ROLLOUT}.engine_kwargs.sglang.*", "the sglang engine's options"),
+    NoEffect(f"{_ROLLOUT}.checkpoint_engine.*", "verl's weight transfer between Ray workers"),
+    NoEffect("ray_kwargs.*", "Ray's options: jrl runs without Ray"),
+    NoEffect("transfer_queue.*", "verl's Ray transfer queue: jrl runs without Ray"),
+    NoEffect("trainer.use_legacy_worker_impl", "chooses between verl's Ray worker classes"),
+    *(
+        NoEffect(f"reward_model.{key}", _RAY)
+        for key in ("enable_resource_pool", "n_gpus_per_node", "nnodes")
+    ),
+    NoEffect("reward_model.launch_reward_fn_async", _REWARD_LOOP),
+    NoEffect("reward_model.use_reward_loop", _REWARD_LOOP),
+    NoEffect("reward_model.reward_loop_*", _REWARD_LOOP),
+    NoEffect("reward_model.num_workers", _REWARD_LOOP),
+    NoEffect(
+        "algorithm.filter_groups.*", "read by verl's DAPO recipe only, not by the PPO trainer"
+    ),
     *(
         NoEffect(f"{_ROLLOUT}.{key}", "vLLM's option: jrl's JAX sampler generates", _jax_sampler)
         for key in VLLM_ONLY
+    ),
+    # Parts of the run that are switched off.
+    NoEffect(
+        "critic.*", _NO_CRITIC, lambda config, engine: not uses_critic(config), ("critic.enable",)
+    ),
+    NoEffect(f"{_REF}.*", _NO_REFERENCE, lambda config, engine: not uses_reference(config)),
+    *(
+        NoEffect(f"reward_model.{key}", _NO_REWARD_MODEL, _off("reward_model.enable"))
+        for key in _RM_MODEL_KEYS
+    ),
+    NoEffect(
+        f"{_ACTOR}.kl_loss_*", f"{_ACTOR}.use_kl_loss is False", _off(f"{_ACTOR}.use_kl_loss")
+    ),
+    NoEffect(
+        "algorithm.kl_penalty",
+        "algorithm.use_kl_in_reward is False",
+        _off("algorithm.use_kl_in_reward"),
+    ),
+    NoEffect(
+        "algorithm.kl_ctrl.*",
+        "algorithm.use_kl_in_reward is False",
+        _off("algorithm.use_kl_in_reward"),
+    ),
+    *(
+        NoEffect(f"{model}.{key}", f"{model}.lora_rank is 0", _lora_off(model))
+        for model, keys in _LORA_KEYS.items()
+        for key in keys
+    ),
+    NoEffect(
+        "actor_rollout_ref.model.fused_kernel_options.*",
+        "actor_rollout_ref.model.use_fused_kernels is False",
+        _off("actor_rollout_ref.model.use_fused_kernels"),
+    ),
+    *_token_budgets(),
+    NoEffect(
+        "reward_manager.module.*",
+        "reward_manager.source is not importlib",
+        lambda config, engine: config.reward_manager.source != "importlib",
+    ),
+    NoEffect(
+        "custom_reward_function.name",
+        "custom_reward_function.path is not set",
+        lambda config, engine: not config.custom_reward_function.path,
+    ),
+    NoEffect(
+        "trainer.resume_from_path",
+        "trainer.resume_mode is not resume_path",
+        lambda config, engine: config.trainer.resume_mode != "resume_path",
     ),
 )
 
@@ -108,53 +283,20 @@ def home(key: str) -> str:
     return "jrl (top level)"
 
 
-def no_effect_reason(key: str, engine: str) -> str | None:
-    """Why `key` has no effect in a run whose rollout `engine` generates, or None when it
-    acts."""
-    return next((e.reason for e in NO_EFFECT if e.matches(key, engine)), None)
-
-
-def leaves(config: ConfigDict) -> Iterator[tuple[str, Any]]:
-    """(dotted key, value) of every key that is not a section."""
-    for key in key_paths(config):
-        value = config[key]
-        if not isinstance(value, ConfigDict):
-            yield key, value
-
-
-def _value_at(config: ConfigDict, key: str) -> Any:
-    try:
-        return config[key]
-    except (KeyError, AttributeError):
-        return dataclasses.MISSING
-
-
-def _set_directly(moved: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
-    """The (key, value) pairs of `moved` (in config order) that do not merely follow an earlier
-    one by interpolation (``ref.use_torch_compile`` follows ``actor.use_torch_compile``)."""
-    kept: list[tuple[str, Any]] = []
-    for key, value in moved:
-        base = default_config()
-        for earlier, earlier_value in kept:
-            assign(base, earlier, earlier_value)
-        if resolve(base)[key] != value:
-            kept.append((key, value))
-    return kept
+def no_effect_reason(key: str, config: ConfigDict, engine: str) -> str | None:
+    """Why `key` has no effect in the run of `config` whose rollout `engine` generates, or None
+    when it acts."""
+    return next((e.reason for e in NO_EFFECT if e.matches(key, config, engine)), None)
 
 
 def ignored_settings(config: ConfigDict, engine: str) -> dict[str, list]:
     """{reason: [(key, value), ...]} of the keys set away from their defaults that have no
     effect in the run of `config` whose rollout `engine` generates (keys that only follow
-    another listed key are left out)."""
-    defaults = resolve(default_config())
-    moved = [
-        (key, value)
-        for key, value in leaves(config)
-        if value != _value_at(defaults, key) and no_effect_reason(key, engine)
-    ]
+    another setting are left out)."""
     found: dict[str, list] = {}
-    for key, value in _set_directly(moved):
-        found.setdefault(no_effect_reason(key, engine), []).append((key, value))
+    reason = functools.partial(no_effect_reason, config=config, engine=engine)
+    for key, value in moved_settings(config, lambda key: reason(key) is not None):
+        found.setdefault(reason(key), []).append((key, value))
     return found
 
 
@@ -184,11 +326,15 @@ def explain(argv: Sequence[str], engine: Callable[[ConfigDict], str]) -> str:
     for key, value in leaves(config):
         if any(key == o or key.startswith(f"{o}.") for o in overridden):
             source = "override"
-        elif _value_at(card, key) != _value_at(defaults, key):
+        elif value_at(card, key) != value_at(defaults, key):
             source = "card"
         else:
             source = "default"
-        reason = no_effect_reason(key, generating)
-        where = f"no effect: {reason}" if reason else home(key)
+        unsupported = unsupported_reason(key, config)
+        reason = no_effect_reason(key, config, generating)
+        if unsupported:
+            where = f"not supported away from its default: {unsupported}"
+        else:
+            where = f"no effect: {reason}" if reason else home(key)
         lines.append(f"{key} = {value!r}  [{source}]  {where}")
     return "\n".join(lines)

@@ -15,6 +15,7 @@ from ml_collections import ConfigDict
 from jrl import assets
 from jrl.config.errors import ConfigError
 from jrl.config.overrides import apply_overrides
+from jrl.config.validate import uses_critic, uses_reference
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -39,6 +40,10 @@ _CPU = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
     "critic.ppo_micro_batch_size_per_gpu": 4,
 }
+
+
+# Sections of roles a run may leave out; a preset does not size a role the run does not use.
+_ROLES = {"critic.": uses_critic, "actor_rollout_ref.ref.": uses_reference}
 
 
 @dataclass(frozen=True)
@@ -107,7 +112,9 @@ def apply_preset(config: ConfigDict, preset: str | None) -> ConfigDict:
     }
     if config.actor_rollout_ref.rollout.n > 1:
         values[f"{ROLLOUT}.n"] = chosen.group_size
-    return apply_overrides(config, list(values.items()))
+    unused = [role for role, used in _ROLES.items() if not used(config)]
+    kept = [(k, v) for k, v in values.items() if not k.startswith(tuple(unused))]
+    return apply_overrides(config, kept)
 
 
 SFT_PRESETS: dict[str, tuple[Callable[[], dict[str, str]], dict[str, Any]]] = {

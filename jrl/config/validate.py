@@ -12,6 +12,7 @@ from ml_collections import ConfigDict
 from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 from jrl.config.errors import ConfigError
 from jrl.config.rollout_correction_checks import rollout_correction_problems
+from jrl.config.unsupported import unsupported_settings
 
 LOSS_AGG_MODES = (
     "token-mean",
@@ -239,19 +240,6 @@ def _checkpoints(config: ConfigDict, sections: list[str]) -> Iterator[str]:
         )
 
 
-def _unsupported(config: ConfigDict) -> Iterator[str]:
-    """Keys whose non-default values this version does not implement yet."""
-    checks = {
-        "actor_rollout_ref.model.lora_adapter_path": bool(
-            config.actor_rollout_ref.model.get("lora_adapter_path")
-        ),
-        "critic.model.lora_rank": uses_critic(config) and config.critic.model.lora_rank > 0,
-    }
-    for key, used in checks.items():
-        if used:
-            yield f"{key} is not supported yet; reset it to its default"
-
-
 def _response_length(config: ConfigDict) -> Iterator[str]:
     """The rollout generates ``rollout.response_length`` tokens (verl), at most the
     ``data.max_response_length`` that the batches and token budgets are sized for."""
@@ -372,7 +360,8 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     """Raise ConfigError listing every broken rule; `num_devices` is the visible device count."""
     sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
     problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config, sections)]
-    problems += [*_unsupported(config), *_optimizers(config, sections), *_lora_reference(config)]
+    problems += [*unsupported_settings(config), *_optimizers(config, sections)]
+    problems += _lora_reference(config)
     problems += [*_kl(config), *_reward_manager(config), *_dtypes(config)]
     problems += _response_length(config)
     problems += rollout_correction_problems(config)

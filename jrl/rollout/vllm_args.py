@@ -12,6 +12,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from jrl.config.choices import VLLM_PASS_THROUGH
 from jrl.rollout.sampling import SamplingParams
 
 _SECTION = "actor_rollout_ref.rollout"
@@ -26,15 +27,6 @@ _DTYPES = {
     "float32": "float32",
     "fp32": "float32",
 }
-# Keys copied unchanged when the section has them (and they are not null).
-_OPTIONAL = (
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "disable_log_stats",
-    "logprobs_mode",
-    "scheduling_policy",
-    "skip_tokenizer_init",
-)
 _SINGLE_ENGINE = {
     "tensor_model_parallel_size": "tensor_parallel_size",
     "data_parallel_size": "data_parallel_size",
@@ -90,7 +82,7 @@ def engine_kwargs(
     }
     for key, vllm_key in _SINGLE_ENGINE.items():
         kwargs[vllm_key] = int(_get(rollout_cfg, key, 1))
-    for key in _OPTIONAL:
+    for key in VLLM_PASS_THROUGH:
         value = _get(rollout_cfg, key, None)
         if value is not None:
             kwargs[key] = value

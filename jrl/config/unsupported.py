@@ -1,0 +1,98 @@
+"""Keys of features jrl does not implement: set away from their defaults, they are a config error
+(naming the key, the reason and the default to go back to) before anything is built."""
+
+from __future__ import annotations
+
+import dataclasses
+import fnmatch
+from collections.abc import Callable, Iterator
+
+from ml_collections import ConfigDict
+
+from jrl.config.defaults import default_config
+from jrl.config.interpolation import resolve
+from jrl.config.moved import moved_settings, value_at
+
+
+def _always(config: ConfigDict) -> bool:
+    return True
+
+
+def _critic_trained(config: ConfigDict) -> bool:
+    from jrl.config.validate import uses_critic
+
+    return uses_critic(config)
+
+
+@dataclasses.dataclass(frozen=True)
+class Unsupported:
+    """Keys matching `pattern` (dotted, ``*`` matches any part) cannot leave their defaults, for
+    `reason`, in runs where `applies(config)`."""
+
+    pattern: str
+    reason: str
+    applies: Callable[[ConfigDict], bool] = _always
+
+    def matches(self, key: str) -> bool:
+        return fnmatch.fnmatchcase(key, self.pattern)
+
+
+_ROLLOUT = "actor_rollout_ref.rollout"
+_MULTI_TURN = "multi-turn (tool-calling) rollouts are not implemented"
+UNSUPPORTED = (
+    Unsupported(
+        "actor_rollout_ref.model.lora_adapter_path",
+        "loading a saved LoRA adapter is not implemented",
+    ),
+    Unsupported("critic.model.lora_rank", "LoRA on the critic is not implemented", _critic_trained),
+    Unsupported("actor_rollout_ref.model.hf_config_path", "jrl reads config.json from model.path"),
+    Unsupported("actor_rollout_ref.model.mtp.*", "multi-token prediction is not implemented"),
+    Unsupported(
+        "data.gen_batch_size",
+        "a generation batch unlike data.train_batch_size (verl's DAPO recipe) is not implemented",
+        lambda config: config.data.gen_batch_size != config.data.train_batch_size,
+    ),
+    Unsupported("data.sampler.*", "a custom (curriculum) data sampler is not implemented"),
+    Unsupported("data.datagen.*", "generating data during training is not implemented"),
+    Unsupported("data.tool_config_path", _MULTI_TURN),
+    Unsupported(f"{_ROLLOUT}.multi_turn.*", _MULTI_TURN),
+    Unsupported(f"{_ROLLOUT}.agent.*", "agent loops are not implemented"),
+    Unsupported(f"{_ROLLOUT}.skip_rollout", "replaying dumped rollouts is not implemented"),
+    Unsupported(f"{_ROLLOUT}.skip_dump_dir", "replaying dumped rollouts is not implemented"),
+    Unsupported(f"{_ROLLOUT}.trace.*", "rollout tracing is not implemented"),
+    Unsupported(
+        f"{_ROLLOUT}.prometheus.*", "the rollout server's Prometheus metrics are not implemented"
+    ),
+    Unsupported(f"{_ROLLOUT}.quantization*", "quantized rollouts are not implemented"),
+    Unsupported("actor_rollout_ref.actor.use_prefix_grouper", "prefix grouping is not implemented"),
+    Unsupported(
+        "actor_rollout_ref.actor.*sum_pi_squared*", "the sum of pi squared is not implemented"
+    ),
+    Unsupported(
+        "*.optim.override_optimizer_config",
+        "extra torch optimizer arguments: jrl's optimizers are optax's",
+    ),
+    Unsupported("reward_model.sandbox_fusion.*", "sandbox-fusion code scoring is not implemented"),
+    Unsupported("reward_model.rollout.*", "a generative reward model is not implemented"),
+    Unsupported("algorithm.use_pf_ppo", "PF-PPO's reward-weighted resampling is not implemented"),
+    Unsupported("algorithm.pf_ppo.*", "PF-PPO's reward-weighted resampling is not implemented"),
+    Unsupported(
+        "trainer.esi_redundant_time", "saving before an ESI instance expires is not implemented"
+    ),
+    Unsupported("global_profiler.*", "verl's profilers (nsys, torch, npu) are not implemented"),
+)
+
+
+def unsupported_reason(key: str, config: ConfigDict) -> str | None:
+    """Why `key` cannot leave its default in the run of `config`, or None when it can."""
+    return next((u.reason for u in UNSUPPORTED if u.matches(key) and u.applies(config)), None)
+
+
+def unsupported_settings(config: ConfigDict) -> Iterator[str]:
+    """One error per unsupported key that `config` sets away from its default."""
+    defaults = resolve(default_config())
+    for key, value in moved_settings(
+        config, lambda key: unsupported_reason(key, config) is not None
+    ):
+        reason, default = unsupported_reason(key, config), value_at(defaults, key)
+        yield f"{key}={value!r}: {reason}; reset it to its default ({default!r})"
