@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from jrl.config import load_config_file, restore_defaults
+from jrl.config import load_config_file
 
 PPO_CARD = Path(__file__).with_name("digits_ppo.py")
 
@@ -30,10 +30,8 @@ def get_config(preset: str | None = None) -> ConfigDict:
     config.actor_rollout_ref.rollout.n = 8
     config.actor_rollout_ref.actor.ppo_mini_batch_size = 8
 
-    # Critic: none (the PPO card's critic settings go back to their defaults); the group mean
-    # and std of the rewards is the baseline.
+    # Critic: none; the group mean and std of the rewards is the baseline.
     config.critic.enable = False
-    restore_defaults(config, "critic")
 
     # Algorithm: GRPO advantages, (r - mean) / (std + 1e-6) within each prompt's group.
     config.algorithm.adv_estimator = "grpo"

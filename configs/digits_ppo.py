@@ -56,6 +56,8 @@ def get_config(preset: str | None = None) -> ConfigDict:
     rollout.n = 1
     rollout.tensor_model_parallel_size = 1
     rollout.log_prob_micro_batch_size_per_gpu = 128
+    config.actor_rollout_ref.ref.fsdp_config.dtype = "float32"
+    config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu = 128
 
     # Critic: a value head on the same tiny model (critic.model.path follows the actor's path).
     config.critic.ppo_micro_batch_size_per_gpu = 64

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from jrl.config import apply_preset, load_config_file, restore_defaults
+from jrl.config import apply_preset, load_config_file
 
 PPO_CARD = Path(__file__).with_name("gsm8k_ppo.py")
 
@@ -32,10 +32,8 @@ def get_config(preset: str | None = None) -> ConfigDict:
     config.actor_rollout_ref.actor.kl_loss_coef = 0.001
     config.actor_rollout_ref.actor.kl_loss_type = "low_var_kl"
 
-    # Critic: none (the PPO card's critic settings go back to their defaults); the group mean
-    # (and std) of the rewards is the baseline.
+    # Critic: none; the group mean (and std) of the rewards is the baseline.
     config.critic.enable = False
-    restore_defaults(config, "critic")
 
     # Algorithm: GRPO advantages, (r - mean) / (std + 1e-6) within each prompt's group.
     config.algorithm.adv_estimator = "grpo"

@@ -51,7 +51,7 @@ from typing import Any
 from jrl.assets import prepare_for
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config import ConfigError, load_config, n_gpus
-from jrl.config.effects import explain, no_effect_notice
+from jrl.config.effects import command_line_keys, explain, no_effect_notice
 from jrl.parallel import distributed
 from jrl.plot import plot_after_training
 from jrl.rollout.build import serving_engine
@@ -88,7 +88,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     trainer = PPOTrainer(config)
     print(trainer.describe(), flush=True)
     devices = list(trainer.actor.mesh.devices.flat)
-    notice = no_effect_notice(config, serving_engine(config.actor_rollout_ref.rollout, devices)[0])
+    engine = serving_engine(config.actor_rollout_ref.rollout, devices)[0]
+    notice = no_effect_notice(config, engine, command_line_keys(argv))
     if notice and distributed.is_primary():
         print(notice, flush=True)
     try:

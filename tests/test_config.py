@@ -423,10 +423,7 @@ def test_tiny_preset(path, algo, n):
     assert config.trainer.default_local_dir == f"checkpoints/jrl/{algo}_tiny"
     assert config.actor_rollout_ref.rollout.n == n
     assert config.actor_rollout_ref.rollout.name == "jax"
-    # Only the roles the run uses are sized (no critic under GRPO, no reference under PPO).
-    assert config.critic.forward_micro_batch_size_per_gpu == (4 if algo == "ppo" else None)
-    if algo == "grpo":
-        assert config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu == 4
+    assert config.critic.forward_micro_batch_size_per_gpu == 4
     assert config.actor_rollout_ref.rollout.prompt_length == 128
     assert config.data.train_files.endswith("train.parquet")
 

@@ -11,11 +11,19 @@ import pytest
 
 from jrl import train
 from jrl.config import default_config, load_config, resolve
-from jrl.config.effects import NO_EFFECT, explain, ignored_settings, leaves, no_effect_notice
+from jrl.config.effects import (
+    NO_EFFECT,
+    command_line_keys,
+    explain,
+    ignored_settings,
+    leaves,
+    no_effect_notice,
+)
 from jrl.config.tree import key_paths
 from jrl.rollout.build import serving_engine, vllm_cannot_serve
 
 TINY = "--config=configs/gsm8k_grpo.py:tiny"
+ROLLOUT = "actor_rollout_ref.rollout"
 IGNORED = [
     "actor_rollout_ref.actor.use_torch_compile=False",
     "actor_rollout_ref.hybrid_engine=False",
@@ -28,14 +36,23 @@ IGNORED = [
 
 def test_the_notice_names_only_settings_moved_away_from_their_defaults():
     config = load_config([TINY, *IGNORED])[0]
-    found = ignored_settings(config, engine="jax")
+    found = ignored_settings(config, "jax", command_line_keys([TINY, *IGNORED]))
     named = {key for pairs in found.values() for key, _ in pairs}
     assert named == {override.split("=")[0] for override in IGNORED}
-    notice = no_effect_notice(config, engine="jax")
+    notice = no_effect_notice(config, "jax", command_line_keys([TINY, *IGNORED]))
     assert "actor_rollout_ref.actor.use_torch_compile=False (torch.compile" in notice
     assert "actor_rollout_ref.actor.strategy='megatron' (a torch training backend" in notice
     # Untouched defaults (the card's torch keys included) say nothing.
     assert no_effect_notice(load_config([TINY])[0], engine="jax") is None
+
+
+def test_settings_of_parts_the_run_does_not_use():
+    argv = [TINY, "critic.optim.lr=0.5", f"{ROLLOUT}.log_prob_max_token_len_per_gpu=999"]
+    notice = no_effect_notice(load_config(argv)[0], "jax", command_line_keys(argv))
+    assert "critic.optim.lr=0.5 (no critic in this run" in notice
+    assert "log_prob_max_token_len_per_gpu=999 (token budgets apply with dynamic batch" in notice
+    # The card's own critic settings (the PPO card's, which the GRPO card keeps) say nothing.
+    assert "critic.ppo_micro_batch_size_per_gpu" not in notice
 
 
 def test_vllm_options_have_no_effect_only_when_the_jax_sampler_generates():

@@ -10,7 +10,6 @@ from jrl.config.errors import ConfigError
 from jrl.config.eval_defaults import evaluation_config, generation_config
 from jrl.config.interpolation import resolve
 from jrl.config.loading import load_config, load_config_file, to_yaml
-from jrl.config.moved import restore_defaults
 from jrl.config.overrides import apply_overrides, parse_command_line
 from jrl.config.presets import apply_preset, apply_sft_preset
 from jrl.config.sft_defaults import sft_config
@@ -31,7 +30,6 @@ __all__ = [
     "n_gpus",
     "parse_command_line",
     "resolve",
-    "restore_defaults",
     "sft_config",
     "to_yaml",
     "uses_critic",

@@ -179,6 +179,75 @@ def _router_replay() -> ConfigDict:
     return section(mode="disabled", record_file=placeholder(str), replay_file=placeholder(str))
 
 
+def _profiler() -> ConfigDict:
+    """A role's profiler (verl's ProfilerConfig); tool and folder follow ``global_profiler``."""
+    return section(
+        tool="${global_profiler.tool}",
+        enable=False,
+        all_ranks=False,
+        ranks=[],
+        save_path="${global_profiler.save_path}",
+        tool_config=section(
+            nsys=section(discrete="${global_profiler.global_tool_config.nsys.discrete}"),
+            npu=section(contents=[], level="level1", analysis=True, discrete=False),
+            torch=section(step_start=0, step_end=placeholder(int)),
+            torch_memory=section(
+                trace_alloc_max_entries=(
+                    "${global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries}"
+                ),
+                stack_depth="${global_profiler.global_tool_config.torch_memory.stack_depth}",
+            ),
+        ),
+    )
+
+
+def _tool_free_profiler(enable: Any, all_ranks: Any, ranks: Any) -> ConfigDict:
+    """A profiler whose tool options are the actor's (``tool_config`` null): the rollout's
+    (every switch the actor's) and the reward model's."""
+    return section(
+        tool="${global_profiler.tool}",
+        enable=enable,
+        all_ranks=all_ranks,
+        ranks=ranks,
+        save_path="${global_profiler.save_path}",
+        tool_config=placeholder(dict),
+    )
+
+
+def _nsight_options(**extra: Any) -> ConfigDict:
+    options = {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true"}
+    return section(**options, **{"cuda-graph-trace": "graph"}, **extra)
+
+
+def _global_profiler() -> ConfigDict:
+    return section(
+        tool=placeholder(str),
+        steps=placeholder(list),
+        profile_continuous_steps=False,
+        save_path="outputs/profile",
+        global_tool_config=section(
+            nsys=section(
+                discrete=False,
+                controller_nsight_options=_nsight_options(),
+                worker_nsight_options=_nsight_options(
+                    **{
+                        "capture-range": "cudaProfilerApi",
+                        "capture-range-end": placeholder(str),
+                        "kill": "none",
+                    }
+                ),
+            ),
+            torch_memory=section(
+                trace_alloc_max_entries=100000,
+                stack_depth=32,
+                context="all",
+                stacks="all",
+                kw_args=section(),
+            ),
+        ),
+    )
+
+
 def _rollout_is_keys() -> dict[str, Any]:
     """The rollout importance-sampling keys of `actor` and `algorithm` (off by default)."""
     return dict(
@@ -245,6 +314,7 @@ def _actor() -> ConfigDict:
         checkpoint=_checkpoint(),
         use_fused_kernels=f"${{{MODEL}.use_fused_kernels}}",
         router_replay=_router_replay(),
+        profiler=_profiler(),
         entropy_from_logits_with_chunking=False,
         entropy_checkpointing=False,
         use_remove_padding=f"${{{MODEL}.use_remove_padding}}",
@@ -264,6 +334,8 @@ def _ref() -> ConfigDict:
         entropy_from_logits_with_chunking=False,
         entropy_checkpointing=False,
         router_replay=_router_replay(),
+        profiler=_profiler(),
+        model=placeholder(dict),
     )
 
 
@@ -326,6 +398,12 @@ def _rollout() -> ConfigDict:
         checkpoint_engine=section(
             backend="naive", update_weights_bucket_megabytes=2048, engine_kwargs=section()
         ),
+        update_weights_bucket_megabytes=512,
+        profiler=_tool_free_profiler(
+            f"${{{ACTOR}.profiler.enable}}",
+            f"${{{ACTOR}.profiler.all_ranks}}",
+            f"${{{ACTOR}.profiler.ranks}}",
+        ),
         trace=section(
             backend=placeholder(str),
             token2text=False,
@@ -383,6 +461,7 @@ def _critic() -> ConfigDict:
         ulysses_sequence_parallel_size=1,
         grad_clip=1.0,
         checkpoint=_checkpoint(),
+        profiler=_profiler(),
     )
 
 
@@ -393,6 +472,7 @@ def _reward_model() -> ConfigDict:
         n_gpus_per_node=8,
         nnodes=0,
         strategy="fsdp",
+        profiler=_tool_free_profiler(False, False, []),
         model=section(
             input_tokenizer=f"${{{MODEL}.path}}",
             path="~/models/Anomy-RM-v0.1",
@@ -491,7 +571,12 @@ def _trainer() -> ConfigDict:
 
 def default_config() -> ConfigDict:
     """A fresh, locked config holding every key with its default (interpolations live)."""
-    config = section(
+    return link(default_templates()).lock()
+
+
+def default_templates() -> ConfigDict:
+    """Every key with its default, interpolations still as their ``${...}`` template strings."""
+    return section(
         data=_data(),
         actor_rollout_ref=section(
             hybrid_engine=True,
@@ -511,13 +596,7 @@ def default_config() -> ConfigDict:
         custom_reward_function=custom_reward_function(),
         algorithm=_algorithm(),
         trainer=_trainer(),
-        global_profiler=section(
-            tool=placeholder(str),
-            steps=placeholder(list),
-            profile_continuous_steps=False,
-            save_path="outputs/profile",
-        ),
+        global_profiler=_global_profiler(),
         transfer_queue=section(enable=False),
         ray_kwargs=ray_kwargs(),
     )
-    return link(config).lock()

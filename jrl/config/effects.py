@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import functools
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from ml_collections import ConfigDict
 
@@ -64,15 +64,18 @@ def _off(key: str) -> Applies:
 class NoEffect:
     """Keys matching `pattern` (dotted, ``*`` matches any part) but not listed in `unless` have
     no effect, for `reason`, in a run whose config and generating rollout `engine` (jax or vllm,
-    `jrl.rollout.serving_engine`) `applies` to."""
+    `jrl.rollout.serving_engine`) `applies` to (`given_only`: see `no_effect_reason`)."""
 
     pattern: str
     reason: str
     applies: Applies = _always
     unless: tuple[str, ...] = ()
+    given_only: bool = False
 
     def matches(self, key: str, config: ConfigDict, engine: str) -> bool:
-        named = fnmatch.fnmatchcase(key, self.pattern) and key not in self.unless
+        pattern = self.pattern
+        named = fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(key, f"{pattern}.*")
+        named = named and key not in self.unless
         return named and self.applies(config, engine)
 
 
@@ -83,6 +86,7 @@ _ENTROPY = "torch's entropy memory options: jrl's log-prob/entropy kernel follow
 _MOE = "jrl has no mixture-of-experts model family"
 _TEXT_ONLY = "multi-modal inputs: jrl's model families are text-only"
 _SHM = "copying files to /dev/shm first: jrl reads them where they are"
+_WEIGHT_TRANSFER = "verl's weight transfer between Ray workers: jrl hands weights over in process"
 _RAY = "Ray's placement: jrl runs every role in one process per host, on the trainer's devices"
 _REWARD_LOOP = "verl's asynchronous reward workers: jrl scores in process (the same scores)"
 _NO_CRITIC = "no critic in this run (critic.enable, or algorithm.adv_estimator=gae, starts one)"
@@ -103,6 +107,12 @@ _LORA_KEYS = {
     "actor_rollout_ref.model": ("lora_alpha", "target_modules", "exclude_modules"),
     "critic.model": ("lora_alpha", "target_modules"),
 }
+
+
+def _not_dapo(config: ConfigDict, engine: str) -> bool:
+    from jrl.reward.manager import manager_name
+
+    return manager_name(config)[1] != "dapo"
 
 
 def _lora_off(model: str) -> Applies:
@@ -186,7 +196,8 @@ NO_EFFECT = (
     NoEffect(f"{_ROLLOUT}.over_sample_rate", "the sglang engine's option"),
     NoEffect(f"{_ROLLOUT}.multi_stage_wake_up", "the sglang engine's option"),
     NoEffect(f"{_ROLLOUT}.engine_kwargs.sglang.*", "the sglang engine's options"),
-    NoEffect(f"{_ROLLOUT}.checkpoint_engine.*", "verl's weight transfer between Ray workers"),
+    NoEffect(f"{_ROLLOUT}.checkpoint_engine.*", _WEIGHT_TRANSFER),
+    NoEffect(f"{_ROLLOUT}.update_weights_bucket_megabytes", _WEIGHT_TRANSFER),
     NoEffect("ray_kwargs.*", "Ray's options: jrl runs without Ray"),
     NoEffect("transfer_queue.*", "verl's Ray transfer queue: jrl runs without Ray"),
     NoEffect("trainer.use_legacy_worker_impl", "chooses between verl's Ray worker classes"),
@@ -207,9 +218,18 @@ NO_EFFECT = (
     ),
     # Parts of the run that are switched off.
     NoEffect(
-        "critic.*", _NO_CRITIC, lambda config, engine: not uses_critic(config), ("critic.enable",)
+        "critic.*",
+        _NO_CRITIC,
+        lambda config, engine: not uses_critic(config),
+        unless=("critic.enable",),
+        given_only=True,
     ),
-    NoEffect(f"{_REF}.*", _NO_REFERENCE, lambda config, engine: not uses_reference(config)),
+    NoEffect(
+        f"{_REF}.*",
+        _NO_REFERENCE,
+        lambda config, engine: not uses_reference(config),
+        given_only=True,
+    ),
     *(
         NoEffect(f"reward_model.{key}", _NO_REWARD_MODEL, _off("reward_model.enable"))
         for key in _RM_MODEL_KEYS
@@ -238,6 +258,11 @@ NO_EFFECT = (
         _off("actor_rollout_ref.model.use_fused_kernels"),
     ),
     *_token_budgets(),
+    NoEffect(
+        "reward_model.overlong_buffer.*",
+        "the dapo reward manager's option (reward_manager.name / reward_model.reward_manager)",
+        _not_dapo,
+    ),
     NoEffect(
         "reward_manager.module.*",
         "reward_manager.source is not importlib",
@@ -283,26 +308,44 @@ def home(key: str) -> str:
     return "jrl (top level)"
 
 
-def no_effect_reason(key: str, config: ConfigDict, engine: str) -> str | None:
+def no_effect_reason(
+    key: str, config: ConfigDict, engine: str, given: Collection[str] | None = None
+) -> str | None:
     """Why `key` has no effect in the run of `config` whose rollout `engine` generates, or None
-    when it acts."""
-    return next((e.reason for e in NO_EFFECT if e.matches(key, config, engine)), None)
+    when it acts. Entries about switched-off roles (`NoEffect.given_only`) count only for keys
+    in `given` (the command line's; None: every key): a card keeps every role's settings, as
+    verl's configs do, and says nothing of them."""
+
+    def counts(entry: NoEffect) -> bool:
+        if not entry.given_only or given is None:
+            return True
+        return any(key == g or key.startswith(f"{g}.") for g in given)
+
+    entries = (e for e in NO_EFFECT if e.matches(key, config, engine) and counts(e))
+    return next((e.reason for e in entries), None)
 
 
-def ignored_settings(config: ConfigDict, engine: str) -> dict[str, list]:
+def command_line_keys(argv: Sequence[str]) -> frozenset[str]:
+    """The keys a command line sets (``+`` dropped)."""
+    return frozenset(key.lstrip("+") for key, _ in parse_command_line(argv)[1])
+
+
+def ignored_settings(
+    config: ConfigDict, engine: str, given: Collection[str] = ()
+) -> dict[str, list]:
     """{reason: [(key, value), ...]} of the keys set away from their defaults that have no
     effect in the run of `config` whose rollout `engine` generates (keys that only follow
-    another setting are left out)."""
+    another setting are left out; switched-off roles' keys only when in `given`)."""
     found: dict[str, list] = {}
-    reason = functools.partial(no_effect_reason, config=config, engine=engine)
+    reason = functools.partial(no_effect_reason, config=config, engine=engine, given=given)
     for key, value in moved_settings(config, lambda key: reason(key) is not None):
         found.setdefault(reason(key), []).append((key, value))
     return found
 
 
-def no_effect_notice(config: ConfigDict, engine: str) -> str | None:
+def no_effect_notice(config: ConfigDict, engine: str, given: Collection[str] = ()) -> str | None:
     """The start-up notice (one line per reason) of `ignored_settings`, or None."""
-    found = ignored_settings(config, engine)
+    found = ignored_settings(config, engine, given)
     if not found:
         return None
     lines = ["jrl: these settings have no effect in this run:"]

@@ -4,15 +4,22 @@ out)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING
 from typing import Any
 
 from ml_collections import ConfigDict
 
-from jrl.config.defaults import default_config
-from jrl.config.interpolation import resolve
-from jrl.config.tree import assign, key_paths
+from jrl.config.defaults import default_config, default_templates
+from jrl.config.interpolation import evaluate, is_template, resolve
+from jrl.config.tree import key_paths
+
+
+@functools.cache
+def resolved_defaults() -> ConfigDict:
+    """The defaults, resolved, built once (read it, never change it)."""
+    return resolve(default_config())
 
 
 def leaves(config: ConfigDict) -> Iterator[tuple[str, Any]]:
@@ -27,38 +34,33 @@ def value_at(config: ConfigDict, key: str) -> Any:
     """config[key], or `MISSING` where the key does not exist."""
     try:
         return config[key]
-    except (KeyError, AttributeError):
+    except (KeyError, AttributeError, TypeError):  # TypeError: a part of the path is null
         return MISSING
+
+
+@functools.cache
+def _default_templates() -> dict[str, str]:
+    """{key: its default's template} of the keys that follow another one by default."""
+    templates = default_templates()
+    return {key: value for key, value in leaves(templates) if is_template(value)}
+
+
+def follows(config: ConfigDict, key: str) -> bool:
+    """Whether `key` of the resolved `config` holds what its default interpolation gives there
+    (``ref.use_torch_compile`` after ``actor.use_torch_compile`` was set)."""
+    template = _default_templates().get(key)
+    if template is None:
+        return False
+    return evaluate(config, template, key.rpartition(".")[0]) == config[key]
 
 
 def moved_settings(config: ConfigDict, wanted: Callable[[str], bool]) -> list[tuple[str, Any]]:
     """(key, value) of the `wanted` keys that `config` (resolved) sets away from their defaults
-    itself, in config order: a key that only follows another setting by interpolation
-    (``ref.use_torch_compile`` after ``actor.use_torch_compile``) is left out."""
-    defaults = resolve(default_config())
-    moved = [(key, value) for key, value in leaves(config) if value != value_at(defaults, key)]
-    chosen = [(key, value) for key, value in moved if wanted(key)]
-    if not chosen:
-        return []
-    base = default_config()
-    known = [(key, value) for key, value in moved if value_at(defaults, key) is not MISSING]
-    for key, value in known:
-        if not wanted(key):
-            assign(base, key, value)
-    kept: list[tuple[str, Any]] = []
-    for key, value in chosen:
-        if value_at(resolve(base), key) != value:
-            kept.append((key, value))
-            if value_at(defaults, key) is not MISSING:
-                assign(base, key, value)
-    return kept
-
-
-def restore_defaults(config: ConfigDict, section: str) -> ConfigDict:
-    """`config` with every key under `section` that it sets itself back at its default (for a
-    card derived from another whose role it does not run, e.g. a GRPO card from a PPO card)."""
-    defaults = resolve(default_config())
-    inside = f"{section}."
-    for key, _ in moved_settings(resolve(config), lambda key: key.startswith(inside)):
-        assign(config, key, value_at(defaults, key))
-    return config
+    itself, in config order: a key that only follows another setting by interpolation is left
+    out."""
+    defaults = resolved_defaults()
+    return [
+        (key, value)
+        for key, value in leaves(config)
+        if wanted(key) and value != value_at(defaults, key) and not follows(config, key)
+    ]

@@ -15,7 +15,6 @@ from ml_collections import ConfigDict
 from jrl import assets
 from jrl.config.errors import ConfigError
 from jrl.config.overrides import apply_overrides
-from jrl.config.validate import uses_critic, uses_reference
 
 ACTOR = "actor_rollout_ref.actor"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -40,10 +39,6 @@ _CPU = {
     "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": 4,
     "critic.ppo_micro_batch_size_per_gpu": 4,
 }
-
-
-# Sections of roles a run may leave out; a preset does not size a role the run does not use.
-_ROLES = {"critic.": uses_critic, "actor_rollout_ref.ref.": uses_reference}
 
 
 @dataclass(frozen=True)
@@ -112,9 +107,7 @@ def apply_preset(config: ConfigDict, preset: str | None) -> ConfigDict:
     }
     if config.actor_rollout_ref.rollout.n > 1:
         values[f"{ROLLOUT}.n"] = chosen.group_size
-    unused = [role for role, used in _ROLES.items() if not used(config)]
-    kept = [(k, v) for k, v in values.items() if not k.startswith(tuple(unused))]
-    return apply_overrides(config, kept)
+    return apply_overrides(config, list(values.items()))
 
 
 SFT_PRESETS: dict[str, tuple[Callable[[], dict[str, str]], dict[str, Any]]] = {

@@ -9,9 +9,7 @@ from collections.abc import Callable, Iterator
 
 from ml_collections import ConfigDict
 
-from jrl.config.defaults import default_config
-from jrl.config.interpolation import resolve
-from jrl.config.moved import moved_settings, value_at
+from jrl.config.moved import moved_settings, resolved_defaults, value_at
 
 
 def _always(config: ConfigDict) -> bool:
@@ -34,11 +32,14 @@ class Unsupported:
     applies: Callable[[ConfigDict], bool] = _always
 
     def matches(self, key: str) -> bool:
-        return fnmatch.fnmatchcase(key, self.pattern)
+        """Whether `key` (or the section it is a part of) is one of this entry's."""
+        pattern = self.pattern
+        return fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(key, f"{pattern}.*")
 
 
 _ROLLOUT = "actor_rollout_ref.rollout"
 _MULTI_TURN = "multi-turn (tool-calling) rollouts are not implemented"
+_PROFILERS = "verl's profilers (nsys, torch, npu) are not implemented"
 UNSUPPORTED = (
     Unsupported(
         "actor_rollout_ref.model.lora_adapter_path",
@@ -79,7 +80,12 @@ UNSUPPORTED = (
     Unsupported(
         "trainer.esi_redundant_time", "saving before an ESI instance expires is not implemented"
     ),
-    Unsupported("global_profiler.*", "verl's profilers (nsys, torch, npu) are not implemented"),
+    Unsupported("global_profiler.*", _PROFILERS),
+    Unsupported("*.profiler.*", _PROFILERS),
+    Unsupported(
+        "actor_rollout_ref.ref.model",
+        "a reference model of its own is not implemented: the reference is the actor at step 0",
+    ),
 )
 
 
@@ -90,7 +96,7 @@ def unsupported_reason(key: str, config: ConfigDict) -> str | None:
 
 def unsupported_settings(config: ConfigDict) -> Iterator[str]:
     """One error per unsupported key that `config` sets away from its default."""
-    defaults = resolve(default_config())
+    defaults = resolved_defaults()
     for key, value in moved_settings(
         config, lambda key: unsupported_reason(key, config) is not None
     ):

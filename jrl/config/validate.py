@@ -330,16 +330,15 @@ def _kl(config: ConfigDict) -> Iterator[str]:
 
 
 def _reward_manager(config: ConfigDict) -> Iterator[str]:
-    """``reward_manager.source`` and the built-in ``reward_model.reward_manager`` it selects
-    (`jrl.reward.manager`)."""
-    from jrl.reward.manager import REWARD_MANAGERS, SOURCES
+    """``reward_manager.source`` and the built-in manager it selects (`manager_name`)."""
+    from jrl.reward.manager import REWARD_MANAGERS, SOURCES, manager_name
 
     source = config.reward_manager.source or "register"
-    name = config.reward_model.reward_manager or "naive"
+    key, name = manager_name(config)
     if source not in SOURCES:
         yield _not_one_of("reward_manager.source", source, SOURCES)
     elif source == "register" and name not in REWARD_MANAGERS:
-        yield _not_one_of("reward_model.reward_manager", name, tuple(REWARD_MANAGERS))
+        yield _not_one_of(key, name, tuple(REWARD_MANAGERS))
 
 
 def _dtypes(config: ConfigDict) -> Iterator[str]:

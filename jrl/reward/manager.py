@@ -38,6 +38,17 @@ def plain_dict(section: Any) -> dict[str, Any]:
     return section.to_dict() if hasattr(section, "to_dict") else dict(section)
 
 
+def manager_name(config: Any) -> tuple[str, str]:
+    """(key, name) of the built-in reward manager: ``reward_manager.name`` (current verl's key)
+    where it is set to something else than v0.6's ``reward_model.reward_manager`` (which it
+    follows by default), else that key ('naive' when null)."""
+    legacy = getattr(getattr(config, "reward_model", None), "reward_manager", None) or "naive"
+    name = getattr(getattr(config, "reward_manager", None), "name", None)
+    if name is not None and name != legacy:
+        return "reward_manager.name", name
+    return "reward_model.reward_manager", legacy
+
+
 def reward_manager_class(config: Any) -> tuple[str, type]:
     """(name for messages, class) of the configured reward manager."""
     section = getattr(config, "reward_manager", None)
@@ -48,11 +59,10 @@ def reward_manager_class(config: Any) -> tuple[str, type]:
         return f"{name} from {path}", load_object(path, name, "reward_manager.module")
     if source not in SOURCES:
         raise ValueError(f"reward_manager.source={source!r} is not one of {', '.join(SOURCES)}")
-    name = getattr(getattr(config, "reward_model", None), "reward_manager", None) or "naive"
+    key, name = manager_name(config)
     if name not in REWARD_MANAGERS:
         raise ValueError(
-            f"reward_model.reward_manager={name!r} is not available; choose one of "
-            f"{', '.join(REWARD_MANAGERS)}"
+            f"{key}={name!r} is not available; choose one of {', '.join(REWARD_MANAGERS)}"
         )
     return name, REWARD_MANAGERS[name]
 

@@ -1,0 +1,231 @@
+"""No key vanishes silently: every key of the configuration document and of verl v0.6.0's
+generated PPO config, set to a non-default valid value one at a time on the tiny GRPO and PPO
+cards, is refused at load (a feature jrl does not implement), named in the no-effect notice, or
+moves a value that a real run of that card reads.
+
+What a run reads is recorded over a real one-step run of each card (`key_reads`; the GRPO run
+resumes from a checkpoint, so the resume keys are read too). Reading is the proof of acting used
+here: a key that is read takes part in what the run does; a key that is never read and never
+announced is what this test exists to catch.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from key_reads import is_read, reads_of_run
+from ml_collections import ConfigDict, FieldReference
+
+from jrl.config import ConfigError, apply_overrides, default_config, load_config_file, resolve
+from jrl.config.effects import ignored_settings, no_effect_reason
+from jrl.config.moved import leaves, value_at
+from jrl.config.tree import key_paths
+from jrl.config.unsupported import unsupported_reason
+from jrl.config.validate import validate
+
+CARDS = {"grpo": "configs/gsm8k_grpo.py:tiny", "ppo": "configs/gsm8k_ppo.py:tiny"}
+VERL_KEYS = Path(__file__).with_name("data") / "verl_v0.6.0_ppo_keys.txt"
+# Deprecated global sizes act only with their per-device spelling unset (verl's rule too).
+COMPANIONS = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "ppo_micro_batch_size_per_gpu",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "log_prob_micro_batch_size_per_gpu",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "log_prob_micro_batch_size_per_gpu",
+    "critic.ppo_micro_batch_size": "ppo_micro_batch_size_per_gpu",
+    "critic.forward_micro_batch_size": "forward_micro_batch_size_per_gpu",
+    "reward_model.micro_batch_size": "micro_batch_size_per_gpu",
+}
+ACTOR, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
+_SMALL_MICRO = {
+    f"{ACTOR}.ppo_micro_batch_size_per_gpu": 1,
+    "critic.ppo_micro_batch_size_per_gpu": 1,
+}
+_TWO_DEVICES = {"trainer.n_gpus_per_node": 2, **_SMALL_MICRO}
+_LEGACY_IS = {f"{ROLLOUT}.calculate_log_probs": True, "algorithm.rollout_is_threshold": 2.0}
+_ACTOR_IS = {f"{ROLLOUT}.calculate_log_probs": True, f"{ACTOR}.rollout_is_threshold": 2.0}
+_CORRECTION = {
+    f"{ROLLOUT}.calculate_log_probs": True,
+    "algorithm.rollout_correction.rollout_is": "token",
+    "algorithm.rollout_correction.rollout_rs": "token_k2",
+    "algorithm.rollout_correction.rollout_rs_threshold": 2.0,
+}
+# What a key needs to take a non-default value; the context's own keys do not count as the
+# key's effect.
+CONTEXTS = {
+    f"{ACTOR}.ppo_mini_batch_size": _SMALL_MICRO,
+    "critic.ppo_mini_batch_size": _SMALL_MICRO,
+    "critic.enable": _SMALL_MICRO,
+    "trainer.n_gpus_per_node": _SMALL_MICRO,
+    "trainer.nnodes": _SMALL_MICRO,
+    f"{ACTOR}.ulysses_sequence_parallel_size": _TWO_DEVICES,
+    "critic.ulysses_sequence_parallel_size": _TWO_DEVICES,
+    f"{ACTOR}.fsdp_config.tensor_parallel_size": _TWO_DEVICES,
+    "critic.model.fsdp_config.tensor_parallel_size": _TWO_DEVICES,
+    "actor_rollout_ref.model.enable_activation_offload": {
+        "actor_rollout_ref.model.enable_gradient_checkpointing": True
+    },
+    f"{ROLLOUT}.calculate_log_probs": {},
+    **{f"algorithm.{k}": _LEGACY_IS for k in ("rollout_is", "rollout_is_level", "rollout_is_mode")},
+    **{f"algorithm.rollout_is_{k}": _LEGACY_IS for k in ("threshold_lower", "veto_threshold")},
+    "algorithm.rollout_is_threshold": {f"{ROLLOUT}.calculate_log_probs": True},
+    **{f"{ACTOR}.{k}": _ACTOR_IS for k in ("rollout_is", "rollout_is_level", "rollout_is_mode")},
+    **{f"{ACTOR}.rollout_is_{k}": _ACTOR_IS for k in ("threshold_lower", "veto_threshold")},
+    f"{ACTOR}.rollout_is_threshold": {f"{ROLLOUT}.calculate_log_probs": True},
+    **{
+        f"algorithm.rollout_correction.{k}": _CORRECTION
+        for k in ("rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs_threshold")
+    },
+    "algorithm.rollout_correction.rollout_is": {f"{ROLLOUT}.calculate_log_probs": True},
+    "algorithm.rollout_correction.rollout_rs": {
+        f"{ROLLOUT}.calculate_log_probs": True,
+        "algorithm.rollout_correction.rollout_rs_threshold": 2.0,
+    },
+}
+# Keys that act only under a context (the deprecated sizes, rollout correction): their reads are
+# those of a second run of the card with all of these contexts on.
+_LEGACY = [key for key in COMPANIONS if not key.startswith("reward_model")]
+VARIANT = [
+    *((key, 4) for key in _LEGACY),
+    *((f"{key.rpartition('.')[0]}.{COMPANIONS[key]}", None) for key in _LEGACY),
+    (f"{ACTOR}.use_kl_loss", True),
+    *_CORRECTION.items(),
+]
+VARIANT_KEYS = {*COMPANIONS, *(k for k in CONTEXTS if k.startswith("algorithm.rollout_corr"))}
+# Valid values where the key's type does not suggest one.
+VALUES = {"algorithm.rollout_correction.rollout_rs": "token_k2"}
+_ONE_OF = re.compile(r"one of ([\w.+\-]+(?:, [\w.+\-]+)*)")
+
+
+def _declared_type(key: str) -> type | tuple[type, ...] | None:
+    """The type a key was declared with (for keys whose default is null)."""
+    parent, _, leaf = key.rpartition(".")
+    config = default_config()
+    field = dict((config[parent] if parent else config).items(preserve_field_references=True))
+    entry = field[leaf]
+    return entry.get_type() if isinstance(entry, FieldReference) else type(entry)
+
+
+def _candidates(key: str, value: Any) -> Iterator[Any]:
+    """Non-default values to try for `key`, most natural first."""
+    kind = type(value) if value is not None else _declared_type(key)
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if bool in kinds:
+        yield not value
+    elif int in kinds:
+        yield from (v for v in ((value or 0) * 2, (value or 0) + 1, 1, 2, 8) if v != value)
+    elif float in kinds:
+        yield from (v for v in ((value or 0.0) * 0.5, (value or 0.0) + 0.1, 0.5) if v != value)
+    elif str in kinds:
+        yield f"{value}x" if value else "x"
+    elif list in kinds:
+        yield [*(value or []), *(value or ["x"])[:1]]
+    elif dict in kinds or ConfigDict in kinds:
+        yield {"x": 1}
+
+
+def _companion(key: str) -> list[str]:
+    """The per-device spelling that a deprecated global size needs unset."""
+    return [f"{key.rpartition('.')[0]}.{COMPANIONS[key]}"] if key in COMPANIONS else []
+
+
+def _load(raw: ConfigDict, changes: list[tuple[str, Any]]) -> ConfigDict:
+    """The config of the card `raw` with `changes`, as `load_config` makes it."""
+    config = resolve(apply_overrides(copy.deepcopy(raw), changes))
+    validate(config)
+    return config
+
+
+def _try(raw: ConfigDict, key: str, value: Any) -> tuple[ConfigDict | None, str]:
+    """(config, '') with `key` = `value` (and its context and companion), or (None, the load
+    error)."""
+    changes = [*CONTEXTS.get(key, {}).items(), (key, value), *((k, None) for k in _companion(key))]
+    try:
+        return _load(raw, changes), ""
+    except (ConfigError, ValueError, TypeError, KeyError) as err:
+        return None, str(err)
+
+
+def _moved(raw: ConfigDict, key: str, base: ConfigDict) -> tuple[ConfigDict | None, str]:
+    """A config with `key` at a valid non-default value (an enumerated key takes the first
+    value its error lists), or (None, the last error)."""
+    default, error = value_at(base, key), "no candidate value"
+    for value in [VALUES[key]] if key in VALUES else _candidates(key, default):
+        config, error = _try(raw, key, value)
+        if config is not None:
+            return config, ""
+        listed = _ONE_OF.search(error) if key in error else None
+        for option in listed.group(1).split(", ") if listed else ():
+            if option != default:
+                config, error = _try(raw, key, option)
+                if config is not None:
+                    return config, ""
+    return None, error
+
+
+def _refused(key: str, base: ConfigDict, error: str) -> bool:
+    """Whether the load error refuses `key` itself: an unsupported feature (the registry's), or a
+    message naming the key that says so."""
+    named = [line for line in error.splitlines() if key in line]
+    says = any("not supported" in line or "reset it" in line for line in named)
+    return bool(named) and (unsupported_reason(key, base) is not None or says)
+
+
+def _verdict(raw: ConfigDict, base: ConfigDict, key: str, reads: set[str]) -> str:
+    """'refused', 'announced', 'acts', or why the key does none of them."""
+    config, error = _moved(raw, key, base)
+    if config is None:
+        refused = _refused(key, base, error)
+        return "refused" if refused else f"no valid non-default value loads: {error[-400:]}"
+    given = {key, *CONTEXTS.get(key, {}), *_companion(key)}  # as on the command line
+    if no_effect_reason(key, config, "jax", given):  # then the notice itself must name it
+        named = {k for pairs in ignored_settings(config, "jax", given).values() for k, _ in pairs}
+        return "announced" if key in named else "has a no-effect reason but the notice omits it"
+    extras = {*CONTEXTS.get(key, {}), *_companion(key)} - {key}
+    changed = [k for k, v in leaves(config) if v != value_at(base, k) and k not in extras]
+    if any(is_read(k, reads) for k in changed):
+        return "acts"
+    return f"silently ignored (it moves {changed}, none of which the run reads)"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, set[str]]:
+    """What each card's run reads: one step with validation, resumed from a first step's
+    checkpoint (so the resume keys are read too); and one step with `VARIANT` on."""
+    from jrl import train
+
+    reads = {}
+    for card, spec in CARDS.items():
+        run = [f"--config={spec}", f"trainer.default_local_dir={tmp_path_factory.mktemp(card)}"]
+        run += ["trainer.save_freq=1", "trainer.test_freq=2"]
+        train.main([*run, "trainer.total_training_steps=1", "trainer.val_before_train=False"])
+        reads[card] = reads_of_run([*run, "trainer.total_training_steps=2"])
+        variant = [f"{key}={'null' if value is None else value}" for key, value in VARIANT]
+        folder = f"trainer.default_local_dir={tmp_path_factory.mktemp(card + '_variant')}"
+        reads[f"{card} variant"] = reads_of_run(
+            [f"--config={spec}", folder, "trainer.total_training_steps=1", *variant]
+        )
+    return reads
+
+
+def test_verl_generated_keys_are_all_keys_here():
+    verl = [line for line in VERL_KEYS.read_text().splitlines() if not line.startswith("#")]
+    ours = set(key_paths(resolve(default_config())))
+    assert len(verl) == 408 and not [k for k in verl if k not in ours]
+
+
+@pytest.mark.parametrize("card", sorted(CARDS))
+def test_every_key_acts_is_announced_or_is_refused(card, runs):
+    raw = load_config_file(CARDS[card])[0]
+    base = _load(raw, [])
+    verdicts = {
+        key: _verdict(raw, base, key, runs[f"{card} variant" if key in VARIANT_KEYS else card])
+        for key, _ in leaves(base)
+    }
+    wrong = {k: v for k, v in verdicts.items() if v not in ("refused", "announced", "acts")}
+    assert not wrong, "\n".join(f"{k}: {v}" for k, v in wrong.items())
+    counts = {v: list(verdicts.values()).count(v) for v in ("refused", "announced", "acts")}
+    assert min(counts.values()) > 10, counts  # each outcome happens, often
