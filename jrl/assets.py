@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -125,13 +125,20 @@ def _write_offline_data(paths: dict[str, str], train_size: int, test_size: int) 
     gsm8k.write_gsm8k(Path(paths["train_files"]).parent, rows)
 
 
+def _prepared(
+    name: str, paths: dict[str, str], build: Callable[[dict[str, str]], None]
+) -> dict[str, str]:
+    """`paths` of asset set `name`, built by `build` first unless all of them exist (once, under
+    the set's lock)."""
+    with _one_builder(name):
+        if not _ready(paths):
+            build(paths)
+    return paths
+
+
 def prepare_tiny() -> dict[str, str]:
     """Build (once) the tiny experiment: offline data, a tiny BPE tokenizer, a tiny random model."""
-    paths = tiny_paths()
-    with _one_builder("tiny"):
-        if not _ready(paths):
-            _build_tiny(paths)
-    return paths
+    return _prepared("tiny", tiny_paths(), _build_tiny)
 
 
 def _build_tiny(paths: dict[str, str]) -> None:
@@ -176,11 +183,7 @@ def _write_tiny_model(path: str, tokenizer: Any, max_positions: int) -> None:
 def prepare_digits() -> dict[str, str]:
     """Build (once) the digits task: train/test prompts, a one-token-per-character tokenizer and
     a tiny model (`TINY_MODEL`'s shape) with random weights."""
-    paths = digits_paths()
-    with _one_builder("digits"):
-        if not _ready(paths):
-            _build_digits(paths)
-    return paths
+    return _prepared("digits", digits_paths(), _build_digits)
 
 
 def _build_digits(paths: dict[str, str]) -> None:
@@ -196,11 +199,7 @@ def _build_digits(paths: dict[str, str]) -> None:
 
 def prepare_quickstart() -> dict[str, str]:
     """Fetch (once) SmolLM2-135M-Instruct as an HF folder and write offline GSM8K-style data."""
-    paths = quickstart_paths()
-    with _one_builder("quickstart"):
-        if not _ready(paths):
-            _build_quickstart(paths)
-    return paths
+    return _prepared("quickstart", quickstart_paths(), _build_quickstart)
 
 
 def _build_quickstart(paths: dict[str, str]) -> None:

@@ -18,7 +18,6 @@ from collections.abc import Callable, Collection, Sequence
 
 from ml_collections import ConfigDict
 
-from jrl.config.choices import VLLM_PASS_THROUGH
 from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
 from jrl.config.loading import load_config, load_config_file
@@ -26,6 +25,7 @@ from jrl.config.moved import leaves, moved_settings, value_at
 from jrl.config.overrides import parse_command_line
 from jrl.config.unsupported import unsupported_reason
 from jrl.config.validate import uses_critic, uses_reference
+from jrl.rollout.vllm_args import VLLM_PASS_THROUGH
 
 _ROLLOUT = "actor_rollout_ref.rollout"
 _ACTOR = "actor_rollout_ref.actor"

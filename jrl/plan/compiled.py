@@ -3,11 +3,15 @@ collectives, or, when the TPU compiler refuses it for want of HBM, the bytes it 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import re
 import time
+from collections.abc import Iterator
 from typing import Any
+
+import jax
 
 from jrl.plan.programs import Program
 
@@ -68,15 +72,33 @@ def count_collectives(hlo: str) -> dict[str, int]:
 _RESULTS: dict[str, CompiledProgram] = {}
 
 
-def compile_program(program: Program, target: str) -> CompiledProgram:
+def compile_program(program: Program, target: str, local: bool = True) -> CompiledProgram:
     """Lowers and compiles `program` for the devices `target` names (e.g. the slice's topology
     and chip kind: the lowered text alone does not say which chips it is for), once per distinct
-    (target, lowered program) in this process; an out-of-memory refusal is a result."""
+    (target, lowered program) in this process; an out-of-memory refusal is a result. For chips
+    this process does not drive (`local` False: a TPU topology described from another host) JAX's
+    persistent compilation cache is off: what it would store cannot be loaded back without a
+    client for those chips."""
     lowered = program.lower()
     key = hashlib.sha256(f"{target}\n{lowered.as_text()}".encode()).hexdigest()
     if key not in _RESULTS:
-        _RESULTS[key] = _compile(program, lowered)
+        with contextlib.nullcontext() if local else _no_persistent_cache():
+            _RESULTS[key] = _compile(program, lowered)
     return dataclasses.replace(_RESULTS[key], program=program)
+
+
+@contextlib.contextmanager
+def _no_persistent_cache() -> Iterator[None]:
+    from jax.experimental.compilation_cache import compilation_cache
+
+    enabled = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", enabled)
+        compilation_cache.reset_cache()
 
 
 def _compile(program: Program, lowered: Any) -> CompiledProgram:

@@ -192,7 +192,8 @@ def plan_phases(
         if progress:
             progress(f"compiling {number}/{len(programs)}: {program.phase} ({program.label})")
         target = f"{where.topology} {where.chips} {where.devices[0].device_kind}"
-        compiled.setdefault(program.phase, []).append(compile_program(program, target))
+        local = where.topology == "local"
+        compiled.setdefault(program.phase, []).append(compile_program(program, target, local))
     cache = max(
         (c.program.arguments - per_chip_bytes(roles.rollout.state) for c in compiled["rollout"]),
         default=0,

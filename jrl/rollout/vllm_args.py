@@ -12,7 +12,6 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from jrl.config.choices import VLLM_PASS_THROUGH
 from jrl.rollout.sampling import SamplingParams
 
 _SECTION = "actor_rollout_ref.rollout"
@@ -27,6 +26,15 @@ _DTYPES = {
     "float32": "float32",
     "fp32": "float32",
 }
+# Keys handed to `vllm.LLM` unchanged when the section has them (and they are not null).
+VLLM_PASS_THROUGH = (
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "disable_log_stats",
+    "logprobs_mode",
+    "scheduling_policy",
+    "skip_tokenizer_init",
+)
 _SINGLE_ENGINE = {
     "tensor_model_parallel_size": "tensor_parallel_size",
     "data_parallel_size": "data_parallel_size",
