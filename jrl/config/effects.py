@@ -12,7 +12,6 @@ default; untouched defaults say nothing.
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import functools
 from collections.abc import Callable, Collection, Sequence
 
@@ -21,7 +20,7 @@ from ml_collections import ConfigDict
 from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
 from jrl.config.loading import load_config, load_config_file
-from jrl.config.moved import leaves, moved_settings, value_at
+from jrl.config.moved import key_matches, leaves, moved_settings, value_at
 from jrl.config.overrides import parse_command_line
 from jrl.config.unsupported import unsupported_reason
 from jrl.config.validate import uses_critic, uses_reference
@@ -73,9 +72,7 @@ class NoEffect:
     given_only: bool = False
 
     def matches(self, key: str, config: ConfigDict, engine: str) -> bool:
-        pattern = self.pattern
-        named = fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(key, f"{pattern}.*")
-        named = named and key not in self.unless
+        named = key_matches(self.pattern, key) and key not in self.unless
         return named and self.applies(config, engine)
 
 

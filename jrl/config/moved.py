@@ -4,6 +4,7 @@ out)."""
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import MISSING
@@ -14,6 +15,12 @@ from ml_collections import ConfigDict
 from jrl.config.defaults import default_config, default_templates
 from jrl.config.interpolation import evaluate, is_template, resolve
 from jrl.config.tree import key_paths
+
+
+def key_matches(pattern: str, key: str) -> bool:
+    """Whether dotted `key` (or the section it is part of) matches `pattern` (``*`` matches any
+    part): the rule of the no-effect and unsupported registries."""
+    return fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(key, f"{pattern}.*")
 
 
 @functools.cache

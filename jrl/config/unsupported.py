@@ -4,12 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 from collections.abc import Callable, Iterator
 
 from ml_collections import ConfigDict
 
-from jrl.config.moved import moved_settings, resolved_defaults, value_at
+from jrl.config.moved import key_matches, moved_settings, resolved_defaults, value_at
 
 
 def _always(config: ConfigDict) -> bool:
@@ -33,8 +32,7 @@ class Unsupported:
 
     def matches(self, key: str) -> bool:
         """Whether `key` (or the section it is a part of) is one of this entry's."""
-        pattern = self.pattern
-        return fnmatch.fnmatchcase(key, pattern) or fnmatch.fnmatchcase(key, f"{pattern}.*")
+        return key_matches(self.pattern, key)
 
 
 _ROLLOUT = "actor_rollout_ref.rollout"
