@@ -1,12 +1,18 @@
-"""Proof that RL learns: GRPO and PPO on the digits task, held-out greedy accuracy over training.
+"""Proof that RL learns: GRPO and PPO, held-out greedy accuracy over training.
 
-Each run trains configs/digits_<algo>.py (a tiny random-init model, `jrl.data.digits`) with one
-seed (``data.seed``: data order and every sampling key) and validates greedily on the 256
-held-out prompts before training, every ``--test-freq`` steps and at the end. The untrained model
-is the baseline: ``before`` is its accuracy, ``after`` the trained one's, in the same run.
+Two models (``--model``):
+- ``digits``: configs/digits_<algo>.py, a tiny random-init model on `jrl.data.digits`, 256
+  held-out prompts; 60 steps, validated every 10.
+- ``smollm2``: configs/word_problems_<algo>.py, the pretrained SmolLM2-135M-Instruct on one-step
+  word problems with verl's strict GSM8K score, 128 held-out problems; 24 steps, validated every 4.
 
-    python bench/learning.py                                 # GRPO + PPO, seeds 0 1 2, 60 steps
+Each run trains the card with one seed (``data.seed``: data order and every sampling key) and
+validates greedily before training, every ``--test-freq`` steps and at the end. The untrained
+model is the baseline: ``before`` is its accuracy, ``after`` the trained one's, in the same run.
+
+    python bench/learning.py                                 # digits: GRPO + PPO, seeds 0 1 2
     python bench/learning.py --algos grpo --seeds 3 --steps 30 --test-freq 5
+    python bench/learning.py --model smollm2 --algos grpo    # SmolLM2, seeds 0 1 2
 
 Prints one JSON line per run (algo, seed, before, after, best, wall_s) and one per algorithm
 (means and range over the seeds). Writes ``<out>/learning.jsonl`` (one line per run and step:
@@ -32,8 +38,24 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 ALGOS = ("grpo", "ppo")
-VAL_KEY = "val-core/jrl/digits/reward/mean@1"
 TRAIN_KEY = "critic/score/mean"
+
+
+@dataclass(frozen=True)
+class Task:
+    """A model's experiment: its cards (``card.format(algo=...)`` under configs/), the metric of
+    its held-out greedy accuracy, and its default length."""
+
+    card: str
+    val_key: str
+    steps: int
+    test_freq: int
+
+
+TASKS = {
+    "digits": Task("digits_{algo}.py", "val-core/jrl/digits/reward/mean@1", 60, 10),
+    "smollm2": Task("word_problems_{algo}.py", "val-core/jrl/word_problems/reward/mean@1", 24, 4),
+}
 
 
 @dataclass
@@ -55,30 +77,33 @@ class Run:
             "before": self.val_accuracy[steps[0]],
             "after": self.val_accuracy[steps[-1]],
             "best": max(self.val_accuracy.values()),
+            "gain": round(self.val_accuracy[steps[-1]] - self.val_accuracy[steps[0]], 4),
             "wall_s": round(self.wall_s, 1),
         }
 
 
-def read_run(algo: str, seed: int, wall_s: float, metrics_file: Path) -> Run:
+def read_run(algo: str, seed: int, wall_s: float, metrics_file: Path, val_key: str) -> Run:
     """The `Run` recorded in a trainer's metrics JSON-lines file (a repeated step: last wins)."""
     run = Run(algo, seed, wall_s)
     for line in metrics_file.read_text(encoding="utf-8").splitlines():
         row = json.loads(line)
-        for key, values in ((TRAIN_KEY, run.train_reward), (VAL_KEY, run.val_accuracy)):
+        for key, values in ((TRAIN_KEY, run.train_reward), (val_key, run.val_accuracy)):
             if key in row["data"]:
                 values[int(row["step"])] = float(row["data"][key])
     if not run.val_accuracy:
-        raise ValueError(f"{metrics_file}: no {VAL_KEY} values; was validation switched off?")
+        raise ValueError(f"{metrics_file}: no {val_key} values; was validation switched off?")
     return run
 
 
-def train(algo: str, seed: int, steps: int, test_freq: int, run_dir: Path, extra: list[str]) -> Run:
-    """Trains configs/digits_<algo>.py in this process (a fresh `run_dir`; the trainer's own
+def train(
+    task: Task, algo: str, seed: int, steps: int, test_freq: int, run_dir: Path, extra: list[str]
+) -> Run:
+    """Trains the task's card for `algo` in this process (a fresh `run_dir`; the trainer's own
     output goes to ``run_dir/train.log``) and returns its `Run`."""
     from jrl import train as jrl_train
 
     argv = [
-        f"--config={ROOT / 'configs' / f'digits_{algo}.py'}",
+        f"--config={ROOT / 'configs' / task.card.format(algo=algo)}",
         f"data.seed={seed}",
         f"trainer.total_training_steps={steps}",
         f"trainer.test_freq={test_freq}",
@@ -93,7 +118,8 @@ def train(algo: str, seed: int, steps: int, test_freq: int, run_dir: Path, extra
     with open(run_dir / "train.log", "w", encoding="utf-8") as log:
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
             jrl_train.main(argv)
-    return read_run(algo, seed, time.perf_counter() - start, run_dir / "metrics.jsonl")
+    wall_s = time.perf_counter() - start
+    return read_run(algo, seed, wall_s, run_dir / "metrics.jsonl", task.val_key)
 
 
 def aggregate(runs: list[Run]) -> dict:
@@ -163,17 +189,24 @@ def plot_curves(runs: list[Run], path: Path) -> bool:
 def main(argv: list[str] | None = None) -> list[dict]:
     """Command line: train every (algo, seed), print and write the results; returns the lines."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", choices=sorted(TASKS), default="digits")
     parser.add_argument("--algos", nargs="+", choices=ALGOS, default=list(ALGOS))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="data.seed values")
-    parser.add_argument("--steps", type=int, default=60, help="training steps per run")
-    parser.add_argument("--test-freq", type=int, default=10, help="validate every N steps")
-    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "learning")
+    parser.add_argument("--steps", type=int, help="training steps per run (default: the task's)")
+    parser.add_argument(
+        "--test-freq", type=int, help="validate every N steps (default: the task's)"
+    )
+    parser.add_argument("--out", type=Path, help="output folder (default: outputs/learning_MODEL)")
     parser.add_argument(
         "overrides",
         nargs="*",
         help="config overrides for every run, e.g. actor_rollout_ref.actor.optim.lr=3e-3",
     )
     args = parser.parse_args(argv)
+    task = TASKS[args.model]
+    args.steps = task.steps if args.steps is None else args.steps
+    args.test_freq = task.test_freq if args.test_freq is None else args.test_freq
+    args.out = args.out or ROOT / "outputs" / f"learning_{args.model}"
     if args.steps < 1 or args.test_freq < 1:
         parser.error(
             f"--steps and --test-freq must be positive, got {args.steps}, {args.test_freq}"
@@ -184,7 +217,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         mine = []
         for seed in args.seeds:
             run_dir = args.out / f"{algo}_seed{seed}"
-            run = train(algo, seed, args.steps, args.test_freq, run_dir, args.overrides)
+            run = train(task, algo, seed, args.steps, args.test_freq, run_dir, args.overrides)
             mine.append(run)
             lines.append(run.summary())
             print(json.dumps(lines[-1]), flush=True)

@@ -78,6 +78,24 @@ SHAPES = {
     ),
     "llama-3.1-8b": _shape(_LLAMA, 4096, 14336, 32, 32, 8),
     "llama-3.1-70b": _shape(_LLAMA, 8192, 28672, 80, 64, 8),
+    # configs/gsm8k_ppo.py's model (the document's): deepseek-ai/deepseek-llm-7b-chat
+    "deepseek-llm-7b-chat": _shape(
+        {
+            **_LLAMA,
+            "max_position_embeddings": 4096,
+            "rope_theta": 10000.0,
+            "rope_scaling": None,
+            "rms_norm_eps": 1e-6,
+            "vocab_size": 102400,
+            "bos_token_id": 100000,
+            "eos_token_id": 100001,
+        },
+        4096,
+        11008,
+        30,
+        32,
+        32,
+    ),
 }
 
 

@@ -28,8 +28,16 @@ from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")  # this host only traces; libtpu describes slices
 sys.path.insert(0, str(Path(__file__).parent))
-from model_shapes import SHAPES, write_shape  # noqa: E402
+from model_shapes import write_shape  # noqa: E402
 
+MODELS = (
+    "qwen2.5-0.5b",
+    "qwen2.5-1.5b",
+    "qwen2.5-7b",
+    "qwen2.5-32b",
+    "llama-3.1-8b",
+    "llama-3.1-70b",
+)
 CARDS = {"grpo": "configs/gsm8k_grpo.py", "ppo": "configs/gsm8k_ppo.py"}
 SLICES = (
     "v5litepod-8",
@@ -140,7 +148,7 @@ def table(rows: list[dict]) -> str:
     ]
     found = {(r["card"], r["model"], r["topology"]): r for r in rows}
     for card in CARDS:
-        for model in SHAPES:
+        for model in MODELS:
             cells, smallest = [], None
             for name in SLICES:
                 r = found.get((card, model, name))
@@ -164,7 +172,7 @@ def main() -> None:
     parser.add_argument("--out", default="bench/results/tpu_plan.jsonl")
     parser.add_argument("--table", help="print the Markdown table of a results file and stop")
     parser.add_argument("--cards", default=",".join(CARDS))
-    parser.add_argument("--models", default=",".join(SHAPES))
+    parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--slices", default=",".join(SLICES))
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per plan")
     args = parser.parse_args()

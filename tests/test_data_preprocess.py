@@ -8,6 +8,7 @@ import pytest
 
 from jrl.data import math as math_data
 from jrl.data.gsm8k import (
+    ANSWER_ONLY,
     INSTRUCTION,
     gsm8k_rows,
     load_hub_records,
@@ -31,6 +32,29 @@ def test_offline_rows_are_seeded_and_correct():
         left, right = expression.split(" = ")
         assert eval(left) == int(right) == int(row["reward_model"]["ground_truth"])
         assert len(row["prompt"][0]["content"]) < 200
+
+
+def test_one_step_rows_add_take_away_or_multiply_and_ask_for_the_bare_answer():
+    rows = make_offline_rows(60, seed=4, split="test", generator="one_step")
+    assert rows == make_offline_rows(60, seed=4, split="test", generator="one_step")
+    operators = set()
+    for row in rows:
+        question = row["extra_info"]["question"]
+        assert row["prompt"][0]["content"] == question + " " + ANSWER_ONLY
+        assert row["data_source"] == "jrl/word_problems"
+        left, right = row["extra_info"]["answer"].split(".\n####")[0].split(" = ")
+        assert eval(left) == int(right) == int(row["reward_model"]["ground_truth"])
+        operators.add(left.split()[1])
+    assert operators == {"+", "-", "*"}  # one step each: no sharing, no two-step problems
+    with pytest.raises(ValueError, match="built-in generators are 'arithmetic' and 'one_step'"):
+        make_offline_rows(1, seed=0, split="test", generator="gsm_symbolic")
+
+
+def test_gsm8k_cli_one_step_generator(tmp_path):
+    args = ["--local_dir", str(tmp_path), "--offline", "--generator", "one_step"]
+    main([*args, "--train_size", "5", "--test_size", "3"])
+    rows = pq.read_table(tmp_path / "test.parquet").to_pylist()
+    assert rows == make_offline_rows(3, seed=0, split="test", generator="one_step")
 
 
 def test_gsm8k_rows_from_hub_style_records():

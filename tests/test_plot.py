@@ -124,3 +124,24 @@ def test_after_training_reports_where_plots_went(tmp_path, capsys):
     assert capsys.readouterr().out.strip() == f"jrl: 4 plots written to {tmp_path / 'plots'}"
     assert plot.plot_after_training(tmp_path / "missing") == []
     assert "plots skipped" in capsys.readouterr().out
+
+
+def test_validation_summary_gives_first_and_last_score_steps_time_and_plot(tmp_path):
+    val = "val-core/openai/gsm8k/reward/mean@1"
+    rows = [(0, {val: 0.1875}), _train_row(1), _train_row(2), (2, {val: 0.25})]
+    rows += [_train_row(3), (3, {val: 0.4531, "val-core/openai/gsm8k/reward/mean@4": 0.9})]
+    _write(tmp_path, rows)
+    plots = [tmp_path / "plots" / "reward.png", tmp_path / "plots" / "validation.png"]
+    line = plot.validation_summary(tmp_path, 461.4, plots)
+    assert line == (
+        f"val reward 0.19 -> 0.45 in 3 steps, 7m41s; plot: {tmp_path / 'plots' / 'validation.png'}"
+    )
+    assert (
+        plot.validation_summary(tmp_path, 59.6, []) == "val reward 0.19 -> 0.45 in 3 steps, 1m00s"
+    )
+
+
+def test_validation_summary_needs_two_validations(tmp_path):
+    _write(tmp_path, [(0, {"val-core/jrl/digits/reward/mean@1": 0.5}), _train_row(1)])
+    assert plot.validation_summary(tmp_path, 10.0, []) is None
+    assert plot.validation_summary(tmp_path / "missing", 10.0, []) is None

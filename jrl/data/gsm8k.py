@@ -4,13 +4,21 @@
     python -m jrl.data.gsm8k --local_dir ~/data/gsm8k --offline  # generated, no network
     python -m jrl.data.gsm8k --local_dir ~/data/gsm8k --offline --generator gsm_symbolic
 
-Offline generators: `arithmetic` (built in: short, easy word problems that a small model can learn)
-and `gsm_symbolic` (GSM8K-style templated problems from the `reasoning-gym` package, installed by
-the `offline-data` extra).
+Offline generators:
+- `arithmetic` (built in): short, easy word problems (add, take away, multiply, share, two steps).
+- `one_step` (built in): the one-step kinds only (add, take away, multiply), asked for the bare
+  answer (`ANSWER_ONLY`), with data_source "jrl/word_problems": scored by verl's GSM8K rule in
+  its flexible mode (the last number of the response is the answer). SmolLM2-135M-Instruct
+  answers about half of them right greedily before training and a quarter when sampling at
+  temperature 0.7, so RL has signal and room (configs/word_problems_grpo.py).
+- `gsm_symbolic`: GSM8K-style templated problems from the `reasoning-gym` package, installed by
+  the `offline-data` extra.
 
-Each row: data_source "openai/gsm8k", prompt [{"role": "user", "content": question + " " +
-INSTRUCTION}], ability "math", reward_model {"style": "rule", "ground_truth"}, extra_info
-{"split", "index", "answer", "question"}.
+Each row: data_source "openai/gsm8k" (scored by verl's strict GSM8K rule: the last ``#### N``)
+unless the generator says otherwise, prompt [{"role": "user", "content": question + " " +
+instruction}] (`INSTRUCTION`, verl's, unless the generator says otherwise), ability "math",
+reward_model {"style": "rule", "ground_truth"}, extra_info {"split", "index", "answer",
+"question"}.
 """
 
 from __future__ import annotations
@@ -28,7 +36,10 @@ from jrl.data.splits import load_hub_split
 from jrl.data.splits import write_splits as write_gsm8k
 
 DATA_SOURCE = "openai/gsm8k"
+WORD_PROBLEMS = "jrl/word_problems"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+ANSWER_ONLY = "Answer with the number only, after '#### '."
+GENERATORS = ("arithmetic", "one_step", "gsm_symbolic")
 SPLIT_SIZES = {"train": 7473, "test": 1319}
 _ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 
@@ -55,15 +66,21 @@ def ground_truth(solution: str) -> str:
     return match.group(1).replace(",", "")
 
 
-def gsm8k_rows(records: Iterable[Mapping[str, str]], split: str) -> list[dict[str, Any]]:
-    """verl's GSM8K rows from raw ``{"question", "answer"}`` records (answer = worked solution)."""
+def gsm8k_rows(
+    records: Iterable[Mapping[str, str]],
+    split: str,
+    instruction: str = INSTRUCTION,
+    data_source: str = DATA_SOURCE,
+) -> list[dict[str, Any]]:
+    """verl's GSM8K rows from raw ``{"question", "answer"}`` records (answer = worked solution),
+    each question followed by `instruction`."""
     rows = []
     for index, record in enumerate(records):
         question, answer = record["question"], record["answer"]
         rows.append(
             {
-                "data_source": DATA_SOURCE,
-                "prompt": [{"role": "user", "content": question + " " + INSTRUCTION}],
+                "data_source": data_source,
+                "prompt": [{"role": "user", "content": question + " " + instruction}],
                 "ability": "math",
                 "reward_model": {"style": "rule", "ground_truth": ground_truth(answer)},
                 "extra_info": {
@@ -77,12 +94,18 @@ def gsm8k_rows(records: Iterable[Mapping[str, str]], split: str) -> list[dict[st
     return rows
 
 
-def _problem(rng: np.random.Generator) -> dict[str, str]:
-    """One short word problem with its worked solution ending in ``#### N``."""
+# The problem kinds of `_problem`: the first three take one step.
+_KINDS = ("add", "take away", "multiply", "share", "two steps")
+_ONE_STEP_KINDS = 3
+
+
+def _problem(rng: np.random.Generator, kinds: int = len(_KINDS)) -> dict[str, str]:
+    """One short word problem of the first `kinds` of `_KINDS`, with its worked solution ending in
+    ``#### N``."""
     name = str(rng.choice(_NAMES))
     item = str(rng.choice(_ITEMS))
     a, b = (int(x) for x in rng.integers(2, 10, size=2))
-    kind = int(rng.integers(5))
+    kind = int(rng.integers(kinds))
     if kind == 0:
         question = f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have?"
         work, result = f"{a} + {b} = {a + b}", a + b
@@ -105,10 +128,18 @@ def _problem(rng: np.random.Generator) -> dict[str, str]:
     return {"question": question, "answer": f"{work}.\n#### {result}"}
 
 
-def make_offline_rows(n: int, seed: int, split: str) -> list[dict[str, Any]]:
-    """`n` generated GSM8K-style rows for `split`; the same (n, seed, split) gives the same rows."""
+def make_offline_rows(
+    n: int, seed: int, split: str, generator: str = "arithmetic"
+) -> list[dict[str, Any]]:
+    """`n` generated GSM8K-style rows for `split` from a built-in `generator` ('arithmetic' or
+    'one_step'); the same arguments give the same rows."""
+    if generator not in ("arithmetic", "one_step"):
+        raise ValueError(f"built-in generators are 'arithmetic' and 'one_step', got {generator!r}")
     rng = np.random.default_rng([seed, zlib.crc32(split.encode())])
-    return gsm8k_rows((_problem(rng) for _ in range(n)), split)
+    if generator == "arithmetic":
+        return gsm8k_rows((_problem(rng) for _ in range(n)), split)
+    records = (_problem(rng, _ONE_STEP_KINDS) for _ in range(n))
+    return gsm8k_rows(records, split, instruction=ANSWER_ONLY, data_source=WORD_PROBLEMS)
 
 
 def gsm_symbolic_records(n: int, seed: int, split: str) -> list[dict[str, str]]:
@@ -143,9 +174,10 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     )
     parser.add_argument(
         "--generator",
-        choices=("arithmetic", "gsm_symbolic"),
+        choices=GENERATORS,
         default="arithmetic",
-        help="offline generator: built-in easy arithmetic, or reasoning-gym's gsm_symbolic",
+        help="offline generator: built-in easy arithmetic or one-step problems, or "
+        "reasoning-gym's gsm_symbolic",
     )
     parser.add_argument("--train_size", type=int, default=None, help="rows in train.parquet")
     parser.add_argument("--test_size", type=int, default=None, help="rows in test.parquet")
@@ -160,8 +192,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
                 f"jrl: generating {count} {split} problems ({args.generator}, seed {args.seed})",
                 flush=True,
             )
-            if args.generator == "arithmetic":
-                rows_by_split[split] = make_offline_rows(count, args.seed, split)
+            if args.generator != "gsm_symbolic":
+                rows_by_split[split] = make_offline_rows(count, args.seed, split, args.generator)
             else:
                 records = gsm_symbolic_records(count, args.seed, split)
                 rows_by_split[split] = gsm8k_rows(records, split)
