@@ -1,12 +1,14 @@
 """PPO with a GAE critic on one-step word problems: a real pretrained model learns on a laptop.
 
 The task (`jrl.data.gsm8k`, generator `one_step`): "Max has 2 stamps and gets 4 more. How many
-stamps does Max have? Answer with the number only, after '#### '.", scored by verl's strict GSM8K
-rule (reward 1 when the last ``#### N`` is the answer). SmolLM2-135M-Instruct (fetched from its
-PyPI package) answers about one in five held-out problems in that format before training; RL
-teaches it the format, which it half knows. 2,048 problems to train on, 128 held out.
+stamps does Max have? Answer with the number only, after '#### '.", scored by verl's GSM8K rule in
+its flexible mode (reward 1 when the last number of the answer is right; data_source
+jrl/word_problems). SmolLM2-135M-Instruct (fetched from its PyPI package) answers about 40-50% of
+the held-out problems right before training, and a quarter of its samples at temperature 0.7;
+RL teaches it to stop at the answer and to get it right more often. 2,048 problems to train on,
+128 held out.
 PPO: 16 prompts per step, one answer each, a critic (value head on the same model) gives GAE
-advantages. On 2 CPU cores, roughly a minute per step:
+advantages. On 2 CPU cores, roughly a minute per step (not measured yet; the GRPO card is):
 
     python -m jrl.train --config=configs/word_problems_ppo.py
 
@@ -71,7 +73,7 @@ def get_config(preset: str | None = None) -> ConfigDict:
     config.critic.model.use_remove_padding = True
     config.critic.model.fsdp_config.dtype = "float32"
 
-    # Reward: verl's strict GSM8K rule, no reward model.
+    # Reward: verl's GSM8K rule in its flexible mode (jrl/word_problems), no reward model.
     config.reward_model.enable = False
 
     # Algorithm: GAE advantages from the critic, no KL to a reference.

@@ -126,7 +126,7 @@ def validation_summary(run_dir: str | Path, seconds: float, plots: list[Path]) -
     steps = last_step - first_step
     line = f"val reward {first:.2f} -> {last:.2f} in {steps} steps, {minutes}m{secs:02d}s"
     shown = [path for path in plots if path.stem == "validation"]
-    return line + (f"; plot: {shown[0]}" if shown else "")
+    return line + (f"; plot: {shown[0].resolve()}" if shown else "")
 
 
 def figure_keys(figure: Figure, series: Series) -> list[str]:

@@ -416,6 +416,26 @@ def test_load_config_on_both_experiments():
     assert grpo.actor_rollout_ref.actor.use_kl_loss and not uses_critic(grpo)
 
 
+@pytest.mark.parametrize(
+    "card",
+    [
+        "digits_ppo.py",
+        "digits_grpo.py",
+        "gsm8k_ppo.py:tiny",
+        "gsm8k_grpo.py:quickstart",
+        "word_problems_ppo.py",
+        "word_problems_grpo.py",
+        "word_problems_grpo.py:quickstart",
+    ],
+)
+def test_every_training_card_loads_and_validates(card):
+    config, _ = load_config([f"--config={Path(PPO).parent / card}"])  # load_config validates
+    assert config.trainer.device == "cpu" and config.actor_rollout_ref.rollout.name == "jax"
+    if card.startswith("word_problems"):
+        assert config.data.train_files.endswith("word_problems/data/train.parquet")
+        assert config.actor_rollout_ref.model.use_remove_padding
+
+
 @pytest.mark.parametrize("path, algo, n", [(PPO, "ppo", 1), (GRPO, "grpo", 2)])
 def test_tiny_preset(path, algo, n):
     config = _tiny(path, num_devices=1)
