@@ -255,9 +255,8 @@ def prepare_for(config) -> None:
     model = str(config.actor_rollout_ref.model.path)
     for name, paths in PATHS.items():
         files = paths()
-        if data & {files["train_files"], files["val_files"]}:
-            PREPARE[name]()
-        elif model == files["model_path"] and model != str(smollm2_folder()):
+        own_model = model == files["model_path"] != str(smollm2_folder())
+        if own_model or data & {files["train_files"], files["val_files"]}:
             PREPARE[name]()
     if model == str(smollm2_folder()):
         prepare_smollm2()
