@@ -4,7 +4,8 @@ Two models (``--model``):
 - ``digits``: configs/digits_<algo>.py, a tiny random-init model on `jrl.data.digits`, 256
   held-out prompts; 60 steps, validated every 10.
 - ``smollm2``: configs/word_problems_<algo>.py, the pretrained SmolLM2-135M-Instruct on one-step
-  word problems with verl's strict GSM8K score, 128 held-out problems; 24 steps, validated every 4.
+  word problems scored by verl's GSM8K rule in its flexible mode (the last number), 128 held-out
+  problems; 24 steps, validated every 4.
 
 Each run trains the card with one seed (``data.seed``: data order and every sampling key) and
 validates greedily before training, every ``--test-freq`` steps and at the end. The untrained

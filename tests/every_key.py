@@ -79,6 +79,7 @@ CONTEXTS = {
         for k in ("rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs_threshold")
     },
     "algorithm.rollout_correction.rollout_is": {f"{ROLLOUT}.calculate_log_probs": True},
+    "algorithm.rollout_correction.bypass_mode": {f"{ROLLOUT}.calculate_log_probs": True},
     "algorithm.rollout_correction.rollout_rs": {
         f"{ROLLOUT}.calculate_log_probs": True,
         "algorithm.rollout_correction.rollout_rs_threshold": 2.0,

@@ -78,3 +78,22 @@ def test_rollout_importance_sampling_runs(tmp_path):
         "algorithm.rollout_is_mode=mask",
     )
     _assert_finite(metrics, "mismatch/rollout_is_mean")
+
+
+def test_bypass_mode_skips_the_old_log_prob_pass_and_trains_alike(tmp_path):
+    """On-policy (one mini-batch, one epoch) the old log-probs are the current ones either way,
+    so bypass mode (ppo_clip) makes the same update without the old-log-prob pass."""
+    log_probs = "actor_rollout_ref.rollout.calculate_log_probs=True"
+    plain = _run(tmp_path / "plain", "gsm8k_grpo", log_probs)
+    bypass = _run(
+        tmp_path / "bypass",
+        "gsm8k_grpo",
+        log_probs,
+        "algorithm.rollout_correction.bypass_mode=True",
+    )
+    _assert_finite(bypass)
+    assert "timing_s/old_log_prob" in plain and "timing_s/old_log_prob" not in bypass
+    assert "actor/entropy" not in bypass
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/pg_clipfrac"):
+        assert math.isclose(bypass[key], plain[key], rel_tol=1e-5, abs_tol=1e-7), key
+    assert bypass["rollout_corr/kl"] == 0.0  # on-policy: verl's actor compares π_θ with itself

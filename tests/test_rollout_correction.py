@@ -5,14 +5,18 @@ import math
 import statistics
 from pathlib import Path
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from reference import MASK, B, close, rand
+from reference import MASK, B, close, rand, ref_agg
 
+from jrl import algos
 from jrl.algos import rollout_correction as rc
 from jrl.batch import Batch
 from jrl.config import ConfigError, frozen, load_config
 from jrl.trainer.ppo.experience import rollout_correction
+from jrl.trainer.roles.actor import ActorLoss
 
 GRPO = str(Path(__file__).resolve().parents[1] / "configs" / "gsm8k_grpo.py")
 LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs=True"
@@ -307,7 +311,10 @@ def test_actor_level_spelling_acts():
         ([f"{RC}.rollout_rs_threshold=0.1"], "rollout_rs_threshold has no effect without"),
         ([f"{RC}.loss_type=pg"], "loss_type='pg' is not supported; use one of ppo_clip, reinforce"),
         ([f"{RC}.loss_type=reinforce"], "loss_type only applies with"),
-        ([f"{RC}.bypass_mode=True"], "bypass_mode=True is not supported yet"),
+        ([f"{RC}.bypass_mode=True", f"{RC}.rollout_rs=token_k2", f"{RC}.rollout_rs_threshold=1"],
+         "rollout_rs is not supported with algorithm.rollout_correction.bypass_mode=True"),
+        ([f"{RC}.bypass_mode=True", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
+         "bypass_mode=True replaces actor_rollout_ref.actor.policy_loss.loss_mode='gspo'"),
         ([f"{RC}.rollout_is_batch_normalize=True"], "rollout_is_batch_normalize has no effect"),
         ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=null"], "needs a positive"),
         (["algorithm.rollout_is_level=seq", "algorithm.rollout_is_threshold=2.0"],
@@ -323,7 +330,11 @@ def test_config_errors(overrides, match):
 
 
 def test_log_probs_required_at_load():
-    for key in (f"{RC}.rollout_is=token", "algorithm.rollout_is_threshold=2.0"):
+    for key in (
+        f"{RC}.rollout_is=token",
+        "algorithm.rollout_is_threshold=2.0",
+        f"{RC}.bypass_mode=True",
+    ):
         with pytest.raises(ConfigError, match="calculate_log_probs=True"):
             load_config([f"--config={GRPO}:tiny", key])
 
@@ -331,8 +342,66 @@ def test_log_probs_required_at_load():
 @pytest.mark.parametrize("name", sorted(rc.PRESETS))
 def test_presets_are_valid_config_values(name):
     overrides = [f"{RC}.{key}={value}" for key, value in rc.PRESETS[name].items()]
-    if rc.PRESETS[name].get("bypass_mode"):
-        with pytest.raises(ConfigError, match="bypass_mode=True is not supported yet"):
+    preset = rc.PRESETS[name]
+    if preset.get("bypass_mode") and preset.get("rollout_rs"):
+        with pytest.raises(ConfigError, match="rollout_rs is not supported with"):
             config(*overrides)
     else:
         assert config(*overrides).algorithm.rollout_correction.rollout_is in (None, *rc.IS_LEVELS)
+
+
+# ---------------------------------------------------------------- bypass mode
+
+
+def bypass_config(**correction):
+    """An actor section as the trainer hands it to the bypass loss."""
+    options = rc.CorrectionOptions(**correction)
+    policy = {"loss_mode": "bypass_mode", "rollout_correction": options}
+    return {"clip_ratio": 0.2, "clip_ratio_c": 3.0, "policy_loss": policy}
+
+
+def bypass_loss(config, current, rollout, adv):
+    return algos.compute_policy_loss_bypass_mode(rollout, current, adv, MASK, "token-mean", config)
+
+
+def test_bypass_ppo_clip_is_vanilla_against_the_rollout_without_weights():
+    current, rollout = log_probs()  # the trainer's log-probs play the role of verl's "old"
+    adv = rand(62)
+    config = bypass_config(rollout_is="token", rollout_is_threshold=1.5)
+    loss, metrics = bypass_loss(config, current, rollout, adv)
+    vanilla, vanilla_metrics = algos.compute_policy_loss_vanilla(
+        rollout, current, adv, MASK, "token-mean", config
+    )
+    close(loss, float(vanilla), 1e-6)
+    for key, value in vanilla_metrics.items():
+        close(metrics[key], float(value), 1e-6)
+    expected = {**ref_is("token", 1.5, False)[1], **ref_offpolicy()}
+    correction = {k: v for k, v in metrics.items() if k.startswith(rc.METRIC_PREFIX)}
+    assert set(correction) == {rc.METRIC_PREFIX + k for k in expected}
+    for key, value in expected.items():
+        np.testing.assert_allclose(metrics[rc.METRIC_PREFIX + key], value, rtol=2e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("level", [None, "sequence"])
+def test_bypass_reinforce_weights_the_policy_gradient(level):
+    current, rollout = log_probs()
+    adv = rand(63)
+    config = bypass_config(rollout_is=level, loss_type="reinforce")
+    weights = ref_is(level, 2.0, False)[0] if level else np.ones_like(MASK)
+    loss, metrics = bypass_loss(config, current, rollout, adv)
+    close(loss, ref_agg(-adv * current * weights, MASK, "token-mean"), 1e-5)
+    close(metrics["actor/ppo_kl"], mm(rollout.astype(np.float64) - current), 1e-5)
+    grad = jax.grad(lambda lp: bypass_loss(config, lp, rollout, adv)[0])(jnp.asarray(current))
+    close(grad, -adv * weights * MASK / MASK.sum(), 1e-6)  # the weights carry no gradient
+
+
+def test_bypass_config_selects_the_bypass_loss():
+    cfg = config(f"{RC}.bypass_mode=True", f"{RC}.rollout_is=sequence", f"{RC}.loss_type=reinforce")
+    arr = cfg.actor_rollout_ref
+    loss = ActorLoss.resolve(arr.actor, 1.0, "naive", cfg.algorithm.rollout_correction)
+    assert loss.policy_loss.loss_mode == "bypass_mode"
+    assert loss.policy_loss.rollout_correction == rc.CorrectionOptions(
+        rollout_is="sequence", loss_type="reinforce"
+    )
+    plain = ActorLoss.resolve(arr.actor, 1.0, "naive", config().algorithm.rollout_correction)
+    assert (plain.policy_loss.loss_mode, plain.policy_loss.rollout_correction) == ("vanilla", None)

@@ -23,6 +23,7 @@ from jrl.algos.aggregation import (
     global_denominator,
     reduce_loss_terms,
 )
+from jrl.algos.bypass_loss import compute_policy_loss_bypass_mode, policy_loss_terms_bypass_mode
 from jrl.algos.covariance_losses import (
     compute_policy_loss_clip_cov,
     compute_policy_loss_kl_cov,
@@ -100,6 +101,7 @@ __all__ = [
     "compute_no_advantage",
     "compute_opo_outcome_advantage",
     "compute_policy_loss",
+    "compute_policy_loss_bypass_mode",
     "compute_policy_loss_cispo",
     "compute_policy_loss_clip_cov",
     "compute_policy_loss_geo_mean",
@@ -130,6 +132,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "policy_loss_terms_bypass_mode",
     "policy_loss_terms_cispo",
     "policy_loss_terms_clip_cov",
     "policy_loss_terms_geo_mean",

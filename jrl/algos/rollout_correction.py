@@ -21,6 +21,7 @@ and `rollout_rs_{masked,seq_masked}_fraction` (rejection) and the off-policy dia
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 from typing import Any
@@ -127,7 +128,10 @@ def rs_options(rollout_rs: str) -> tuple[str, ...]:
 
 def rs_thresholds(options: tuple[str, ...], spec: str | float | None) -> tuple[Bounds, ...]:
     """(lower, upper) per criterion from `rollout_rs_threshold`: one entry shared by all or one per
-    criterion (comma-separated); k1 takes "lo_hi" or hi (lo = 1/hi), k2/k3 a single hi."""
+    criterion (comma-separated); k1 takes "lo_hi" or hi (lo = 1/hi), k2/k3 a single hi. No
+    criteria: no bounds."""
+    if not options:
+        return ()
     key = "algorithm.rollout_correction.rollout_rs_threshold"
     if spec is None:
         raise ValueError(f"{key} is required with rollout_rs (e.g. 2.0, or '0.5_2.0' for k1)")
@@ -186,18 +190,63 @@ def compute_rollout_correction(
         )
     if level is not None and not rollout_is_threshold > 0:
         raise ValueError(f"rollout_is_threshold must be positive, got {rollout_is_threshold}")
-    options = rs_options(rollout_rs) if rollout_rs is not None else ()
-    bounds = rs_thresholds(options, rollout_rs_threshold) if options else ()
-    weights, mask, metrics = _correction(
+    options = CorrectionOptions(
+        rollout_is=rollout_is,
+        rollout_is_threshold=rollout_is_threshold,
+        rollout_is_batch_normalize=rollout_is_batch_normalize,
+        rollout_rs=rollout_rs,
+        rollout_rs_threshold=rollout_rs_threshold,
+    )
+    weights, mask, metrics = correction_arrays(
+        options, old_log_prob, rollout_log_prob, response_mask
+    )
+    return weights, mask, {METRIC_PREFIX + key: float(value) for key, value in metrics.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class CorrectionOptions:
+    """An `algorithm.rollout_correction` section as a hashable value (verl hands it to the
+    bypass-mode loss as ``policy_loss.rollout_correction``)."""
+
+    rollout_is: str | None = None
+    rollout_is_threshold: float | None = 2.0
+    rollout_is_batch_normalize: bool = False
+    rollout_rs: str | None = None
+    rollout_rs_threshold: str | float | None = None
+    loss_type: str = "ppo_clip"
+
+    @classmethod
+    def from_section(cls, section: Any) -> CorrectionOptions:
+        """The options of a config section (absent or null keys take verl's defaults)."""
+        defaults = cls()
+        return cls(
+            **{
+                f.name: config_option(section, f.name, getattr(defaults, f.name))
+                for f in dataclasses.fields(cls)
+            }
+        )
+
+
+def correction_arrays(
+    options: Any, old_log_prob: jax.Array, rollout_log_prob: jax.Array, response_mask: jax.Array
+) -> tuple[jax.Array | None, jax.Array, dict[str, jax.Array]]:
+    """`compute_rollout_correction` of `options` (a section or `CorrectionOptions`) without its
+    host-side checks, so that it traces inside a loss: (weights or None, mask after rejection,
+    metrics as arrays, unprefixed)."""
+    level, threshold = (config_option(options, k) for k in ("rollout_is", "rollout_is_threshold"))
+    level = level if threshold is not None else None
+    rollout_rs = config_option(options, "rollout_rs")
+    criteria = rs_options(rollout_rs) if rollout_rs is not None else ()
+    bounds = rs_thresholds(criteria, config_option(options, "rollout_rs_threshold"))
+    return _correction(
         old_log_prob,
         rollout_log_prob,
         response_mask,
-        float(rollout_is_threshold or 1.0),
+        float(threshold or 1.0),
         level=level,
-        batch_normalize=bool(rollout_is_batch_normalize),
-        criteria=tuple(zip(options, bounds, strict=True)),
+        batch_normalize=bool(config_option(options, "rollout_is_batch_normalize", False)),
+        criteria=tuple(zip(criteria, bounds, strict=True)),
     )
-    return weights, mask, {METRIC_PREFIX + key: float(value) for key, value in metrics.items()}
 
 
 def rollout_correction_step(

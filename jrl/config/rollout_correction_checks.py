@@ -24,12 +24,6 @@ LEGACY_KEYS = (
 ACTOR = "actor_rollout_ref.actor"
 RC = "algorithm.rollout_correction"
 _LOG_PROBS = "actor_rollout_ref.rollout.calculate_log_probs"
-_BYPASS = (
-    f"{RC}.bypass_mode=True is not supported yet: verl's bypass mode reuses the rollout "
-    "log-probs as old log-probs and recomputes the IS weights and rejection inside a dedicated "
-    f"policy loss ({RC}.loss_type ppo_clip/reinforce) that jrl does not have; set "
-    f"{RC}.bypass_mode=false"
-)
 
 
 @cache
@@ -77,6 +71,8 @@ def rollout_correction_problems(config: Any) -> Iterator[str]:
     names.update({k: f"algorithm.{k}" for k in on_algorithm})
     yield from _legacy_problems(legacy_rollout_is(algorithm, actor), names, log_probs)
     yield from _current_problems(algorithm.rollout_correction, current, log_probs)
+    if algorithm.rollout_correction["bypass_mode"]:
+        yield from _bypass_problems(algorithm.rollout_correction, actor, log_probs)
 
 
 def _not_one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:
@@ -124,14 +120,32 @@ def _current_problems(
         if level is None and key in changed:
             yield f"{RC}.{key} has no effect without {RC}.rollout_is (token or sequence)"
     yield from _rejection_problems(section)
-    if section["bypass_mode"]:
-        yield _BYPASS
     if section["loss_type"] not in rc.LOSS_TYPES:
         yield _not_one_of(f"{RC}.loss_type", section["loss_type"], rc.LOSS_TYPES)
     elif "loss_type" in changed and not section["bypass_mode"]:
         yield f"{RC}.loss_type only applies with {RC}.bypass_mode=True; reset it to ppo_clip"
     if (level is not None or section["rollout_rs"] is not None) and not log_probs:
         yield f"{RC}.rollout_is/rollout_rs need the rollout's log-probs: set {_LOG_PROBS}=True"
+
+
+def _bypass_problems(
+    section: Mapping[str, Any], actor: Mapping[str, Any], log_probs: bool
+) -> Iterator[str]:
+    """Bypass mode takes the rollout's log-probs as the old ones and its own policy loss."""
+    if not log_probs:
+        yield f"{RC}.bypass_mode=True uses the rollout's log-probs: set {_LOG_PROBS}=True"
+    if section["rollout_rs"] is not None:
+        yield (
+            f"{RC}.rollout_rs is not supported with {RC}.bypass_mode=True (rejection inside the "
+            "loss would change the whole mini-batch's loss normaliser); use bypass_mode=false "
+            "for rejection sampling"
+        )
+    loss_mode = (actor.get("policy_loss") or {}).get("loss_mode") or "vanilla"
+    if loss_mode != "vanilla":
+        yield (
+            f"{RC}.bypass_mode=True replaces {ACTOR}.policy_loss.loss_mode={loss_mode!r} by its "
+            f"own loss ({RC}.loss_type ppo_clip or reinforce); reset loss_mode to vanilla"
+        )
 
 
 def _rejection_problems(section: Mapping[str, Any]) -> Iterator[str]:

@@ -225,19 +225,12 @@ class PPOTrainer:
         if spec.rollout_data_dir:
             with timer("dump_rollout_generations", timing):
                 self.dump_rollout(batch, reward["reward_extra_info"], step)
-        with timer("old_log_prob", timing):
-            old_log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
-            batch = batch.union(Batch({"old_log_probs": old_log_probs}))
-            if "rollout_log_probs" in batch.tensors:
-                metrics.update(
-                    log_prob_mismatch_metrics(
-                        batch.tensors["rollout_log_probs"],
-                        np.asarray(old_log_probs),
-                        batch.tensors["response_mask"],
-                    )
-                )
-            mask = batch.tensors["response_mask"]
-            metrics["actor/entropy"] = float(algos.agg_loss(entropy, mask, spec.entropy_agg_mode))
+        bypass = bool(spec.algorithm["rollout_correction"]["bypass_mode"])
+        if bypass:  # the rollout's log-probs are the old ones; the actor's loss corrects
+            batch = batch.union(Batch({"old_log_probs": batch.tensors["rollout_log_probs"]}))
+        else:
+            with timer("old_log_prob", timing):
+                batch = self.add_old_log_probs(batch, metrics)
         if self.ref is not None:
             with timer("ref", timing):
                 ref_log_prob, _ = self.ref.compute_log_prob(batch)
@@ -246,12 +239,25 @@ class PPOTrainer:
             with timer("values", timing):
                 batch = batch.union(Batch({"values": self.critic.compute_values(batch)}))
         with timer("adv", timing):
-            actor_config = self.config.actor_rollout_ref.actor
-            batch, is_metrics = rollout_correction(batch, spec.algorithm, actor_config)
-            metrics.update(is_metrics)
+            if not bypass:
+                actor_config = self.config.actor_rollout_ref.actor
+                batch, is_metrics = rollout_correction(batch, spec.algorithm, actor_config)
+                metrics.update(is_metrics)
             batch, kl_metrics = compute_advantage(batch, spec.algorithm, self.kl_ctrl)
             metrics.update(kl_metrics)
         return batch, metrics
+
+    def add_old_log_probs(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+        """`batch` with the actor's ``old_log_probs``; logs ``actor/entropy`` and, when the
+        rollout gave log-probs, their mismatch to the actor's into `metrics`."""
+        old_log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
+        batch = batch.union(Batch({"old_log_probs": old_log_probs}))
+        mask = batch.tensors["response_mask"]
+        if "rollout_log_probs" in batch.tensors:
+            rollout = batch.tensors["rollout_log_probs"]
+            metrics.update(log_prob_mismatch_metrics(rollout, np.asarray(old_log_probs), mask))
+        metrics["actor/entropy"] = float(algos.agg_loss(entropy, mask, self.spec.entropy_agg_mode))
+        return batch
 
     def dump_rollout(
         self, batch: Batch, reward_extra_infos: Mapping[str, Sequence[Any]], step: int

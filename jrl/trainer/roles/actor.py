@@ -21,6 +21,8 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jrl import algos
+from jrl.algos.bypass_loss import BYPASS_LOSS_MODE
+from jrl.algos.rollout_correction import METRIC_PREFIX, CorrectionOptions
 from jrl.batch import Batch
 from jrl.models import LoRAParam
 from jrl.trainer.roles import log_probs
@@ -40,7 +42,9 @@ ACTOR = "actor_rollout_ref.actor"
 
 @dataclasses.dataclass(frozen=True)
 class PolicyLossOptions:
-    """``actor.policy_loss``: the loss mode and the options of the covariance losses."""
+    """``actor.policy_loss``: the loss mode and the options of the covariance losses; in bypass
+    mode, loss mode ``bypass_mode`` with the ``algorithm.rollout_correction`` options (as verl
+    passes them)."""
 
     loss_mode: str = "vanilla"
     clip_cov_ratio: float | None = None
@@ -48,6 +52,7 @@ class PolicyLossOptions:
     clip_cov_ub: float | None = None
     kl_cov_ratio: float | None = None
     ppo_kl_coef: float | None = None
+    rollout_correction: CorrectionOptions | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,10 +85,17 @@ class ActorLoss:
     on_policy: bool = False
 
     @classmethod
-    def resolve(cls, actor_cfg: Any, temperature: float, impl: str) -> ActorLoss:
-        """The loss options of the ``actor_rollout_ref.actor`` section."""
-        fields = {f.name for f in dataclasses.fields(PolicyLossOptions)}
-        policy = actor_cfg.get("policy_loss") or {}
+    def resolve(
+        cls, actor_cfg: Any, temperature: float, impl: str, rollout_correction: Any = None
+    ) -> ActorLoss:
+        """The loss options of the ``actor_rollout_ref.actor`` section; the
+        ``algorithm.rollout_correction`` section when it sets ``bypass_mode`` (the loss is then
+        `jrl.algos.bypass_loss`'s)."""
+        fields = {f.name for f in dataclasses.fields(PolicyLossOptions)} - {"rollout_correction"}
+        policy = {k: v for k, v in (actor_cfg.get("policy_loss") or {}).items() if k in fields}
+        if rollout_correction is not None and rollout_correction.get("bypass_mode"):
+            policy["loss_mode"] = BYPASS_LOSS_MODE
+            policy["rollout_correction"] = CorrectionOptions.from_section(rollout_correction)
         return cls(
             temperature=float(temperature),
             impl=impl,
@@ -95,7 +107,7 @@ class ActorLoss:
             clip_ratio_c=actor_cfg.get("clip_ratio_c"),
             tau_pos=actor_cfg.get("tau_pos"),
             tau_neg=actor_cfg.get("tau_neg"),
-            policy_loss=PolicyLossOptions(**{k: v for k, v in policy.items() if k in fields}),
+            policy_loss=PolicyLossOptions(**policy),
             entropy_coeff=actor_cfg.entropy_coeff,
             use_kl_loss=bool(actor_cfg.use_kl_loss),
             kl_loss_coef=actor_cfg.kl_loss_coef,
@@ -168,7 +180,12 @@ class ActorSpec:
             train=TrainSpec.resolve(
                 arr.actor, ACTOR, mesh, packed, (arr.rollout.n, total_training_steps)
             ),
-            loss=ActorLoss.resolve(arr.actor, arr.rollout.temperature, logprob_impl(arr, "actor")),
+            loss=ActorLoss.resolve(
+                arr.actor,
+                arr.rollout.temperature,
+                logprob_impl(arr, "actor"),
+                config.algorithm.get("rollout_correction"),
+            ),
         )
 
 
@@ -240,7 +257,8 @@ class Actor:
             lr=lr,
             shuffle_seed=spec.train.shuffle_seed(step),
         )
-        out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith("actor/")}
+        reported = ("actor/", METRIC_PREFIX)  # the bypass loss's rollout-correction metrics too
+        out = {k: float(np.mean(v)) for k, v in history.items() if k.startswith(reported)}
         out["actor/pg_loss"] = float(np.sum(history["actor/pg_loss"]))
         if "actor/kl_loss" in history:
             out["actor/kl_loss"] = float(np.sum(history["actor/kl_loss"]))

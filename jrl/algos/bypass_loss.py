@@ -1,0 +1,92 @@
+"""verl's bypass mode (`algorithm.rollout_correction.bypass_mode`, current verl): the rollout's
+log-probs serve as the old log-probs, so the trainer skips its old-log-prob pass, and the policy
+loss ``bypass_mode`` corrects for the rollout itself.
+
+With π_θ the policy being trained and π_r the rollout's (the old log-probs here), ℓ = logπ_θ -
+logπ_r (no gradient) gives the importance weights w and the rollout-correction metrics of
+`jrl.algos.rollout_correction` (section ``policy_loss.rollout_correction``), then by its
+``loss_type``:
+
+- ``ppo_clip``: the vanilla PPO loss with ratio π_θ / π_r; w is not applied (the ratio already
+  is the correction);
+- ``reinforce``: -A·logπ_θ·w (w = 1 without ``rollout_is``), with ``actor/ppo_kl`` =
+  mean(logπ_r - logπ_θ).
+
+w is normalised (``rollout_is_batch_normalize``) over the micro-batch the loss sees, as verl's
+actor does. Rejection sampling (``rollout_rs``) is not supported here: it would change the loss
+normaliser of the whole mini-batch from inside one micro-batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from jrl.algos.aggregation import LossTerms
+from jrl.algos.options import config_option
+from jrl.algos.policy_loss import (
+    policy_loss_terms_vanilla,
+    register_policy_loss_terms,
+    verl_policy_loss,
+)
+from jrl.algos.rollout_correction import METRIC_PREFIX, correction_arrays
+
+BYPASS_LOSS_MODE = "bypass_mode"
+
+
+def bypass_correction(config: Any) -> Any:
+    """The ``policy_loss.rollout_correction`` options of the actor config `config`."""
+    section = config_option(config_option(config, "policy_loss"), "rollout_correction")
+    if section is None:
+        raise ValueError(
+            "policy_loss.loss_mode='bypass_mode' needs the algorithm.rollout_correction "
+            "section as actor.policy_loss.rollout_correction (the trainer sets it when "
+            "algorithm.rollout_correction.bypass_mode=True)"
+        )
+    if config_option(section, "rollout_rs") is not None:
+        raise ValueError(
+            "algorithm.rollout_correction.rollout_rs is not supported with bypass_mode=True; "
+            "use bypass_mode=false (decoupled mode) for rejection sampling"
+        )
+    return section
+
+
+@register_policy_loss_terms(BYPASS_LOSS_MODE)
+def policy_loss_terms_bypass_mode(
+    old_log_prob: jax.Array,
+    log_prob: jax.Array,
+    advantages: jax.Array,
+    response_mask: jax.Array,
+    config: Any = None,
+    rollout_is_weights: jax.Array | None = None,
+) -> LossTerms:
+    """Per-token bypass-mode loss, `old_log_prob` being the rollout's log-probs (see the module
+    docstring); `rollout_is_weights` is ignored: the weights are computed here."""
+    section = bypass_correction(config)
+    current = jax.lax.stop_gradient(log_prob)
+    weights, _, correction = correction_arrays(section, current, old_log_prob, response_mask)
+    loss_type = config_option(section, "loss_type", "ppo_clip")
+    if loss_type == "ppo_clip":
+        terms = policy_loss_terms_vanilla(old_log_prob, log_prob, advantages, response_mask, config)
+    elif loss_type == "reinforce":
+        losses = -advantages * log_prob
+        if weights is not None:
+            losses = losses * weights
+        kl = jax.lax.stop_gradient(old_log_prob - log_prob)
+        terms = LossTerms(losses, {"actor/ppo_kl": kl})
+    else:
+        raise ValueError(
+            f"algorithm.rollout_correction.loss_type={loss_type!r}; use ppo_clip or reinforce"
+        )
+    # Batch-level statistics, one value per micro-batch: their token-weighted mean is reported.
+    shape = response_mask.shape
+    per_token = {
+        METRIC_PREFIX + name: jnp.broadcast_to(value.astype(jnp.float32), shape)
+        for name, value in correction.items()
+    }
+    return terms._replace(metrics={**terms.metrics, **per_token})
+
+
+compute_policy_loss_bypass_mode = verl_policy_loss(BYPASS_LOSS_MODE, policy_loss_terms_bypass_mode)
