@@ -81,6 +81,29 @@ def test_rows_do_not_depend_on_slots_or_scheduling(model, prompts, reference):
     assert stats["rollout/decode_steps"] < steps["c"]
 
 
+def test_a_prompt_answered_n_times_is_prefilled_once(model, prompts):
+    """n = 2 answers per prompt: each prefill of two rows computes one prompt; the rows equal
+    those of the prompts repeated by hand (each prefilled on its own)."""
+    twice = dataclasses.replace(SAMPLING, n=2)
+    shared = _engine(model)
+    out = shared.generate(prompts, twice, jax.random.key(3))
+    assert shared.stats["rollout/shared_prefill"] == 2
+    by_hand = _engine(model)
+    expected = by_hand.generate(prompts.repeat(2), SAMPLING, jax.random.key(3))
+    assert by_hand.stats["rollout/shared_prefill"] == 1
+    _assert_same_rows(
+        {k: np.asarray(v) for k, v in out.tensors.items()},
+        {k: np.asarray(v) for k, v in expected.tensors.items()},
+    )
+    lengths = np.asarray(out.tensors["response_mask"]).sum(1)
+    assert (lengths[::2] != lengths[1::2]).any()  # the two answers of a prompt differ
+
+    def flops(engine, sampling):  # the prefill (in a loop body) is counted once
+        return engine.lower(2 * len(LENGTHS), P, sampling).compile().cost_analysis()["flops"]
+
+    assert flops(shared, twice) < flops(by_hand, SAMPLING)
+
+
 def test_tensor_parallel_decode_equals_single_device(model, prompts, reference):
     """Two data-parallel replicas of a two-way tensor-parallel model, from a 4-device mesh."""
     four = Mesh(np.asarray(jax.devices()[:4]).reshape(1, 4, 1, 1), MESH_AXES)

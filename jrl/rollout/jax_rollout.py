@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -141,6 +142,10 @@ class JaxRollout:
         replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         layout = row_layout(rows, replicas)
         plan = self.plan(layout.per_replica, bucket, sampling)
+        # Rows come as n copies of each prompt in a row; a prefill computes each prompt once
+        # when every replica's rows start at a copy boundary.
+        shared = math.gcd(sampling.n, plan.prefill_rows, *layout.counts.tolist())
+        plan = dataclasses.replace(plan, shared_prefill=shared)
         sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated
         c = self.config
         tokens = cache_length(bucket, sampling)
@@ -221,6 +226,7 @@ class JaxRollout:
             "rollout/prompt_bucket": float(bucket),
             "rollout/slots": float(plan.slots),
             "rollout/prefill_rows": float(plan.prefill_rows),
+            "rollout/shared_prefill": float(plan.shared_prefill),
             "rollout/decode_steps": float(np.max(decode_steps)),
         }
         real = np.flatnonzero(layout.real)

@@ -73,11 +73,14 @@ class SlotPlan:
 
     `slots` sequences decode together, each in its own KV-cache row of `prompt_length +
     max_new_tokens - 1` tokens; one prefill admits `prefill_rows` waiting prompts into as many
-    free slots (fewer only for the last prompts).
+    free slots (fewer only for the last prompts). Every `shared_prefill` consecutive rows of a
+    prefill hold the same prompt (the n answers of a prompt): it runs once for them, and its keys
+    and values fill their slots.
     """
 
     slots: int
     prefill_rows: int
+    shared_prefill: int = 1
 
 
 def floor_pow2(n: int) -> int:

@@ -12,7 +12,7 @@ runs it.
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -113,6 +113,15 @@ def _decode_slots(
     return hidden[:, 0], SlotCache(*cache)
 
 
+def _prefill(
+    model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any
+) -> tuple[jax.Array, KVCache]:
+    """Hidden states [G, P, D] and the keys and values [layers, G, P, K, Dh] of G left-padded
+    prompts."""
+    fresh = model.init_cache(ids.shape[0], ids.shape[1], dtype=dtype)
+    return model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
+
+
 class _Request(NamedTuple):
     """What `generate_tokens` hands each replica besides the model and the cache."""
 
@@ -137,6 +146,7 @@ def _generate_replica(
     model = nnx.merge(graphdef, state)
     rows, prompt_len = prompt_ids.shape
     slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
+    shared = plan.shared_prefill
     prompt_mask = prompt_mask.astype(bool)
     real_rows = real_rows[0]
 
@@ -148,10 +158,11 @@ def _generate_replica(
         slot = jnp.where(valid, jnp.argsort(s.active, stable=True)[:group], slots)
         out_row = jnp.where(valid, row, rows)  # lanes past the last prompt write nothing
         ids, mask = prompt_ids[row], prompt_mask[row]
-        fresh = model.init_cache(group, prompt_len, dtype=cache.k.dtype)
-        hidden, fresh = model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
+        hidden, fresh = _prefill(model, ids[::shared], mask[::shared], cache.k.dtype)
+        last = jnp.repeat(hidden[:, -1], shared, axis=0)
+        fresh = KVCache(*(jnp.repeat(x, shared, axis=1) for x in fresh))
         keys = row_keys(rng, row_ids[row], jnp.zeros(group, jnp.int32))
-        token, logp = select_tokens(model.logits(hidden[:, -1]), keys, params)
+        token, logp = select_tokens(model.logits(last), keys, params)
         finished = _is_eos(token, params) | (steps == 1)
 
         def put(target: jax.Array, value: jax.Array) -> jax.Array:
