@@ -5,7 +5,7 @@ Two models (``--model``):
   held-out prompts; 60 steps, validated every 10.
 - ``smollm2``: configs/word_problems_<algo>.py, the pretrained SmolLM2-135M-Instruct on one-step
   word problems scored by verl's GSM8K rule in its flexible mode (the last number), 128 held-out
-  problems; 24 steps, validated every 4.
+  problems; 20 steps, validated every 4.
 
 Each run trains the card with one seed (``data.seed``: data order and every sampling key) and
 validates greedily before training, every ``--test-freq`` steps and at the end. The untrained
@@ -55,7 +55,7 @@ class Task:
 
 TASKS = {
     "digits": Task("digits_{algo}.py", "val-core/jrl/digits/reward/mean@1", 60, 10),
-    "smollm2": Task("word_problems_{algo}.py", "val-core/jrl/word_problems/reward/mean@1", 24, 4),
+    "smollm2": Task("word_problems_{algo}.py", "val-core/jrl/word_problems/reward/mean@1", 20, 4),
 }
 
 

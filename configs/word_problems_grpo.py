@@ -36,6 +36,11 @@ def get_config(preset: str | None = None) -> ConfigDict:
     actor.kl_loss_coef = 0.001
     actor.kl_loss_type = "low_var_kl"
 
+    # The rollout's log-probs are the old ones (current verl's bypass mode): one mini-batch for
+    # one epoch is on-policy, so the actor's old-log-prob pass would only recompute them.
+    config.actor_rollout_ref.rollout.calculate_log_probs = True
+    config.algorithm.rollout_correction.bypass_mode = True
+
     # Critic: none; the group mean and std of the rewards is the baseline.
     config.critic.enable = False
 
