@@ -68,3 +68,11 @@ def _no_persistent_cache_for_tpu_targets(request):
     yield
     jax.config.update("jax_enable_compilation_cache", enabled)
     compilation_cache.reset_cache()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with a `slow` test first. Two workers take whole files in collection order
+    (pyproject: `--dist loadfile --no-loadscope-reorder`), so a long file collected last would
+    leave one worker running it alone at the end."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
