@@ -143,7 +143,7 @@ def test_registries_list_known_names():
         algos.get_adv_estimator_fn("nope")
     assert algos.get_policy_loss_fn("vanilla") is algos.compute_policy_loss_vanilla
     assert algos.get_policy_loss_terms_fn("vanilla") is algos.policy_loss_terms_vanilla
-    with pytest.raises(ValueError, match="registered: cispo, clip_cov, .*, vanilla"):
+    with pytest.raises(ValueError, match="registered: bypass_mode, cispo, clip_cov, .*, vanilla"):
         algos.get_policy_loss_fn("ppo")
     with pytest.raises(ValueError, match="already registered"):
         algos.register_adv_est("gae")(lambda **kwargs: None)

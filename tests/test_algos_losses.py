@@ -13,6 +13,8 @@ from jrl import algos
 from jrl.algos.policy_loss import POLICY_LOSS_TERMS, POLICY_LOSSES
 
 LOSSES = ["vanilla", "gspo", "sapo", "gpg", "clip_cov", "kl_cov", "geo_mean", "cispo"]
+# Registered too, tested with its rollout-correction options in test_rollout_correction.py.
+BYPASS = "bypass_mode"
 VALID = MASK > 0
 ROWS = [i for i in range(B) if MASK[i].sum() > 0]
 
@@ -165,8 +167,8 @@ def ref_kl_cov(old, new, adv, ratio, coef):
 
 
 def test_every_loss_is_in_both_registries():
-    assert POLICY_LOSSES.names() == sorted(LOSSES) == POLICY_LOSS_TERMS.names()
-    for name in LOSSES:
+    assert POLICY_LOSSES.names() == sorted([*LOSSES, BYPASS]) == POLICY_LOSS_TERMS.names()
+    for name in [*LOSSES, BYPASS]:
         fn = algos.get_policy_loss_fn(name)
         assert fn.__name__ == f"compute_policy_loss_{name}"
         assert fn is getattr(algos, f"compute_policy_loss_{name}")

@@ -96,6 +96,7 @@ def test_the_jax_engine_built_from_the_config_is_a_rollout():
         "rollout/prompt_bucket",
         "rollout/slots",
         "rollout/prefill_rows",
+        "rollout/shared_prefill",
         "rollout/decode_steps",
     }
     assert all(isinstance(v, float) for v in engine.stats.values())
