@@ -32,8 +32,16 @@ from jrl.algos.policy_loss import (
     verl_policy_loss,
 )
 from jrl.algos.rollout_correction import METRIC_PREFIX, correction_arrays
+from jrl.algos.token_losses import policy_loss_terms_gpg
 
 BYPASS_LOSS_MODE = "bypass_mode"
+_RC = "algorithm.rollout_correction"
+# Why rejection sampling and bypass mode exclude each other (the config check says it too).
+NO_REJECTION = (
+    f"{_RC}.rollout_rs is not supported with {_RC}.bypass_mode=True (rejection inside the loss "
+    "would change the whole mini-batch's loss normaliser); use bypass_mode=false for rejection "
+    "sampling"
+)
 
 
 def bypass_correction(config: Any) -> Any:
@@ -46,10 +54,7 @@ def bypass_correction(config: Any) -> Any:
             "algorithm.rollout_correction.bypass_mode=True)"
         )
     if config_option(section, "rollout_rs") is not None:
-        raise ValueError(
-            "algorithm.rollout_correction.rollout_rs is not supported with bypass_mode=True; "
-            "use bypass_mode=false (decoupled mode) for rejection sampling"
-        )
+        raise ValueError(NO_REJECTION)
     return section
 
 
@@ -70,12 +75,11 @@ def policy_loss_terms_bypass_mode(
     loss_type = config_option(section, "loss_type", "ppo_clip")
     if loss_type == "ppo_clip":
         terms = policy_loss_terms_vanilla(old_log_prob, log_prob, advantages, response_mask, config)
-    elif loss_type == "reinforce":
-        losses = -advantages * log_prob
-        if weights is not None:
-            losses = losses * weights
-        kl = jax.lax.stop_gradient(old_log_prob - log_prob)
-        terms = LossTerms(losses, {"actor/ppo_kl": kl})
+    elif loss_type == "reinforce":  # GPG's plain policy gradient, with the bypass weights
+        terms = policy_loss_terms_gpg(
+            old_log_prob, log_prob, advantages, response_mask, config, weights
+        )
+        terms.metrics["actor/ppo_kl"] = jax.lax.stop_gradient(old_log_prob - log_prob)
     else:
         raise ValueError(
             f"algorithm.rollout_correction.loss_type={loss_type!r}; use ppo_clip or reinforce"
