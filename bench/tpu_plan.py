@@ -9,7 +9,8 @@ are jrl.compile's roofline estimates. A run whose resident states alone (paramet
 states, reference and rollout weights, per chip as the trainer shards them: exact bytes of the
 sharded shapes) exceed the chip's HBM is not compiled: its line says `"by": "resident states"`.
 Each plan runs in its own process (results are appended to --out as they come, and a rerun skips
-the lines already there); runs go model by model, each slice in order of its total HBM.
+the lines already there). A first pass finds each run's smallest slice that fits (slices in
+order of total HBM); a second fills in the other slices.
 
     python bench/tpu_plan.py --out bench/results/tpu_plan.jsonl
     python bench/tpu_plan.py --table bench/results/tpu_plan.jsonl
@@ -182,25 +183,31 @@ def main() -> None:
         return
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    done = set()
-    if out.exists():
-        for line in out.read_text().splitlines():
-            r = json.loads(line)
-            if "error" not in r:
-                done.add((r["card"], r["model"], r["topology"]))
+    rows = [json.loads(line) for line in out.read_text().splitlines()] if out.exists() else []
+    rows = [r for r in rows if "error" not in r]
+    done = {(r["card"], r["model"], r["topology"]) for r in rows}
     slices = sorted(args.slices.split(","), key=_total_hbm)
     with tempfile.TemporaryDirectory() as tmp:
-        for model in args.models.split(","):
-            folder = write_shape(model, Path(tmp) / model)
-            for card in args.cards.split(","):
+        folders = {m: write_shape(m, Path(tmp) / m) for m in args.models.split(",")}
+        runs = [(c, m) for m in folders for c in args.cards.split(",")]
+        for first_fit_only in (True, False):
+            for card, model in runs:
                 for name in slices:
+                    if first_fit_only and _fits_somewhere(rows, card, model):
+                        break
                     if (card, model, name) in done:
                         continue
-                    row = resident_only(card, model, name, folder)
-                    row = row or plan_one(card, model, name, folder, args.timeout)
+                    row = resident_only(card, model, name, folders[model])
+                    row = row or plan_one(card, model, name, folders[model], args.timeout)
                     print(json.dumps(row), flush=True)
                     with out.open("a") as f:
                         f.write(json.dumps(row) + "\n")
+                    rows.append(row)
+                    done.add((card, model, name))
+
+
+def _fits_somewhere(rows: list[dict], card: str, model: str) -> bool:
+    return any(r.get("fits") and r["card"] == card and r["model"] == model for r in rows)
 
 
 if __name__ == "__main__":
