@@ -97,3 +97,18 @@ def test_bypass_mode_skips_the_old_log_prob_pass_and_trains_alike(tmp_path):
     for key in ("actor/pg_loss", "actor/grad_norm", "actor/pg_clipfrac"):
         assert math.isclose(bypass[key], plain[key], rel_tol=1e-5, abs_tol=1e-7), key
     assert bypass["rollout_corr/kl"] == 0.0  # on-policy: verl's actor compares π_θ with itself
+
+
+def test_bypass_mode_with_rejection_sampling_runs(tmp_path):
+    """Off-policy (two epochs) bypass mode with a rejection criterion: the run trains and reports
+    the rejection metrics (their formulas: tests/test_rollout_correction.py)."""
+    metrics = _run(
+        tmp_path,
+        "gsm8k_grpo",
+        "actor_rollout_ref.rollout.calculate_log_probs=True",
+        "actor_rollout_ref.actor.ppo_epochs=2",
+        "algorithm.rollout_correction.bypass_mode=True",
+        "algorithm.rollout_correction.rollout_rs=token_k1",
+        "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0",
+    )
+    _assert_finite(metrics, "rollout_corr/rollout_rs_masked_fraction", "rollout_corr/kl")

@@ -311,8 +311,6 @@ def test_actor_level_spelling_acts():
         ([f"{RC}.rollout_rs_threshold=0.1"], "rollout_rs_threshold has no effect without"),
         ([f"{RC}.loss_type=pg"], "loss_type='pg' is not supported; use one of ppo_clip, reinforce"),
         ([f"{RC}.loss_type=reinforce"], "loss_type only applies with"),
-        ([f"{RC}.bypass_mode=True", f"{RC}.rollout_rs=token_k2", f"{RC}.rollout_rs_threshold=1"],
-         "rollout_rs is not supported with algorithm.rollout_correction.bypass_mode=True"),
         ([f"{RC}.bypass_mode=True", "actor_rollout_ref.actor.policy_loss.loss_mode=gspo"],
          "bypass_mode=True replaces actor_rollout_ref.actor.policy_loss.loss_mode='gspo'"),
         ([f"{RC}.rollout_is_batch_normalize=True"], "rollout_is_batch_normalize has no effect"),
@@ -342,12 +340,9 @@ def test_log_probs_required_at_load():
 @pytest.mark.parametrize("name", sorted(rc.PRESETS))
 def test_presets_are_valid_config_values(name):
     overrides = [f"{RC}.{key}={value}" for key, value in rc.PRESETS[name].items()]
-    preset = rc.PRESETS[name]
-    if preset.get("bypass_mode") and preset.get("rollout_rs"):
-        with pytest.raises(ConfigError, match="rollout_rs is not supported with"):
-            config(*overrides)
-    else:
-        assert config(*overrides).algorithm.rollout_correction.rollout_is in (None, *rc.IS_LEVELS)
+    section = config(*overrides).algorithm.rollout_correction
+    assert section.rollout_is in (None, *rc.IS_LEVELS)
+    assert section.rollout_rs == rc.PRESETS[name].get("rollout_rs")
 
 
 # ---------------------------------------------------------------- bypass mode
@@ -405,3 +400,75 @@ def test_bypass_config_selects_the_bypass_loss():
     )
     plain = ActorLoss.resolve(arr.actor, 1.0, "naive", config().algorithm.rollout_correction)
     assert (plain.policy_loss.loss_mode, plain.policy_loss.rollout_correction) == ("vanilla", None)
+
+
+@pytest.mark.parametrize("loss_type", ["ppo_clip", "reinforce"])
+def test_bypass_rejection_drops_tokens_from_the_policy_loss(loss_type):
+    """verl's bypass loss alone: the rejection mask of the current vs the rollout's log-probs is
+    the loss mask (numerator and divisor); the rejection metrics are verl's."""
+    current, rollout = log_probs()
+    adv = rand(64)
+    criteria = [("token_k2", (None, 0.02)), ("seq_max_k2", (None, 5.0))]
+    config = bypass_config(
+        rollout_rs="token_k2,seq_max_k2", rollout_rs_threshold="0.02,5.0", loss_type=loss_type
+    )
+    loss, metrics = bypass_loss(config, current, rollout, adv)
+    kept, expected = ref_rs(criteria)
+    assert 0 < kept.sum() < MASK.sum()
+    if loss_type == "ppo_clip":
+        reference, _ = algos.compute_policy_loss_vanilla(
+            rollout, current, adv, jnp.asarray(kept), "token-mean", config
+        )
+    else:
+        reference = ref_agg(-adv * current, kept, "token-mean")
+    close(loss, float(reference), 1e-5)
+    for key, value in expected.items():
+        np.testing.assert_allclose(metrics[rc.METRIC_PREFIX + key], value, rtol=2e-5, atol=1e-6)
+
+
+def test_bypass_rejection_in_the_actor_keeps_the_mini_batch_normaliser():
+    """In the trainer's actor, a rejected token adds nothing to the policy loss and the divisor
+    stays the mini-batch's token count (verl's global_batch_info), however it is split."""
+    from helpers import tiny_llama
+
+    from jrl.models import init_random
+    from jrl.trainer.roles.log_probs import response_log_probs
+    from jrl.trainer.update.learner import normalisers
+
+    model = init_random(tiny_llama(), seed=1)
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, model.config.vocab_size, (4, 8)).astype(np.int32)
+    batch = {
+        "input_ids": ids,
+        "attention_mask": np.ones_like(ids),
+        "position_ids": np.tile(np.arange(8, dtype=np.int32), (4, 1)),
+        "responses": ids[:, 4:],
+        "response_mask": np.array([[1, 1, 1, 1], [1, 1, 0, 0], [1, 1, 1, 0], [1, 1, 1, 1]], "f4"),
+        "advantages": rng.standard_normal((4, 4)).astype(np.float32),
+    }
+    current = np.asarray(response_log_probs(model, batch, 1.0, None, impl="naive")[0])
+    batch["old_log_probs"] = current + rng.normal(0.0, 0.3, (4, 4)).astype(np.float32)
+    cfg = config(
+        f"{RC}.bypass_mode=True",
+        f"{RC}.rollout_rs=token_k1",
+        f"{RC}.rollout_rs_threshold=0.8_1.2",
+        "actor_rollout_ref.actor.use_kl_loss=False",
+        "actor_rollout_ref.actor.entropy_coeff=0",
+    )
+    loss = ActorLoss.resolve(
+        cfg.actor_rollout_ref.actor, 1.0, "naive", cfg.algorithm.rollout_correction
+    )
+    mask = batch["response_mask"]
+    log_ratio = current - batch["old_log_probs"]
+    k1 = -log_ratio  # kept within [log 0.8, log 1.2]
+    kept = mask * (k1 >= math.log(0.8)) * (k1 <= math.log(1.2))
+    assert 0 < kept.sum() < mask.sum()
+    ratio = np.exp(log_ratio)
+    adv = batch["advantages"]
+    pg = np.maximum(-adv * ratio, -adv * np.clip(ratio, 0.8, 1.2))  # no dual clip at these ratios
+    expected = (pg * kept).sum() / mask.sum()
+    norm = normalisers(mask, None)
+    whole, _ = loss(model, batch, norm)
+    halves = sum(loss(model, {k: v[i : i + 2] for k, v in batch.items()}, norm)[0] for i in (0, 2))
+    close(whole, expected, 1e-5)
+    close(halves, expected, 1e-5)

@@ -26,12 +26,16 @@ class LossTerms(NamedTuple):
     """Per-token pieces of a loss, before any reduction.
 
     `loss_mat` is the per-token loss; `metrics` maps a metric name to a per-token matrix whose
-    masked mean is the metric; `loss_agg_mode` is set when the loss fixes its own aggregation.
+    masked mean is the metric; `loss_agg_mode` is set when the loss fixes its own aggregation;
+    `loss_mask` is set when the loss drops tokens itself (bypass-mode rejection sampling): the
+    loss's numerator then sums over it, while the normaliser stays the batch's response mask's
+    (verl's `global_batch_info`).
     """
 
     loss_mat: jax.Array
     metrics: dict[str, jax.Array]
     loss_agg_mode: str | None = None
+    loss_mask: jax.Array | None = None
 
 
 def check_loss_agg_mode(loss_agg_mode: str) -> None:
@@ -103,8 +107,11 @@ def reduce_loss_terms(
     loss_agg_mode: str,
     loss_scale_factor: float | None = None,
 ) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """(loss, metrics) of one batch from its per-token terms."""
+    """(loss, metrics) of one batch from its per-token terms: the loss over the loss's own mask
+    when it sets one (as verl's loss function alone, without `global_batch_info`), the metrics
+    over `response_mask`."""
     mode = terms.loss_agg_mode or loss_agg_mode
-    loss = agg_loss(terms.loss_mat, response_mask, mode, loss_scale_factor)
+    mask = response_mask if terms.loss_mask is None else terms.loss_mask
+    loss = agg_loss(terms.loss_mat, mask, mode, loss_scale_factor)
     metrics = {name: masked_mean(mat, response_mask) for name, mat in terms.metrics.items()}
     return loss, metrics

@@ -13,8 +13,10 @@ logπ_r (no gradient) gives the importance weights w and the rollout-correction 
   mean(logπ_r - logπ_θ).
 
 w is normalised (``rollout_is_batch_normalize``) over the micro-batch the loss sees, as verl's
-actor does. Rejection sampling (``rollout_rs``) is not supported here: it would change the loss
-normaliser of the whole mini-batch from inside one micro-batch.
+actor does. Rejection sampling (``rollout_rs``, criteria on ℓ) drops tokens from the policy
+loss's numerator only: the normaliser stays the whole mini-batch's response mask (verl's
+``global_batch_info``), so a rejected token weighs nothing and the rest keep their weight however
+the mini-batch is split; entropy and KL terms and the metrics keep every response token.
 """
 
 from __future__ import annotations
@@ -35,13 +37,6 @@ from jrl.algos.rollout_correction import METRIC_PREFIX, correction_arrays
 from jrl.algos.token_losses import policy_loss_terms_gpg
 
 BYPASS_LOSS_MODE = "bypass_mode"
-_RC = "algorithm.rollout_correction"
-# Why rejection sampling and bypass mode exclude each other (the config check says it too).
-NO_REJECTION = (
-    f"{_RC}.rollout_rs is not supported with {_RC}.bypass_mode=True (rejection inside the loss "
-    "would change the whole mini-batch's loss normaliser); use bypass_mode=false for rejection "
-    "sampling"
-)
 
 
 def bypass_correction(config: Any) -> Any:
@@ -53,8 +48,6 @@ def bypass_correction(config: Any) -> Any:
             "section as actor.policy_loss.rollout_correction (the trainer sets it when "
             "algorithm.rollout_correction.bypass_mode=True)"
         )
-    if config_option(section, "rollout_rs") is not None:
-        raise ValueError(NO_REJECTION)
     return section
 
 
@@ -71,7 +64,7 @@ def policy_loss_terms_bypass_mode(
     docstring); `rollout_is_weights` is ignored: the weights are computed here."""
     section = bypass_correction(config)
     current = jax.lax.stop_gradient(log_prob)
-    weights, _, correction = correction_arrays(section, current, old_log_prob, response_mask)
+    weights, kept, correction = correction_arrays(section, current, old_log_prob, response_mask)
     loss_type = config_option(section, "loss_type", "ppo_clip")
     if loss_type == "ppo_clip":
         terms = policy_loss_terms_vanilla(old_log_prob, log_prob, advantages, response_mask, config)
@@ -90,7 +83,10 @@ def policy_loss_terms_bypass_mode(
         METRIC_PREFIX + name: jnp.broadcast_to(value.astype(jnp.float32), shape)
         for name, value in correction.items()
     }
-    return terms._replace(metrics={**terms.metrics, **per_token})
+    rejects = config_option(section, "rollout_rs") is not None
+    return terms._replace(
+        metrics={**terms.metrics, **per_token}, loss_mask=kept if rejects else None
+    )
 
 
 compute_policy_loss_bypass_mode = verl_policy_loss(BYPASS_LOSS_MODE, policy_loss_terms_bypass_mode)

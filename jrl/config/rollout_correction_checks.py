@@ -134,10 +134,6 @@ def _bypass_problems(
     """Bypass mode takes the rollout's log-probs as the old ones and its own policy loss."""
     if not log_probs:
         yield f"{RC}.bypass_mode=True uses the rollout's log-probs: set {_LOG_PROBS}=True"
-    from jrl.algos.bypass_loss import NO_REJECTION  # jax, so only when run
-
-    if section["rollout_rs"] is not None:
-        yield NO_REJECTION
     loss_mode = (actor.get("policy_loss") or {}).get("loss_mode") or "vanilla"
     if loss_mode != "vanilla":
         yield (

@@ -136,7 +136,8 @@ class ActorLoss:
         )
         mode = terms.loss_agg_mode or self.loss_agg_mode
         agg = algos.agg_loss_terms
-        pg_loss = agg(terms.loss_mat, mask, mode, self.loss_scale_factor)[0] / norm[mode]
+        pg_mask = mask if terms.loss_mask is None else terms.loss_mask
+        pg_loss = agg(terms.loss_mat, pg_mask, mode, self.loss_scale_factor)[0] / norm[mode]
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss}
         for name, mat in terms.metrics.items():
