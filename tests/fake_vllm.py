@@ -5,9 +5,10 @@ code; only vLLM is replaced.
 
 `FakeRequestOutput` / `FakeCompletion` / `FakeLogprob` are plain dataclasses standing in for
 vLLM's `RequestOutput`, `CompletionOutput` and `Logprob` (the fields our code reads), and
-`FakeLLM` / `FakeSamplingParams` stand in for `vllm.LLM` and `vllm.SamplingParams`: a transformers
-model decoding greedily, with sleep/wake bookkeeping. `install_fake_vllm` puts them in
-`sys.modules` as `vllm` (the `fake_vllm` fixture of `conftest.py`).
+`FakeLLM` / `FakeSamplingParams` stand in for `vllm.LLM` and `vllm.SamplingParams`, with vLLM's
+keyword names (`vllm_signatures.json`), value checks, stopping rules, weight-loader stacking,
+seeded sampling and sleep/wake bookkeeping. `install_fake_vllm` puts them in `sys.modules` as
+`vllm` (the `fake_vllm` fixture of `conftest.py`).
 
 Also the pieces the two test modules share: tiny left-padded prompts (`TINY_PROMPTS`,
 `prompt_batch`), greedy sampling settings (`TINY_SAMPLING`) and a rollout config for one
@@ -15,11 +16,15 @@ in-process engine (`tiny_rollout_config`)."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.machinery
 import importlib.metadata
+import json
+import pathlib
 import sys
 import types
+import weakref
 
 import jax.numpy as jnp
 import numpy as np
@@ -81,35 +86,124 @@ class FakeRequestOutput:
 
 
 # -- vLLM's engine ------------------------------------------------------------------------------
+# Keyword names that both vLLM 0.10.2 and 0.33.0 accept (read from their sources).
+SIGNATURES = json.loads((pathlib.Path(__file__).parent / "vllm_signatures.json").read_text())
+_LLM_CHOICES = {
+    "dtype": ("auto", "half", "float16", "bfloat16", "float", "float32"),
+    "load_format": ("auto", "pt", "safetensors", "dummy"),
+    "logprobs_mode": ("raw_logits", "raw_logprobs", "processed_logits", "processed_logprobs"),
+    "scheduling_policy": ("fcfs", "priority"),
+}
+_LLM_COUNTS = (
+    "max_num_seqs", "max_num_batched_tokens", "max_model_len", "tensor_parallel_size",
+    "data_parallel_size", "pipeline_parallel_size",
+)  # fmt: skip
+_LLM_FLAGS = (
+    "enforce_eager", "enable_sleep_mode", "trust_remote_code", "enable_chunked_prefill",
+    "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init",
+)  # fmt: skip
+# vLLM's Llama / Qwen2 loaders: HF shards loaded into one stacked parameter each.
+_STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+            "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}  # fmt: skip
+
+
+def check_llm_kwargs(kwargs):
+    """vLLM's `LLM(**kwargs)`: unknown names are a TypeError (EngineArgs' constructor), values
+    outside a field's choices or range a ValueError."""
+    unknown = sorted(set(kwargs) - set(SIGNATURES["llm"]))
+    if unknown:
+        raise TypeError(f"LLM got unexpected keyword arguments {unknown}")
+    for key, allowed in _LLM_CHOICES.items():
+        if key in kwargs and kwargs[key] not in allowed:
+            raise ValueError(f"{key}={kwargs[key]!r} is not one of {allowed}")
+    for key in _LLM_COUNTS:
+        if key in kwargs and not (isinstance(kwargs[key], int) and kwargs[key] >= 1):
+            raise ValueError(f"{key}={kwargs[key]!r} must be a positive int")
+    for key in _LLM_FLAGS:
+        if key in kwargs and not isinstance(kwargs[key], bool):
+            raise ValueError(f"{key}={kwargs[key]!r} must be a bool")
+    if not 0 < kwargs.get("gpu_memory_utilization", 0.9) <= 1:
+        raise ValueError(f"gpu_memory_utilization={kwargs['gpu_memory_utilization']} not in (0, 1]")
+
+
 class InprocClient:
     """Named as vLLM's in-process engine client, which the engine checks for."""
 
 
-class FakeVllmModel(torch.nn.Module):
-    """A transformers model with vLLM's `load_weights` contract (HF names in, loaded names out)."""
+def stacked_name(hf_name):
+    """The vLLM parameter an HF tensor is loaded into (q/k/v -> qkv_proj, gate/up ->
+    gate_up_proj, the rest one-to-one)."""
+    parts = hf_name.split(".")
+    return ".".join(_STACKED.get(p, p) for p in parts)
+
+
+class FakeVllmModel:
+    """vLLM's Llama/Qwen2 model as its weight loader sees it, computing with a transformers
+    model: parameters under vLLM's names (stacked qkv_proj and gate_up_proj; no lm_head when
+    the embeddings are tied), and `load_weights` as vLLM's: HF names in (each shard copied
+    into its slot of the stacked parameter, shapes checked, `lm_head.*` skipped when tied, an
+    unknown name a KeyError), the stacked names loaded out."""
 
     def __init__(self, hf):
-        super().__init__()
         self.hf = hf
+        self.tied = bool(hf.config.tie_word_embeddings)
+        self.shards = {}  # vLLM name -> {HF name: the transformers parameter holding that shard}
+        for name, param in hf.named_parameters():  # a tied lm_head is the embedding, listed once
+            self.shards.setdefault(stacked_name(name), {})[name] = param
+
+    def named_parameters(self):
+        return [(name, next(iter(shards.values()))) for name, shards in self.shards.items()]
 
     def load_weights(self, weights):
-        params, loaded = dict(self.hf.named_parameters()), set()
+        loaded = set()
         for name, tensor in weights:
-            params[name].data.copy_(tensor)
-            loaded.add("hf." + name)
+            if "rotary_emb.inv_freq" in name or (self.tied and name.startswith("lm_head.")):
+                continue
+            target = self.shards[stacked_name(name)][name]  # KeyError, as vLLM's params_dict
+            assert target.shape == tensor.shape, (name, target.shape, tensor.shape)
+            target.data.copy_(tensor)
+            loaded.add(stacked_name(name))
         return loaded
 
 
+class FakeWorkerWrapper:
+    """vLLM's worker wrapper: `collective_rpc` calls the function with it, and attributes are
+    read through to the worker."""
+
+    def __init__(self, worker):
+        self.worker = worker
+
+    def __getattr__(self, name):
+        return getattr(self.worker, name)
+
+
 class FakeLLM:
-    """Stands in for `vllm.LLM` (vLLM cannot be installed here): a randomly initialised
-    transformers model (vLLM's dummy load), greedy decoding with log-probs, and sleep/wake
-    bookkeeping that refuses work while the memory it needs is asleep."""
+    """Stands in for `vllm.LLM` (vLLM cannot be installed here): keyword arguments checked
+    against vLLM's (`check_llm_kwargs`), a randomly initialised transformers model (vLLM's dummy
+    load) behind vLLM's loader (`FakeVllmModel`), greedy or seeded sampling with top-k / top-p
+    and log-probs under `logprobs_mode`, stops as vLLM's (its generation config's EOS ids added
+    unless `ignore_eos`), and sleep/wake bookkeeping that refuses work while the memory it needs
+    is asleep, with one sleep-mode engine per process as vLLM's allocator allows."""
+
+    sleeping_engines = weakref.WeakSet()
 
     def __init__(self, **kwargs):
+        check_llm_kwargs(kwargs)
+        if kwargs.get("enable_sleep_mode"):
+            assert not self.sleeping_engines, (
+                "Sleep mode can only be used for one instance per process."
+            )
+            self.sleeping_engines.add(self)
         self.kwargs = kwargs
         config = transformers.AutoConfig.from_pretrained(kwargs["model"])
         hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
         self.model = FakeVllmModel(hf.eval())
+        self.generation_config = _generation_config(kwargs["model"], config)
+        self.eos_token_id = None  # vLLM's tokenizer EOS; no tokenizer with skip_tokenizer_init
+        if not kwargs.get("skip_tokenizer_init"):
+            self.eos_token_id = transformers.AutoTokenizer.from_pretrained(
+                kwargs["model"]
+            ).eos_token_id
         self.llm_engine = type("LLMEngine", (), {"engine_core": InprocClient()})()
         self.asleep, self.calls = set(), []
 
@@ -127,7 +221,7 @@ class FakeLLM:
         self.calls.append("collective_rpc")
         worker = type("Worker", (), {})()
         worker.model_runner = type("Runner", (), {"model": self.model})()
-        return [method(worker, *args)]
+        return [method(FakeWorkerWrapper(worker), *args)]
 
     def reset_prefix_cache(self):
         self.calls.append("reset_prefix_cache")
@@ -135,37 +229,99 @@ class FakeLLM:
     def generate(self, prompts, params, use_tqdm=True):
         assert not self.asleep and not use_tqdm
         self.calls.append("generate")
-        return [self._greedy(i, p["prompt_token_ids"], sp) for i, (p, sp) in enumerate(zip(
-            prompts, params, strict=True))]  # fmt: skip
+        outputs = []
+        for i, (prompt, request) in enumerate(zip(prompts, params, strict=True)):
+            request = copy.deepcopy(request)  # vLLM's processor works on a copy
+            request.update_from_generation_config(self.generation_config, self.eos_token_id)
+            outputs.append(self._decode(i, prompt["prompt_token_ids"], request))
+        return outputs
 
-    def _greedy(self, i, prompt, params):
-        assert params.temperature == 0 and params.n == 1 and not params.detokenize
+    def _decode(self, i, prompt, params):
+        assert params.n == 1 and not params.detokenize
+        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
         ids, tokens, steps = list(prompt), [], []
         with torch.no_grad():
             while len(tokens) < params.max_tokens:
-                logits = self.model.hf(torch.tensor([ids])).logits[0, -1]
-                token = int(torch.argmax(logits))
-                log_prob = float(torch.log_softmax(logits, -1)[token])
+                logits = self.model.hf(torch.tensor([ids])).logits[0, -1].double()
+                token, processed = _sample(logits, params, generator)
+                mode = self.kwargs.get("logprobs_mode", "raw_logprobs")
+                source = (
+                    processed if mode == "processed_logprobs" else torch.log_softmax(logits, -1)
+                )
                 tokens.append(token)
-                steps.append({token: FakeLogprob(log_prob)})
+                steps.append({token: FakeLogprob(float(source[token]))})
                 ids.append(token)
-                if token in (params.stop_token_ids or ()):
-                    break
+                if token == params.eos_token_id or token in params.stop_token_ids:
+                    break  # vLLM's check_stop: its EOS unless ignore_eos, then stop_token_ids
         return FakeRequestOutput(str(i), [FakeCompletion(tokens, steps)])
 
 
-@dataclasses.dataclass
+def _generation_config(folder, config):
+    """vLLM's generation-config fields: generation_config.json, else from config.json."""
+    try:
+        generation = transformers.GenerationConfig.from_pretrained(folder)
+    except OSError:
+        generation = transformers.GenerationConfig.from_model_config(config)
+    return generation.to_diff_dict()
+
+
+def _sample(logits, params, generator):
+    """vLLM's sampler for one row: (token, processed log-probs). Greedy takes the argmax of the
+    logits (log-probs of the logits); otherwise logits / temperature, top-k then top-p masking
+    (vLLM's ascending-sort rule), and a draw from the renormalised distribution."""
+    if params.temperature < 1e-5:
+        return int(torch.argmax(logits)), torch.log_softmax(logits, -1)
+    scaled = logits / params.temperature
+    ordered, order = scaled.sort()
+    if 0 < params.top_k < len(ordered):
+        ordered = ordered.masked_fill(ordered < ordered[-params.top_k], -float("inf"))
+    if params.top_p < 1:
+        outside = torch.cumsum(ordered.softmax(-1), -1) <= 1 - params.top_p
+        outside[-1] = False
+        ordered = ordered.masked_fill(outside, -float("inf"))
+    masked = torch.empty_like(scaled).scatter_(0, order, ordered)
+    processed = torch.log_softmax(masked, -1)
+    token = int(torch.multinomial(processed.exp(), 1, generator=generator))
+    return token, processed
+
+
 class FakeSamplingParams:
-    n: int
-    temperature: float
-    top_p: float
-    top_k: int
-    max_tokens: int
-    ignore_eos: bool
-    stop_token_ids: list[int] | None
-    logprobs: int | None
-    detokenize: bool
-    seed: int
+    """`vllm.SamplingParams`: names checked against vLLM's, values validated as vLLM 0.33
+    does, temperatures in (0, 0.01) raised to 0.01, and `update_from_generation_config` as
+    vLLM's processor applies it (the generation config's EOS ids become stop tokens unless
+    `ignore_eos`)."""
+
+    def __init__(self, **kwargs):
+        unknown = sorted(set(kwargs) - set(SIGNATURES["sampling_params"]))
+        if unknown:
+            raise TypeError(f"SamplingParams got unexpected keyword arguments {unknown}")
+        defaults = dict(n=1, temperature=1.0, top_p=1.0, top_k=0, max_tokens=16, seed=None,
+                        ignore_eos=False, stop_token_ids=None, detokenize=True)  # fmt: skip
+        self.__dict__.update({**defaults, **kwargs})
+        self.stop_token_ids = list(self.stop_token_ids or [])
+        self.eos_token_id = None
+        checks = {
+            "temperature": 0 <= self.temperature <= 2,
+            "top_p": 0 < self.top_p <= 1,
+            "top_k": isinstance(self.top_k, int) and self.top_k >= -1,
+            "max_tokens": self.max_tokens is None or self.max_tokens >= 1,
+            "stop_token_ids": all(isinstance(t, int) for t in self.stop_token_ids),
+        }
+        for key, ok in checks.items():
+            if not ok:
+                raise ValueError(f"SamplingParams.{key}={getattr(self, key)!r} is refused by vLLM")
+        if 0 < self.temperature < 0.01:
+            self.temperature = 0.01
+
+    def update_from_generation_config(self, generation_config, eos_token_id):
+        if not self.ignore_eos:
+            self.eos_token_id = eos_token_id
+        eos_ids = generation_config.get("eos_token_id")
+        if eos_ids is None or self.ignore_eos:
+            return
+        eos_ids = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
+        eos_ids.discard(eos_token_id)
+        self.stop_token_ids = list(eos_ids | set(self.stop_token_ids))
 
 
 def install_fake_vllm(monkeypatch) -> None:

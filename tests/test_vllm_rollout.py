@@ -6,11 +6,20 @@ vLLM cannot be installed here: the stand-ins for its outputs and its `LLM` are i
 (the `fake_vllm` fixture installs them as the `vllm` module).
 """
 
+import gc
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from fake_vllm import (
+    TINY_PROMPTS,
     TINY_SAMPLING,
     FakeCompletion,
     FakeLogprob,
@@ -19,13 +28,14 @@ from fake_vllm import (
     tiny_rollout_config,
 )
 from flax import nnx
-from helpers import assert_close, jit_call, left_padded_inputs, randomise_adapters
+from helpers import TINY_LLAMA, assert_close, jit_call, left_padded_inputs, randomise_adapters
 from reference import FAMILIES, SHAPE, hf_family_model, torch_logits
 
 from jrl.config import generation_config, resolve
 from jrl.models import (
     apply_lora,
     from_pretrained,
+    init_random,
     save_pretrained,
 )
 from jrl.models.hf_export import hf_arrays, hf_torch_tensors
@@ -120,6 +130,16 @@ def test_export_merges_lora_gathers_shards_and_casts(batch, tmp_path):
         assert torch.equal(value, tensors[name].to(torch.bfloat16)), name
 
 
+def test_export_never_hands_out_the_parameters_own_buffers():
+    """An fp32 export onto the parameters' own device would otherwise pass norms and
+    embeddings as the actor's buffers, which the next (donated) update overwrites."""
+    model = init_random(TINY_LLAMA, seed=0)
+    owned = {leaf.unsafe_buffer_pointer() for leaf in jax.tree.leaves(nnx.state(model))}
+    exported = list(hf_arrays(model))
+    assert len(exported) > 10
+    assert not [name for name, a in exported if a.unsafe_buffer_pointer() in owned]
+
+
 # -- config -> vLLM arguments -----------------------------------------------------------------
 def test_engine_arguments_follow_the_rollout_keys():
     cfg = tiny_rollout_config(
@@ -208,7 +228,7 @@ def test_sampling_arguments():
         "top_p": 0.9,
         "top_k": -1,
         "max_tokens": 7,
-        "ignore_eos": False,
+        "ignore_eos": True,  # vLLM's own EOS handling off: jrl's EOS ids are the stop tokens
         "stop_token_ids": [2, 5],
         "logprobs": None,
         "detokenize": False,
@@ -217,7 +237,7 @@ def test_sampling_arguments():
     assert sampling_kwargs(greedy)["temperature"] == 0.0
     assert sampling_kwargs(greedy)["top_k"] == 20 and sampling_kwargs(greedy)["logprobs"] == 0
     ignoring = sampling_kwargs(SamplingParams(**base, ignore_eos=True))
-    assert ignoring["ignore_eos"] and ignoring["stop_token_ids"] is None
+    assert ignoring["ignore_eos"] and ignoring["stop_token_ids"] == []
     validation = SamplingParams.from_rollout_config(
         tiny_rollout_config(), response_length=9, eos_token_ids=2, pad_token_id=0, validate=True
     )
@@ -231,6 +251,65 @@ def test_vllm_version_floor():
     check_vllm_version("0.12.0.dev3+g1234")
     with pytest.raises(ImportError, match="needs vllm>=0.10.2"):
         check_vllm_version("0.9.2")
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"temperature": 2.5}, r"rollout.temperature=2.5 is outside what vLLM samples with"),
+        ({"temperature": 0.005}, r"rollout.temperature=0.005 is outside"),
+        (
+            {"val_kwargs.do_sample": True, "val_kwargs.temperature": 3.0},
+            r"val_kwargs.temperature=3.0",
+        ),
+        (
+            {"logprobs_mode": "processed_logits"},
+            "logprobs_mode='processed_logits' is not supported",
+        ),
+    ],
+)
+def test_config_refuses_sampling_that_an_engine_would_change_or_refuse(changes, message):
+    from jrl.config import ConfigError, default_config
+    from jrl.config.sampling_checks import sampling_problems
+
+    config = resolve(default_config())
+    for key, value in changes.items():
+        *sections, name = key.split(".")
+        target = config.actor_rollout_ref.rollout
+        for section in sections:
+            target = target[section]
+        target[name] = value
+    problems = list(sampling_problems(config))
+    assert len(problems) == 1 and re.search(message, problems[0]), problems
+    if "temperature" in message:
+        config.actor_rollout_ref.rollout.name = "jax"  # jrl's sampler takes any temperature
+        assert list(sampling_problems(config)) == []
+    with pytest.raises(ConfigError):
+        from jrl.config.validate import validate
+
+        validate(config)
+
+
+def test_memory_handover_leaves_a_margin_and_names_the_keys():
+    from jrl.rollout.vllm_rollout import (
+        HANDOVER_MARGIN,
+        handover_problem,
+        jax_memory_fraction_limit,
+        memory_shortfall,
+    )
+
+    assert jax_memory_fraction_limit(0.5) == pytest.approx(0.5 - HANDOVER_MARGIN)
+    assert "preallocates" in handover_problem({}, 0.5)
+    lazy = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    assert handover_problem(lazy, 0.5) is None
+    too_much = handover_problem({**lazy, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}, 0.5)
+    assert "XLA_PYTHON_CLIENT_MEM_FRACTION=0.5" in too_much and "at most 0.45" in too_much
+    assert handover_problem({**lazy, "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.45"}, 0.5) is None
+    gib = 2**30
+    assert memory_shortfall(60 * gib, 100 * gib, 50 * gib, "at start-up") is None
+    short = memory_shortfall(52 * gib, 100 * gib, 50 * gib, "at start-up")
+    assert "gpu_memory_utilization" in short and "margin of 5.00 GiB" in short
+    assert memory_shortfall(50 * gib, 100 * gib, 50 * gib, "to wake up", margin=0.0) is None
 
 
 # -- requests and outputs ---------------------------------------------------------------------
@@ -335,16 +414,25 @@ def test_load_hf_weights_reports_parameters_left_without_weights():
 
 
 # -- the engine class around a stand-in for vLLM ---------------------------------------------
-def test_engine_syncs_sleeps_and_generates_like_the_jax_engine(fake_vllm, jax_run, tmp_path):
+def _fake_engine(model, folder, generation_eos=None, **changes):
+    """The vllm engine (around the stand-in) for `model`, saved to `folder` (with
+    `generation_eos` as generation_config.json's eos_token_id when given), EOS id 1."""
     from jrl.rollout.vllm_rollout import VllmRollout
 
-    model, prompts, expected = jax_run
-    save_pretrained(model, tmp_path)
-    cfg = tiny_rollout_config(dtype="float32", prompt_length=6, response_length=8)
+    save_pretrained(model, folder)
+    if generation_eos is not None:
+        (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
+    cfg = tiny_rollout_config(dtype="float32", prompt_length=6, response_length=8, **changes)
     engine = VllmRollout(
-        model, rollout_cfg=cfg, model_path=str(tmp_path), response_length=8, pad_token_id=0,
+        model, rollout_cfg=cfg, model_path=str(folder), response_length=8, pad_token_id=0,
         eos_token_ids=1,
     )  # fmt: skip
+    return engine, cfg
+
+
+def test_engine_syncs_sleeps_and_generates_like_the_jax_engine(fake_vllm, jax_run, tmp_path):
+    model, prompts, expected = jax_run
+    engine, cfg = _fake_engine(model, tmp_path)
     llm = engine.llm
     assert llm.kwargs == engine_kwargs(cfg, model_path=str(tmp_path))
     assert llm.calls == ["collective_rpc", "reset_prefix_cache", ("sleep", 1)]
@@ -361,6 +449,106 @@ def test_engine_syncs_sleeps_and_generates_like_the_jax_engine(fake_vllm, jax_ru
     again = engine.generate(prompts, TINY_SAMPLING, jax.random.key(0)).to_numpy()
     assert llm.calls[9:] == [("wake_up", ("kv_cache",)), "generate", ("sleep", 1)]
     assert not np.allclose(again["rollout_log_probs"], got["rollout_log_probs"])
+
+
+def test_engine_stops_where_the_jax_engine_does_whatever_the_generation_config_says(
+    fake_vllm, jax_run, tmp_path
+):
+    """vLLM adds the generation config's EOS ids to the stops unless `ignore_eos`: a token the
+    jax engine generated mid-response, listed there, must not end the vllm engine's row."""
+    model, prompts, expected = jax_run
+    mid = int(expected["responses"][0, 1])
+    assert mid != 1 and expected["response_mask"][0, 2]  # row 0 goes on after it
+    engine, _ = _fake_engine(model, tmp_path, generation_eos=[1, mid])
+    got = engine.generate(prompts, TINY_SAMPLING, jax.random.key(0)).to_numpy()
+    _assert_same_batch(got, expected, atol=1e-5)
+
+
+def test_one_vllm_engine_per_process(fake_vllm, jax_run, tmp_path):
+    model = jax_run[0]
+    engine, _ = _fake_engine(model, tmp_path / "a")
+    with pytest.raises(RuntimeError, match="already lives in this process"):
+        _fake_engine(model, tmp_path / "b")
+    del engine
+    gc.collect()
+    _fake_engine(model, tmp_path / "c")  # the first one is gone
+
+
+@pytest.mark.parametrize("mode", ["processed_logprobs", "raw_logprobs"])
+def test_both_engines_return_the_log_probs_that_logprobs_mode_names(mode, fake_vllm, tmp_path):
+    """Sampling at temperature 0.7 with top-k 3 and top-p 0.9: each engine's log-prob of each
+    sampled token is the one `logprobs_mode` names, recomputed here from the model's logits
+    (processed: of the tempered, masked, renormalised distribution; raw: of the logits)."""
+    from jrl.rollout import JaxRollout
+    from jrl.rollout.sampling import apply_top_k, apply_top_p
+
+    model = init_random(TINY_LLAMA, seed=3)
+    sampling = SamplingParams(
+        max_new_tokens=8, eos_token_ids=(), temperature=0.7, top_k=3, top_p=0.9, n=2,
+        calculate_log_probs=True, logprobs_mode=mode,
+    )  # fmt: skip
+    prompts = prompt_batch(*TINY_PROMPTS)
+    jax_engine = JaxRollout(model, response_length=8, pad_token_id=0, eos_token_ids=())
+    vllm_engine, _ = _fake_engine(model, tmp_path, logprobs_mode=mode)
+    for engine in (jax_engine, vllm_engine):
+        out = engine.generate(prompts, sampling, jax.random.key(1)).to_numpy()
+        assert out["response_mask"].all()
+        full = (out["input_ids"], out["attention_mask"], out["position_ids"])
+        logits = jit_call(model, full)[:, 5:-1].astype(jnp.float32)
+        if mode == "processed_logprobs":
+            logits = apply_top_p(apply_top_k(logits / 0.7, 3), 0.9)
+        expected = np.take_along_axis(jax.nn.log_softmax(logits), out["responses"][..., None], -1)
+        np.testing.assert_allclose(out["rollout_log_probs"], expected[..., 0], atol=2e-5)
+        again = engine.generate(prompts, sampling, jax.random.key(1)).to_numpy()
+        np.testing.assert_array_equal(again["responses"], out["responses"])  # seeded
+
+
+# -- the stand-in's own checks ------------------------------------------------------------------
+def test_stand_in_refuses_what_vllm_refuses():
+    """`LLM(...)` and `SamplingParams(...)` keyword names and values as vLLM checks them."""
+    from fake_vllm import FakeSamplingParams, check_llm_kwargs
+
+    check_llm_kwargs(engine_kwargs(tiny_rollout_config(), model_path="m"))
+    renamed = {"model": "m", "tensor_model_parallel_size": 1}
+    with pytest.raises(TypeError, match="tensor_model_parallel_size"):
+        check_llm_kwargs(renamed)
+    with pytest.raises(TypeError, match="swap_space"):  # gone in vLLM 0.33
+        check_llm_kwargs({"model": "m", "swap_space": 4})
+    with pytest.raises(ValueError, match="dtype='bf16'"):
+        check_llm_kwargs({"model": "m", "dtype": "bf16"})
+    with pytest.raises(ValueError, match="temperature=2.5"):
+        FakeSamplingParams(temperature=2.5)
+    with pytest.raises(TypeError, match="max_new_tokens"):
+        FakeSamplingParams(max_new_tokens=4)
+    assert FakeSamplingParams(temperature=0.001).temperature == 0.01
+    eos = FakeSamplingParams(stop_token_ids=[5])
+    eos.update_from_generation_config({"eos_token_id": [2, 7]}, eos_token_id=2)
+    assert sorted(eos.stop_token_ids) == [5, 7] and eos.eos_token_id == 2
+    ignoring = FakeSamplingParams(ignore_eos=True, stop_token_ids=[5])
+    ignoring.update_from_generation_config({"eos_token_id": [2, 7]}, eos_token_id=2)
+    assert ignoring.stop_token_ids == [5] and ignoring.eos_token_id is None
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_stand_in_loads_weights_as_vllms_loader_does(name):
+    """vLLM's Llama / Qwen2 loader: q/k/v into qkv_proj, gate/up into gate_up_proj, a tied
+    lm_head skipped; the sync's export covers every stacked parameter."""
+    from fake_vllm import FakeVllmModel, FakeWorkerWrapper
+
+    hf = hf_family_model(name)
+    fake = FakeVllmModel(hf)
+    names = {n for n, _ in fake.named_parameters()}
+    assert "model.layers.0.self_attn.qkv_proj.weight" in names
+    assert "model.layers.0.mlp.gate_up_proj.weight" in names
+    assert not any(n.endswith((".q_proj.weight", ".up_proj.weight")) for n in names)
+    assert ("lm_head.weight" in names) == (not hf.config.tie_word_embeddings)
+    worker = type("Worker", (), {})()
+    worker.model_runner = type("Runner", (), {"model": fake})()
+    exported = [(n, t.clone()) for n, t in hf.state_dict().items()]
+    assert load_hf_weights(FakeWorkerWrapper(worker), exported) == []
+    assert load_hf_weights(FakeWorkerWrapper(worker), exported[:1])  # the rest left unloaded
+    with pytest.raises(KeyError):
+        fake.load_weights([("model.layers.0.self_attn.qkv_proj.weight", exported[0][1])])
 
 
 # -- real vLLM ----------------------------------------------------------------------------------
@@ -410,3 +598,23 @@ def test_vllm_generates_with_synced_weights_and_follows_a_weight_change(tmp_path
     engine.update_weights(state)
     second = engine.generate(prompts, greedy, jax.random.key(0)).to_numpy()
     assert not np.array_equal(second["rollout_log_probs"], first["rollout_log_probs"])
+
+
+@pytest.mark.skipif(_vllm_and_gpu() is not None, reason=str(_vllm_and_gpu()))
+def test_vllm_on_the_gpu_that_jax_uses(tmp_path):
+    """`vllm_gpu_run.py` in its own process with JAX on the GPU (this session's JAX is CPU-only):
+    DLPack export of CUDA buffers, the stream hand-off, the memory checks, sleep and a sync."""
+    env = {
+        **os.environ,
+        "JAX_PLATFORMS": "cuda",
+        "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+        "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5",
+        "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")]
+        ),
+    }
+    script = Path(__file__).with_name("vllm_gpu_run.py")
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]

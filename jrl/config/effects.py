@@ -29,9 +29,10 @@ from jrl.rollout.vllm_args import VLLM_PASS_THROUGH
 _ROLLOUT = "actor_rollout_ref.rollout"
 _ACTOR = "actor_rollout_ref.actor"
 _REF = "actor_rollout_ref.ref"
-# Keys only vLLM reads (`jrl.rollout.vllm_args`): no effect when jrl's JAX sampler generates.
+# Keys only vLLM reads (`jrl.rollout.vllm_args`): no effect when jrl's JAX sampler generates
+# (`logprobs_mode` is read by both engines).
 VLLM_ONLY = (
-    *VLLM_PASS_THROUGH,
+    *(key for key in VLLM_PASS_THROUGH if key != "logprobs_mode"),
     "enforce_eager",
     "load_format",
     "layered_summon",

@@ -12,6 +12,7 @@ from ml_collections import ConfigDict
 from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 from jrl.config.errors import ConfigError
 from jrl.config.rollout_correction_checks import rollout_correction_problems
+from jrl.config.sampling_checks import sampling_problems
 from jrl.config.unsupported import unsupported_settings
 
 LOSS_AGG_MODES = (
@@ -364,6 +365,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     problems += [*_kl(config), *_reward_manager(config), *_dtypes(config)]
     problems += _response_length(config)
     problems += rollout_correction_problems(config)
+    problems += sampling_problems(config)
     problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")
     if uses_critic(config):
         problems += _memory_options(config.critic.model, "critic.model")

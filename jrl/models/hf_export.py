@@ -32,14 +32,24 @@ def hf_arrays(
     A kernel with a LoRA adapter comes merged (W + A @ B * alpha / rank). Floating values are
     cast to `dtype` (kept as they are when None) where they live, then gathered whole onto
     `device` (default: the lowest-numbered device holding the parameter) and put in HF layout
-    there: device-to-device copies only.
+    there: device-to-device copies only. An array that would still be the parameter's own
+    buffer (same dtype, device and layout) is copied, so that a consumer holding it never reads
+    memory that the next update donates.
     """
     for path, _, fetch in base_parameters(model):
-        value = fetch()
+        parameter = value = fetch()
         if dtype is not None and jnp.issubdtype(value.dtype, jnp.floating):
             value = value.astype(dtype)
-        value = jax.device_put(value, device or _first_device(value))
-        yield hf_name(path), to_hf_layout(path, value)
+        value = to_hf_layout(path, jax.device_put(value, device or _first_device(value)))
+        yield hf_name(path), jnp.copy(value) if _same_buffer(value, parameter) else value
+
+
+def _same_buffer(a: jax.Array, b: jax.Array) -> bool:
+    """Whether `a` is `b` or sits in the memory of one of `b`'s shards."""
+    if a is b:
+        return True
+    pointers = {shard.data.unsafe_buffer_pointer() for shard in b.addressable_shards}
+    return a.addressable_shards[0].data.unsafe_buffer_pointer() in pointers
 
 
 def torch_tensors(named: Iterable[tuple[str, jax.Array]]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from jrl_kernels import tempered_logprob_entropy
 
 _CONFIG_PATH = "actor_rollout_ref.rollout"
+LOGPROBS_MODES = ("processed_logprobs", "raw_logprobs")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,7 +20,10 @@ class SamplingParams:
     """How the sampler picks tokens; hashable, so it can be a static `jit` argument.
 
     `top_k` of -1 or 0 and `top_p` of 1 switch those filters off. Sampling is greedy when
-    `do_sample` is false or `temperature` is 0.
+    `do_sample` is false or `temperature` is 0. `logprobs_mode` names the log-probs returned
+    with `calculate_log_probs`, as vLLM does: `processed_logprobs`, those of the distribution
+    sampled from (logits / temperature, top-k and top-p applied, renormalised; greedy: of the
+    logits at `log_prob_temperature`), or `raw_logprobs`, log_softmax of the model's logits.
     """
 
     max_new_tokens: int
@@ -32,6 +36,7 @@ class SamplingParams:
     n: int = 1
     ignore_eos: bool = False
     calculate_log_probs: bool = False
+    logprobs_mode: str = "processed_logprobs"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "eos_token_ids", as_token_ids(self.eos_token_ids))
@@ -41,6 +46,10 @@ class SamplingParams:
             "top_k": (self.top_k >= -1, "must be -1 or 0 (off) or a positive count"),
             "top_p": (0 < self.top_p <= 1, "must be in (0, 1] (1 means off)"),
             "n": (self.n >= 1, "must be at least 1"),
+            "logprobs_mode": (
+                self.logprobs_mode in LOGPROBS_MODES,
+                f"must be one of {', '.join(LOGPROBS_MODES)} (jrl keeps log-probs, not logits)",
+            ),
         }
         for key, (ok, rule) in checks.items():
             if not ok:
@@ -88,6 +97,7 @@ class SamplingParams:
                 n=int(_read(source, "n", prefix)),
                 ignore_eos=bool(_read(rollout_cfg, "ignore_eos", _CONFIG_PATH)),
                 calculate_log_probs=bool(_read(rollout_cfg, "calculate_log_probs", _CONFIG_PATH)),
+                logprobs_mode=str(rollout_cfg.get("logprobs_mode") or LOGPROBS_MODES[0]),
             )
         except ValueError as err:
             raise ValueError(f"invalid sampling settings under {prefix}: {err}") from err
@@ -154,7 +164,7 @@ def select_tokens(
     logits: jax.Array, keys: jax.Array, params: SamplingParams
 ) -> tuple[jax.Array, jax.Array]:
     """Pick one token per row of `logits` [B, V] with that row's key (`keys` [B]); returns
-    (tokens int32 [B], log-probs float32 [B] at `log_prob_temperature`, zeros unless
+    (tokens int32 [B], log-probs float32 [B] as `logprobs_mode` says, zeros unless
     `calculate_log_probs`)."""
     logits = logits.astype(jnp.float32)
     if params.greedy:
@@ -169,4 +179,9 @@ def select_tokens(
     tokens = tokens.astype(jnp.int32)
     if not params.calculate_log_probs:
         return tokens, jnp.zeros(tokens.shape, jnp.float32)
-    return tokens, token_log_probs(logits, tokens, params.log_prob_temperature)
+    if params.logprobs_mode == "raw_logprobs":
+        return tokens, token_log_probs(logits, tokens, 1.0)
+    if params.greedy or (params.top_k <= 0 and params.top_p >= 1):
+        return tokens, token_log_probs(logits, tokens, params.log_prob_temperature)
+    picked = jnp.take_along_axis(jax.nn.log_softmax(scaled, axis=-1), tokens[:, None], axis=-1)
+    return tokens, picked[:, 0]

@@ -132,16 +132,19 @@ def _check_engine(rollout_cfg: Any, kwargs: Mapping[str, Any]) -> None:
 def sampling_kwargs(sampling: SamplingParams) -> dict[str, Any]:
     """Keyword arguments of `vllm.SamplingParams` for one response per request (rows are
     repeated `n` times before generation). Greedy is temperature 0; top_k -1 (or 0) and top_p 1
-    are off; EOS ids stop generation (and stay in the response) unless `ignore_eos`; with
-    `calculate_log_probs` the sampled token's log-prob is returned (`logprobs=0`)."""
+    are off; with `calculate_log_probs` the sampled token's log-prob is returned (`logprobs=0`).
+
+    Stops are exactly the `jax` engine's: jrl's EOS ids as `stop_token_ids` (kept in the
+    response; none with `ignore_eos`) and vLLM's own EOS handling off (`ignore_eos=True`), since
+    vLLM would otherwise also stop at the generation config's `eos_token_id` entries."""
     return {
         "n": 1,
         "temperature": 0.0 if sampling.greedy else float(sampling.temperature),
         "top_p": float(sampling.top_p),
         "top_k": int(sampling.top_k) if sampling.top_k > 0 else -1,
         "max_tokens": int(sampling.max_new_tokens),
-        "ignore_eos": bool(sampling.ignore_eos),
-        "stop_token_ids": None if sampling.ignore_eos else list(sampling.eos_token_ids),
+        "ignore_eos": True,
+        "stop_token_ids": [] if sampling.ignore_eos else list(sampling.eos_token_ids),
         "logprobs": 0 if sampling.calculate_log_probs else None,
         "detokenize": False,
     }

@@ -8,15 +8,19 @@ model's own `load_weights` through `LLM.collective_rpc`. Anything else (a multi-
 tensor parallelism, several JAX processes) fails at construction with what to change.
 
 Memory handover: JAX must not preallocate the GPU (`XLA_PYTHON_CLIENT_PREALLOCATE=false`, and
-`XLA_PYTHON_CLIENT_MEM_FRACTION` at most 1 - gpu_memory_utilization keeps JAX's pool below what
-vLLM takes). With `free_cache_engine` the engine is built with sleep mode and sleeps at level 1
-outside generation (KV cache freed, weights parked in host memory); it wakes the weights for a
-sync and everything for a generate call.
+`XLA_PYTHON_CLIENT_MEM_FRACTION` at most 1 - gpu_memory_utilization - `HANDOVER_MARGIN`). vLLM
+asks for gpu_memory_utilization x the GPU's memory free at start-up and, after sleeping, for what
+it freed at each wake-up: both are checked first, with `HANDOVER_MARGIN` to spare, and a shortfall
+names the keys to change. With `free_cache_engine` the engine is built with sleep mode and sleeps
+at level 1 outside generation (KV cache freed, weights parked in host memory); it wakes the
+weights for a sync and everything for a generate call. vLLM's sleep mode serves one engine per
+process, so a second `VllmRollout` in a process that holds one is refused.
 
 Sampling: `n` responses per prompt are `n` requests of one response each (rows interleaved as in
 the `jax` engine), and row i samples with a seed drawn from `fold_in(rng, i)`, so a row's response
-does not depend on the batch it ran in. Log-probs (`calculate_log_probs`) are vLLM's for the
-sampled token under `logprobs_mode`.
+does not depend on the batch it ran in. Generation stops at jrl's EOS ids only (see
+`sampling_kwargs`). Log-probs (`calculate_log_probs`) are vLLM's for the sampled token under
+`logprobs_mode`, which the `jax` engine follows too.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
-from collections.abc import Iterable, Sequence
+import weakref
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -40,6 +45,7 @@ from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.vllm_args import check_vllm_version, engine_kwargs, sampling_kwargs, vllm_dtype
 
 _SLEEP_LEVEL = 1
+_LIVE_ENGINES: weakref.WeakSet[VllmRollout] = weakref.WeakSet()
 _ALL_MEMORY = frozenset({"weights", "kv_cache"})
 _DTYPES = {"bfloat16": jnp.bfloat16, "float16": jnp.float16, "float32": jnp.float32}
 
@@ -108,22 +114,71 @@ def assemble_batch(
     return rollout_batch(batch, jnp.asarray(responses), jnp.asarray(mask), values)
 
 
-def check_memory_handover() -> None:
-    """Raise when JAX runs on GPU with its default preallocation (it would hold 75% of the GPU
-    before vLLM starts); `XLA_PYTHON_CLIENT_PREALLOCATE=false` or the `platform` allocator
-    avoid it."""
-    on_gpu = any(d.platform == "gpu" for d in jax.local_devices())
-    preallocate = os.environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() not in (
-        "false",
-        "0",
+# Of the GPU's memory, what neither vLLM's pool nor JAX may take: the CUDA contexts of JAX and
+# torch, and the workspaces (cuBLAS, NCCL, CUDA graphs) that vLLM allocates outside its pool.
+HANDOVER_MARGIN = 0.05
+
+
+def jax_memory_fraction_limit(utilization: float) -> float:
+    """The largest `XLA_PYTHON_CLIENT_MEM_FRACTION` that leaves vLLM its share and the margin:
+    1 - gpu_memory_utilization - HANDOVER_MARGIN."""
+    return round(1.0 - utilization - HANDOVER_MARGIN, 4)
+
+
+def handover_problem(environ: Mapping[str, str], utilization: float) -> str | None:
+    """Why JAX on the GPU, started with `environ`, would keep vLLM from its
+    `gpu_memory_utilization` share (None when it would not): JAX's default preallocation (75%
+    of the GPU), or a JAX memory fraction above `jax_memory_fraction_limit`."""
+    limit = jax_memory_fraction_limit(utilization)
+    fix = (
+        f"start the process with XLA_PYTHON_CLIENT_PREALLOCATE=false and "
+        f"XLA_PYTHON_CLIENT_MEM_FRACTION at most {limit} (1 - "
+        f"actor_rollout_ref.rollout.gpu_memory_utilization - a margin of {HANDOVER_MARGIN}), or "
+        "lower actor_rollout_ref.rollout.gpu_memory_utilization"
     )
-    on_demand = os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").lower() == "platform"
-    if on_gpu and preallocate and not on_demand:
-        raise RuntimeError(
-            "rollout.name=vllm shares the GPU with JAX: start the process with "
-            "XLA_PYTHON_CLIENT_PREALLOCATE=false (and XLA_PYTHON_CLIENT_MEM_FRACTION at most "
-            "1 - gpu_memory_utilization) so that JAX leaves memory to vLLM"
+    preallocate = environ.get("XLA_PYTHON_CLIENT_PREALLOCATE", "true").lower() not in ("false", "0")
+    if preallocate and environ.get("XLA_PYTHON_CLIENT_ALLOCATOR", "").lower() != "platform":
+        return f"rollout.name=vllm shares the GPU with JAX, which preallocates: {fix}"
+    fraction = environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    if fraction is not None and float(fraction) > limit:
+        return (
+            f"XLA_PYTHON_CLIENT_MEM_FRACTION={fraction} lets JAX take memory that vLLM's "
+            f"gpu_memory_utilization={utilization} needs: {fix}"
         )
+    return None
+
+
+def memory_shortfall(
+    free: int, total: int, needed: int, when: str, margin: float = HANDOVER_MARGIN
+) -> str | None:
+    """What to change when `needed` bytes plus `margin` x `total` exceed the `free` bytes of the
+    GPU `when` vLLM allocates; None when they fit."""
+    margin = int(margin * total)
+    if free >= needed + margin:
+        return None
+    gib = 2**30
+    return (
+        f"vLLM needs {needed / gib:.2f} GiB {when} and a margin of {margin / gib:.2f} GiB, but "
+        f"{free / gib:.2f} of the GPU's {total / gib:.2f} GiB are free (JAX's arrays and pool "
+        "count against it): lower actor_rollout_ref.rollout.gpu_memory_utilization or "
+        "XLA_PYTHON_CLIENT_MEM_FRACTION, or free memory in JAX (e.g. param_offload)"
+    )
+
+
+def _gpu_memory() -> tuple[int, int] | None:
+    """(free, total) bytes of torch's current CUDA device; None without one."""
+    import torch
+
+    return tuple(torch.cuda.mem_get_info()) if torch.cuda.is_available() else None
+
+
+def _require_free(needed: int, when: str, margin: float = HANDOVER_MARGIN) -> None:
+    """Raise `memory_shortfall`'s message when the GPU lacks `needed` bytes (no check without a
+    GPU)."""
+    memory = _gpu_memory()
+    problem = memory and memory_shortfall(*memory, needed, when, margin)
+    if problem:
+        raise RuntimeError(problem)
 
 
 def _in_process_v1() -> None:
@@ -179,11 +234,19 @@ class VllmRollout:
             )
         if response_length < 1:
             raise ValueError(f"response_length={response_length} must be at least 1")
-        check_memory_handover()
-        _in_process_v1()
+        if _LIVE_ENGINES:
+            raise RuntimeError(
+                "a vllm rollout engine already lives in this process and vLLM's sleep mode "
+                "serves one per process: generate with that engine (validation does), or drop "
+                "every reference to it before building another"
+            )
         kwargs = engine_kwargs(
             rollout_cfg, model_path=model_path, trust_remote_code=trust_remote_code
         )
+        problem = handover_problem(os.environ, kwargs["gpu_memory_utilization"])
+        if problem and any(d.platform == "gpu" for d in jax.local_devices()):
+            raise RuntimeError(problem)
+        _in_process_v1()
         self.response_length = int(response_length)
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = as_token_ids(eos_token_ids)
@@ -192,10 +255,15 @@ class VllmRollout:
         self._device = jax.local_devices()[0]
         self._graphdef = nnx.graphdef(model)
         self._asleep: set[str] = set()
+        self._freed_bytes = 0
 
         import vllm
 
+        memory = _gpu_memory()
+        share = int(kwargs["gpu_memory_utilization"] * memory[1]) if memory else 0
+        _require_free(share, "at start-up (gpu_memory_utilization x the GPU)")
         self.llm = vllm.LLM(**kwargs)
+        _LIVE_ENGINES.add(self)
         client = type(getattr(self.llm.llm_engine, "engine_core", None)).__name__
         if client != "InprocClient":
             raise RuntimeError(
@@ -259,7 +327,10 @@ class VllmRollout:
         """With `free_cache_engine`, free the KV cache and park the weights in host memory
         (vLLM sleep level 1); otherwise the engine keeps its memory."""
         if self.free_cache_engine and not self._asleep:
+            before = _gpu_memory()
             self.llm.sleep(level=_SLEEP_LEVEL)
+            after = _gpu_memory()
+            self._freed_bytes = max(0, after[0] - before[0]) if before and after else 0
             self._asleep = set(_ALL_MEMORY)
 
     def resume(self) -> None:
@@ -269,5 +340,7 @@ class VllmRollout:
     def _wake(self, tags: Iterable[str]) -> None:
         waking = self._asleep & set(tags)
         if waking:
+            if self._asleep == _ALL_MEMORY:  # the first wake after sleep reclaims the most
+                _require_free(self._freed_bytes, "to wake up (what it freed asleep)", margin=0.0)
             self.llm.wake_up(tags=sorted(waking))
             self._asleep -= waking
