@@ -12,6 +12,7 @@ from helpers import left_padded_prompts, tiny_llama
 from jrl.batch import Batch
 from jrl.models import init_random
 from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, make_rollout, sampling_params
+from jrl.rollout.sampling import apply_top_k, apply_top_p
 
 P, R, PAD = 6, 5, 0
 LENGTHS = (6, 3, 1)
@@ -194,7 +195,9 @@ def test_rollout_sampling_layout_and_log_probs(model, rollout, prompts, forward)
 
     responses, mask = np.asarray(out["responses"]), np.asarray(out["response_mask"])
     logits = forward(nnx.state(model), out["input_ids"], out["attention_mask"], out["position_ids"])
-    expected = _token_log_probs(np.asarray(logits)[:, P - 1 : -1], responses, 0.7) * mask
+    # processed_logprobs: of the tempered logits with top-k 20 and top-p 0.95 applied
+    processed = apply_top_p(apply_top_k(np.asarray(logits)[:, P - 1 : -1] / 0.7, 20), 0.95)
+    expected = np.where(mask == 1, _token_log_probs(processed, responses, 1.0), 0.0)
     np.testing.assert_allclose(out["rollout_log_probs"], expected, atol=1e-4)
 
     again = rollout.generate(prompts, sampling, jax.random.key(0))

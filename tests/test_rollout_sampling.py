@@ -1,5 +1,7 @@
 """Sampling parameters and token selection, checked against numpy references."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import ml_collections
@@ -160,7 +162,14 @@ def test_sampling_follows_filtered_distribution():
     freq = np.bincount(np.asarray(tokens), minlength=row.size) / rows
     assert set(np.flatnonzero(freq)) <= set(np.flatnonzero(expected))
     np.testing.assert_allclose(freq, expected, atol=0.03)
-    np.testing.assert_allclose(logp, np.log(_softmax(row / 0.8))[np.asarray(tokens)], atol=1e-5)
+    # processed_logprobs (the default): of the distribution sampled from, as vLLM returns them
+    np.testing.assert_allclose(logp, np.log(expected)[np.asarray(tokens)], atol=1e-5)
+    raw = dataclasses.replace(params, logprobs_mode="raw_logprobs")
+    _, raw_logp = select_tokens(
+        logits[:8], row_keys(jax.random.key(3), jnp.arange(8), jnp.full(8, 7)), raw
+    )
+    raw_tokens = np.asarray(tokens)[:8]
+    np.testing.assert_allclose(raw_logp, np.log(_softmax(row))[raw_tokens], atol=1e-5)
     again, _ = select(jax.random.key(3))
     other, _ = select(jax.random.key(4))
     np.testing.assert_array_equal(tokens, again)
