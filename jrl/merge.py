@@ -4,6 +4,7 @@ Usage::
 
     python -m jrl.merge merge --local_dir CKPT/global_step_N/actor --target_dir OUT [--backend jax]
     python -m jrl.merge test --local_dir CKPT/global_step_N/actor --test_hf_dir REF_MODEL
+    python -m jrl.merge verify --local_dir CKPT[/global_step_N]
 
 `--local_dir` is a role folder (``actor`` or ``critic``) of a step written under
 ``trainer.default_local_dir``; it must hold the ``model`` item (``checkpoint.save_contents``).
@@ -15,6 +16,11 @@ non-empty folder that holds no config.json is refused. The subcommand ``merge`` 
 
 ``test`` merges into a temporary folder and compares every tensor with those of `--test_hf_dir`
 (``--atol``/``--rtol``, default 1e-6 each); it lists each difference and exits with 1 when any.
+
+``verify`` checks one step folder, or every step of a run folder, against its manifest: each file
+present with its size and the checksum of its bytes, no file added, the manifest matching its own
+digest. It prints each step's state (intact, incomplete or damaged, with the file) and exits with
+0 only when every step is intact. ``merge`` and ``test`` refuse a step that is not intact.
 
 ``--backend`` is ``jax`` (default) or ``fsdp``, which means the same here (verl's scripts pass it).
 ``--trust-remote-code`` is passed to the tokenizer loader. Merging runs on the host CPU; no
@@ -47,9 +53,13 @@ from jrl.models.safetensors_io import SafetensorsCheckpoint, SafetensorsTensor
 from jrl.trainer.io.checkpoint import (
     HF_FOLDER,
     MANIFEST_FILE,
+    TRACKER_FILE,
     CheckpointError,
     problems,
     read_manifest,
+    read_tracker,
+    step_folders,
+    step_state,
 )
 
 Progress = Callable[[str], None]
@@ -80,9 +90,9 @@ def _role_entry(role_dir: Path) -> dict[str, Any]:
             f"{role_dir} is not a saved role: {step / MANIFEST_FILE} lists no "
             f"{role_dir.name!r} role, only {sorted(roles)}"
         )
-    found = problems(step, [role_dir.name])
+    found = problems(step, [role_dir.name], contents=True)
     if found:
-        raise CheckpointError(f"{step} is incomplete: " + "; ".join(found[:5]))
+        raise CheckpointError(f"{step} is incomplete or damaged: " + "; ".join(found[:5]))
     entry = roles[role_dir.name]
     if "model" not in entry.get("items", []):
         hint = (
@@ -283,7 +293,35 @@ def _parser() -> argparse.ArgumentParser:
     test.add_argument("--test_hf_dir", required=True, help="reference Hugging Face folder")
     test.add_argument("--atol", type=float, default=1e-6, help="absolute tolerance (1e-6)")
     test.add_argument("--rtol", type=float, default=1e-6, help="relative tolerance (1e-6)")
+    verify = operations.add_parser(
+        "verify", help="check every file of a step (or of each step of a run) against its checksum"
+    )
+    verify.add_argument(
+        "--local_dir", required=True, help="a step folder DIR/global_step_N, or a run folder DIR"
+    )
     return parser
+
+
+def verify(local_dir: str | os.PathLike) -> int:
+    """Prints the state of each step under `local_dir` (and, for a run folder, its tracker);
+    0 when all are intact (and the tracker readable), else 1."""
+    folders = step_folders(local_dir)
+    if not folders:
+        raise CheckpointError(f"{local_dir} holds no global_step_<N> folder")
+    intact = 0
+    for folder in folders:
+        state, found = step_state(folder)
+        intact += state == "intact"
+        print(f"{folder.name}: {state}" + (f": {'; '.join(found[:3])}" if found else ""))
+    tracker_ok = True
+    if folders != [Path(local_dir).expanduser().absolute()]:  # a run folder
+        try:
+            print(f"{TRACKER_FILE}: global_step_{read_tracker(local_dir)}")
+        except CheckpointError as err:
+            tracker_ok = False
+            print(f"{TRACKER_FILE}: {err}")
+    print(f"jrl.merge: {intact} of {len(folders)} step(s) intact")
+    return 0 if intact == len(folders) and tracker_ok else 1
 
 
 def _progress(message: str) -> None:
@@ -315,7 +353,7 @@ def _test(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     """Runs the command line; returns the exit status (0 ok, 1 test mismatch, 2 error)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in ("merge", "test", "-h", "--help"):
+    if argv and argv[0] not in ("merge", "test", "verify", "-h", "--help"):
         argv.insert(0, "merge")
     try:
         args = _parser().parse_args(argv)
@@ -324,6 +362,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args.operation == "test":
             return _test(args)
+        if args.operation == "verify":
+            return verify(args.local_dir)
         merge_checkpoint(
             args.local_dir,
             args.target_dir,

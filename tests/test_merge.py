@@ -19,6 +19,7 @@ from jrl.config import load_config
 from jrl.models import init_random
 from jrl.parallel import make_mesh
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
+from jrl.trainer.io.checksums import file_digest, sealed
 from jrl.trainer.ppo.trainer import PPOTrainer
 from jrl.trainer.update.learner import Learner
 
@@ -148,7 +149,7 @@ def _manifest(step: Path) -> dict:
 def _drop_model_item(step: Path) -> Path:
     manifest = _manifest(step)
     manifest["roles"]["actor"]["items"] = ["extra"]
-    (step / "checkpoint.json").write_text(json.dumps(manifest))
+    (step / "checkpoint.json").write_text(json.dumps(sealed(manifest)))  # saved that way
     return step / "actor"
 
 
@@ -164,14 +165,17 @@ def _unlisted_role(step: Path) -> Path:
 
 
 def _resize_mlp(step: Path) -> Path:
-    """config.json describes another model (the manifest's file sizes updated to match)."""
+    """config.json describes another model (the manifest's entry updated to match)."""
     config_file = step / "actor" / "huggingface" / "config.json"
     config_file.write_text(
         config_file.read_text().replace('"intermediate_size": 64', '"intermediate_size": 48')
     )
     manifest = _manifest(step)
-    manifest["files"]["actor/huggingface/config.json"] = config_file.stat().st_size
-    (step / "checkpoint.json").write_text(json.dumps(manifest))
+    manifest["files"]["actor/huggingface/config.json"] = {
+        "size": config_file.stat().st_size,
+        "xxh3": file_digest(config_file),
+    }
+    (step / "checkpoint.json").write_text(json.dumps(sealed(manifest)))
     return step / "actor"
 
 

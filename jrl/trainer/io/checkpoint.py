@@ -3,18 +3,21 @@
 Layout under ``trainer.default_local_dir``::
 
     global_step_N/
-      checkpoint.json               manifest: roles, their items, every file and its size
+      checkpoint.json               manifest: roles, their items, every file's size and checksum
       actor/  model/ optimizer/ extra/   Orbax items named by ``checkpoint.save_contents``
               huggingface/               config, tokenizer (+ safetensors with ``hf_model``)
       critic/ ...
     latest_checkpointed_iteration.txt   the bare integer N
 
 A save copies the arrays to host and returns; Orbax writes them in the background into a hidden
-``.global_step_N.tmp-*`` folder. When every role is written, a finisher thread writes the
-manifest, renames the folder to ``global_step_N``, then moves the tracker file, drops checkpoints
-beyond ``max_*_ckpt_to_keep`` and copies the step to ``default_hdfs_dir``. A crash at any moment
-leaves the tracker on the last complete step; a step folder is complete when its manifest
-lists files that are all present with their recorded sizes.
+``.global_step_N.tmp-*`` folder. When every role is written, a finisher thread checksums every
+file (`jrl.trainer.io.checksums`), writes the manifest, renames the folder to ``global_step_N``,
+then moves the tracker file, drops checkpoints beyond ``max_*_ckpt_to_keep`` and copies the step
+to ``default_hdfs_dir`` (read back and checked there). A crash at any moment leaves the tracker
+on the last complete step. A step folder is complete when its manifest lists files that are all
+present with their recorded sizes, and intact when, besides, every byte matches its checksum, no
+file was added and the manifest matches its own digest; only an intact step is restored, and
+restored arrays must be finite (`DamagedCheckpoint` otherwise).
 """
 
 from __future__ import annotations
@@ -29,9 +32,10 @@ import threading
 import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
@@ -40,6 +44,13 @@ from jrl.config.validate import CHECKPOINT_ITEMS as ITEMS
 from jrl.models import save_pretrained
 from jrl.models.safetensors_io import replace_directory
 from jrl.parallel.distributed import shared_token
+from jrl.trainer.io.checksums import (
+    bytes_digest,
+    file_entries,
+    file_problems,
+    seal_is_broken,
+    sealed,
+)
 from jrl.trainer.update.learner import Learner
 
 log = logging.getLogger(__name__)
@@ -54,6 +65,10 @@ _TMP_DIR = re.compile(r"^\.global_step_\d+\.tmp-[0-9a-f]+$")
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be written or read as asked."""
+
+
+class DamagedCheckpoint(CheckpointError):
+    """A step whose restored arrays are not what was saved (non-finite values)."""
 
 
 @dataclasses.dataclass
@@ -116,8 +131,12 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         raise CheckpointError(f"{path} is damaged: {err}") from None
 
 
-def problems(folder: str | os.PathLike, roles: Iterable[str] = ()) -> list[str]:
-    """Why `folder` is not a complete checkpoint holding `roles` (empty when it is)."""
+def problems(
+    folder: str | os.PathLike, roles: Iterable[str] = (), contents: bool = False
+) -> list[str]:
+    """Why `folder` is not a complete checkpoint holding `roles` (empty when it is); with
+    `contents`, why it is not intact: bytes that do not match their checksums, files added,
+    a manifest that does not match its digest or names another step."""
     folder = Path(folder)
     if not folder.is_dir():
         return [f"{folder} does not exist"]
@@ -125,77 +144,128 @@ def problems(folder: str | os.PathLike, roles: Iterable[str] = ()) -> list[str]:
         manifest = read_manifest(folder)
     except CheckpointError as err:
         return [str(err)]
+    if not isinstance(manifest, dict) or seal_is_broken(manifest):
+        return [f"{folder / MANIFEST_FILE} is damaged: it does not match its own digest"]
     found = []
+    match = _STEP_DIR.match(folder.name)
+    if match and manifest.get("global_step") not in (None, int(match.group(1))):
+        found.append(f"{folder / MANIFEST_FILE} names step {manifest.get('global_step')}")
     for role in roles:
         if role not in manifest.get("roles", {}):
             found.append(f"{folder} holds no {role!r} checkpoint")
-    for rel, size in manifest.get("files", {}).items():
-        path = folder / rel
-        if not path.is_file():
-            found.append(f"{path} is missing")
-        elif path.stat().st_size != size:
-            found.append(f"{path} has {path.stat().st_size} bytes, {size} were written")
-    return found
+    files = manifest.get("files", {})
+    return found + file_problems(folder, files, contents, unlisted={MANIFEST_FILE})
 
 
 def complete_steps(root: str | os.PathLike, roles: Iterable[str] = ()) -> list[int]:
     """Steps under `root` with a complete checkpoint holding `roles`, newest first."""
+    roles = list(roles)
+    return [s for s in _steps(root) if not problems(step_dir(root, s), roles)]
+
+
+def _steps(root: str | os.PathLike) -> list[int]:
+    """The N of every ``global_step_N`` folder under `root`, newest first."""
     root = Path(root)
     if not root.is_dir():
         return []
-    steps = [int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))]
-    roles = list(roles)
-    return sorted((s for s in steps if not problems(step_dir(root, s), roles)), reverse=True)
+    return sorted(
+        (int(m.group(1)) for p in root.iterdir() if (m := _STEP_DIR.match(p.name))), reverse=True
+    )
+
+
+def newest_intact(
+    root: str | os.PathLike, roles: Sequence[str], below: int | None = None
+) -> int | None:
+    """The newest intact step under `root` holding `roles` (below step `below` when given)."""
+    for step in _steps(root):
+        if (below is None or step < below) and not problems(step_dir(root, step), roles, True):
+            return step
+    return None
+
+
+def intact_steps(root: str | os.PathLike, roles: Sequence[str]) -> list[int]:
+    """Every intact step under `root` holding `roles`, newest first (reads every byte)."""
+    return [s for s in _steps(root) if not problems(step_dir(root, s), roles, contents=True)]
+
+
+def step_state(folder: str | os.PathLike) -> tuple[str, list[str]]:
+    """("intact" | "incomplete" | "damaged", the problems) of one step folder: incomplete when
+    the manifest is missing or a file is missing or of another size, damaged when bytes differ
+    from their checksums, a file was added or the manifest does not match its digest."""
+    found = problems(folder)
+    if found and not any("is damaged" in line for line in found):
+        return "incomplete", found
+    found = found or problems(folder, contents=True)
+    return ("damaged", found) if found else ("intact", [])
+
+
+def step_folders(path: str | os.PathLike) -> list[Path]:
+    """`path` when it is a ``global_step_N`` folder, else the step folders of the run folder
+    `path`, newest first."""
+    path = Path(path).expanduser().absolute()
+    if _STEP_DIR.match(path.name):
+        return [path]
+    return [step_dir(path, step) for step in _steps(path)]
 
 
 def find_resume_dir(trainer_cfg: Any, roles: Sequence[str]) -> Path | None:
     """The checkpoint to resume from under verl's ``trainer.resume_mode``, or None.
 
     ``disable``: none. ``resume_path``: ``resume_from_path`` (relative to the working directory),
-    which must be complete. ``auto``: the step in ``default_local_dir``'s tracker file; when that
-    step is incomplete (or the tracker is missing), the newest complete step, with a warning; None
-    when there is no complete step.
+    which must be intact (else the error names the file and the intact steps beside it).
+    ``auto``: the step in ``default_local_dir``'s tracker file; when that step is incomplete or
+    damaged (or the tracker is missing or unreadable), the newest intact step, with a warning
+    naming what is wrong; None when there is no intact step.
     """
     mode = trainer_cfg.resume_mode
     if mode == "disable":
         return None
     if mode == "resume_path":
-        given = trainer_cfg.get("resume_from_path")
-        if not given:
-            raise CheckpointError(
-                "trainer.resume_mode=resume_path needs trainer.resume_from_path=<…/global_step_N>"
-            )
-        path = Path(given).expanduser().absolute()
-        if "global_step_" not in path.name:
-            raise CheckpointError(
-                f"trainer.resume_from_path={given!r} must point at a global_step_<N> folder"
-            )
-        found = problems(path, roles)
-        if found:
-            raise CheckpointError(
-                f"trainer.resume_from_path={given!r} is not a usable checkpoint: "
-                + "; ".join(found[:5])
-            )
-        return path
+        return _given_step(trainer_cfg.get("resume_from_path"), roles)
     root = Path(trainer_cfg.default_local_dir).absolute()
-    tracked = read_tracker(root)
-    if tracked is not None:
-        found = problems(step_dir(root, tracked), roles)
+    try:
+        tracked = read_tracker(root)
+    except CheckpointError as err:
+        tracked, found = -1, [str(err)]
+    if tracked is not None and tracked >= 0:
+        found = problems(step_dir(root, tracked), roles, contents=True)
         if not found:
             return step_dir(root, tracked)
-    steps = complete_steps(root, roles)
+    step = newest_intact(root, roles)
     if tracked is not None:
-        fallback = f"global_step_{steps[0]}" if steps else "scratch"
+        named = f"global_step_{tracked}" if tracked >= 0 else "an unreadable step"
         log.warning(
-            "%s names global_step_%d, which is incomplete (%s); resuming from %s instead",
+            "%s names %s, which is incomplete or damaged (%s); resuming from %s instead",
             root / TRACKER_FILE,
-            tracked,
+            named,
             "; ".join(found[:3]),
-            fallback,
+            "scratch" if step is None else f"global_step_{step}",
         )
-    elif steps:
-        log.warning("%s is missing; resuming from the newest complete step", root / TRACKER_FILE)
-    return step_dir(root, steps[0]) if steps else None
+    elif step is not None:
+        log.warning("%s is missing; resuming from the newest intact step", root / TRACKER_FILE)
+    return None if step is None else step_dir(root, step)
+
+
+def _given_step(given: str | None, roles: Sequence[str]) -> Path:
+    """``trainer.resume_from_path``, checked to be an intact step holding `roles`."""
+    if not given:
+        raise CheckpointError(
+            "trainer.resume_mode=resume_path needs trainer.resume_from_path=<…/global_step_N>"
+        )
+    path = Path(given).expanduser().absolute()
+    if "global_step_" not in path.name:
+        raise CheckpointError(
+            f"trainer.resume_from_path={given!r} must point at a global_step_<N> folder"
+        )
+    found = problems(path, roles, contents=True)
+    if found:
+        others = [f"global_step_{s}" for s in intact_steps(path.parent, roles)]
+        raise CheckpointError(
+            f"trainer.resume_from_path={given!r} is not a usable checkpoint: "
+            + "; ".join(found[:5])
+            + f". Intact steps in {path.parent}: {', '.join(others) or 'none'}"
+        )
+    return path
 
 
 def _abstract(tree: Any) -> Any:
@@ -240,13 +310,22 @@ def _composite_handler() -> ocp.CompositeCheckpointHandler:
     )
 
 
-def restore_role(role_dir: str | os.PathLike, learner: Learner, items: Sequence[str]) -> dict:
-    """Loads the Orbax `items` of a role folder into `learner` (`Learner.load`), resharded
-    onto its mesh; returns the role's ``extra`` ({} when not loaded)."""
+class RoleRead(NamedTuple):
+    """What `read_role` took from a role folder: the restored items (model, optimizer; None
+    when not asked for) and ``extra`` ({} when not asked for)."""
+
+    model: Any
+    optimizer: Any
+    extra: dict[str, Any]
+
+
+def read_role(role_dir: str | os.PathLike, learner: Learner, items: Sequence[str]) -> RoleRead:
+    """Reads the Orbax `items` of a role folder, resharded onto `learner`'s mesh, without
+    loading them; a non-finite parameter or optimizer value raises `DamagedCheckpoint`."""
     role_dir = Path(role_dir)
     wanted = [item for item in items if item in ORBAX_ITEMS]
     if not wanted:
-        return {}
+        return RoleRead(None, None, {})
     manifest = read_manifest(role_dir.parent)
     saved = manifest["roles"].get(role_dir.name, {}).get("items", [])
     missing = [item for item in wanted if item not in saved]
@@ -273,19 +352,38 @@ def restore_role(role_dir: str | os.PathLike, learner: Learner, items: Sequence[
             f"could not read {role_dir}: {str(err).splitlines()[0][:300]}; the checkpoint is "
             "damaged or was saved with a different model or optimizer"
         ) from err
-    learner.load(
+    read = RoleRead(
         restored["model"] if "model" in wanted else None,
         restored["optimizer"] if "optimizer" in wanted else None,
+        dict(restored["extra"]) if "extra" in wanted else {},
     )
-    return dict(restored["extra"]) if "extra" in wanted else {}
+    for item in ("model", "optimizer"):
+        bad = non_finite(getattr(read, item))
+        if bad:
+            raise DamagedCheckpoint(
+                f"{role_dir / item} is damaged: non-finite values in {', '.join(bad[:3])}"
+                + (f" (and {len(bad) - 3} more)" if len(bad) > 3 else "")
+            )
+    return read
 
 
-def _files(folder: Path) -> dict[str, int]:
-    return {
-        str(path.relative_to(folder)): path.stat().st_size
-        for path in sorted(folder.rglob("*"))
-        if path.is_file()
+def non_finite(tree: Any) -> list[str]:
+    """The paths of the floating arrays of `tree` holding a NaN or an infinity."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    checks = {
+        jax.tree_util.keystr(path, simple=True, separator="."): jnp.isfinite(leaf).all()
+        for path, leaf in leaves
+        if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
     }
+    return [name for name, ok in jax.device_get(checks).items() if not ok]
+
+
+def restore_role(role_dir: str | os.PathLike, learner: Learner, items: Sequence[str]) -> dict:
+    """Loads the Orbax `items` of a role folder into `learner` (`read_role`, then
+    `Learner.load`); returns the role's ``extra`` ({} when not loaded)."""
+    read = read_role(role_dir, learner, items)
+    learner.load(read.model, read.optimizer)
+    return read.extra
 
 
 class CheckpointManager:
@@ -293,6 +391,7 @@ class CheckpointManager:
 
     `max_to_keep` maps a role to the number of its newest checkpoints to keep (None or 0: all);
     `remote_dir` (any fsspec URL) receives a copy of each finished step and the tracker file.
+    `checksums=False` records sizes only (for measuring what checksums cost).
     """
 
     def __init__(
@@ -302,8 +401,10 @@ class CheckpointManager:
         max_to_keep: dict[str, int | None] | None = None,
         remote_dir: str | None = None,
         tokenizer: Any = None,
+        checksums: bool = True,
     ):
         self.root = Path(root).expanduser().absolute()
+        self.checksums = checksums
         self.max_to_keep = dict(max_to_keep or {})
         self.remote_dir = remote_dir
         self.tokenizer = tokenizer
@@ -378,8 +479,8 @@ class CheckpointManager:
                 return
             for name in manifest["roles"]:
                 os.replace(tmp / f".{name}.{HF_FOLDER}", tmp / name / HF_FOLDER)
-            manifest["files"] = _files(tmp)
-            write_atomic(tmp / MANIFEST_FILE, json.dumps(manifest, indent=1))
+            manifest["files"] = file_entries(tmp, self.checksums)
+            write_atomic(tmp / MANIFEST_FILE, json.dumps(sealed(manifest), indent=1))
             replace_directory(tmp, step_dir(self.root, step))
             write_atomic(self.root / TRACKER_FILE, str(step))
             self._rotate(step)
@@ -405,16 +506,24 @@ class CheckpointManager:
                 if not manifest["roles"]:
                     shutil.rmtree(folder)
                     continue
-                write_atomic(folder / MANIFEST_FILE, json.dumps(manifest, indent=1))
+                write_atomic(folder / MANIFEST_FILE, json.dumps(sealed(manifest), indent=1))
                 shutil.rmtree(folder / role)
 
     def _copy_to_remote(self, step: int) -> None:
+        """Copies the step, reads every file back and checks it against the manifest, then
+        moves the remote tracker."""
         import fsspec
 
         fs, remote_root = fsspec.core.url_to_fs(self.remote_dir)
         target = f"{remote_root.rstrip('/')}/global_step_{step}"
         fs.makedirs(target, exist_ok=True)
-        fs.put(str(step_dir(self.root, step)) + "/", target, recursive=True)
+        local = step_dir(self.root, step)
+        fs.put(str(local) + "/", target, recursive=True)
+        for rel, entry in read_manifest(local)["files"].items():
+            copied = fs.cat_file(f"{target}/{rel}")
+            digest = entry.get("xxh3")
+            if len(copied) != entry["size"] or (digest and bytes_digest(copied) != digest):
+                raise CheckpointError(f"the copy of {rel} at {target} does not match {local}")
         fs.pipe(f"{remote_root.rstrip('/')}/{TRACKER_FILE}", str(step).encode())
 
     def latest(self) -> str:

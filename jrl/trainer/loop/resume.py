@@ -3,13 +3,23 @@ role, and the data loader put back where that step left it."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from jrl.data.loader import DataLoader
-from jrl.trainer.io.checkpoint import find_resume_dir, restore_role, step_of
+from jrl.trainer.io.checkpoint import (
+    DamagedCheckpoint,
+    RoleRead,
+    find_resume_dir,
+    newest_intact,
+    read_role,
+    step_of,
+)
 from jrl.trainer.update.learner import Learner
+
+log = logging.getLogger(__name__)
 
 
 class Resumed(NamedTuple):
@@ -28,14 +38,18 @@ def resume(
     """Loads the checkpoint that ``trainer.resume_mode`` selects into `roles` (name ->
     (learner, ``checkpoint.load_contents``); the first role holds ``extra``) and sets `loader`'s
     position: from ``extra`` when it was loaded, else from the step (one batch per step)."""
-    folder = find_resume_dir(trainer_cfg, list(roles))
+    folder, reads = find_resume_dir(trainer_cfg, list(roles)), None
+    while folder is not None:
+        reads = _read_all(folder, roles, trainer_cfg)
+        if reads is not None:
+            break
+        folder = _older_intact(folder, list(roles))  # a damaged step under resume_mode=auto
     if folder is None:
         return Resumed(0, None, {})
     step = step_of(folder)
-    extras = [
-        restore_role(folder / name, learner, items) for name, (learner, items) in roles.items()
-    ]
-    extra = extras[0]
+    for (learner, _), read in zip(roles.values(), reads, strict=True):
+        learner.load(read.model, read.optimizer)
+    extra = reads[0].extra
     first = next(iter(roles))
     if extra:
         if extra.get("global_step") != step:
@@ -48,3 +62,26 @@ def resume(
         batches = len(loader)
         loader.set_state({"epoch": step // batches, "position": step % batches})
     return Resumed(step, folder, extra)
+
+
+def _read_all(
+    folder: Path, roles: Mapping[str, tuple[Learner, Sequence[str]]], trainer_cfg: Any
+) -> list[RoleRead] | None:
+    """Every role's items read from `folder` before any is loaded, so that a damaged step
+    leaves every learner as it was; None for a damaged step under ``resume_mode=auto`` (a
+    warning names it), which raises otherwise."""
+    try:
+        return [
+            read_role(folder / name, learner, items) for name, (learner, items) in roles.items()
+        ]
+    except DamagedCheckpoint as err:
+        if trainer_cfg.resume_mode != "auto":
+            raise
+        log.warning("%s; not resuming from %s", err, folder.name)
+        return None
+
+
+def _older_intact(folder: Path, roles: Sequence[str]) -> Path | None:
+    step = newest_intact(folder.parent, roles, below=step_of(folder))
+    log.warning("resuming from %s instead", "scratch" if step is None else f"global_step_{step}")
+    return None if step is None else folder.parent / f"global_step_{step}"

@@ -1,0 +1,87 @@
+"""Content checksums of checkpoint files: xxh3-64 of every byte, read in chunks, so that a file
+whose size is right and whose bytes are not is found before anything is restored from it.
+
+A step's manifest lists each file as ``{"size": bytes, "xxh3": hex digest}`` and carries the
+digest of its own canonical JSON (``"digest"``), so that a change to the manifest is found too.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Collection
+from pathlib import Path
+from typing import Any
+
+import xxhash
+
+_CHUNK = 8 << 20  # bytes read at a time
+DIGEST_KEY = "digest"
+
+
+def file_digest(path: Path) -> str:
+    """xxh3-64 of the file's bytes, as 16 hex digits."""
+    hasher = xxhash.xxh3_64()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            hasher.update(chunk)
+    return hasher.hexdigest()
+
+
+def bytes_digest(data: bytes) -> str:
+    """xxh3-64 of `data`, as 16 hex digits."""
+    return xxhash.xxh3_64(data).hexdigest()
+
+
+def file_entries(folder: Path, checksums: bool = True) -> dict[str, dict[str, Any]]:
+    """Every file under `folder` (relative path -> size and, with `checksums`, its digest)."""
+    entries = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            entry: dict[str, Any] = {"size": path.stat().st_size}
+            if checksums:
+                entry["xxh3"] = file_digest(path)
+            entries[str(path.relative_to(folder))] = entry
+    return entries
+
+
+def _canonical(manifest: dict[str, Any]) -> bytes:
+    body = {k: v for k, v in manifest.items() if k != DIGEST_KEY}
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+
+
+def sealed(manifest: dict[str, Any]) -> dict[str, Any]:
+    """`manifest` with the digest of its own content."""
+    return {**manifest, DIGEST_KEY: bytes_digest(_canonical(manifest))}
+
+
+def seal_is_broken(manifest: dict[str, Any]) -> bool:
+    """Whether a sealed manifest's content no longer matches its digest (unsealed: False)."""
+    digest = manifest.get(DIGEST_KEY)
+    return digest is not None and digest != bytes_digest(_canonical(manifest))
+
+
+def file_problems(
+    folder: Path, files: dict[str, Any], contents: bool, unlisted: Collection[str] = ()
+) -> list[str]:
+    """Why the files of `folder` are not the ones listed in `files` (relative path -> entry;
+    a bare int is a size, from manifests written before checksums): missing, of another size,
+    and with `contents`, bytes that do not match their digest, or files not listed (other than
+    the relative paths in `unlisted`)."""
+    found = []
+    for rel, entry in files.items():
+        size, digest = (
+            (entry, None) if isinstance(entry, int) else (entry["size"], entry.get("xxh3"))
+        )
+        path = folder / rel
+        if not path.is_file():
+            found.append(f"{path} is missing")
+        elif path.stat().st_size != size:
+            found.append(f"{path} has {path.stat().st_size} bytes, {size} were written")
+        elif contents and digest is not None and file_digest(path) != digest:
+            found.append(f"{path} is damaged: its bytes do not match the checksum saved with it")
+    if contents:
+        for path in sorted(folder.rglob("*")):
+            rel = str(path.relative_to(folder))
+            if path.is_file() and rel not in files and rel not in unlisted:
+                found.append(f"{path} is not part of the checkpoint (added after it was saved)")
+    return found
