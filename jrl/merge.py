@@ -316,7 +316,10 @@ def verify(local_dir: str | os.PathLike) -> int:
     tracker_ok = True
     if folders != [Path(local_dir).expanduser().absolute()]:  # a run folder
         try:
-            print(f"{TRACKER_FILE}: global_step_{read_tracker(local_dir)}")
+            tracked = read_tracker(local_dir)
+            print(
+                f"{TRACKER_FILE}: " + ("missing" if tracked is None else f"global_step_{tracked}")
+            )
         except CheckpointError as err:
             tracker_ok = False
             print(f"{TRACKER_FILE}: {err}")

@@ -25,6 +25,7 @@ from jrl.parallel import any_process
 from jrl.trainer.io.checkpoint import CheckpointManager
 from jrl.trainer.io.metrics import timer
 from jrl.trainer.io.tracking import Tracking
+from jrl.trainer.loop.sanity import warn_on_garbage
 from jrl.trainer.loop.stopping import StopRequest, check_losses_finite
 
 
@@ -71,6 +72,7 @@ class Algorithm(Protocol):
     cadence: Cadence
     checkpoints: CheckpointManager
     val_generations: list[dict[str, Any]]  # validation samples to log, emptied by the loop
+    vocab_size: int  # the policy's vocabulary (`warn_on_garbage`)
 
     def resume(self) -> int:
         """Restores the checkpoint that ``trainer.resume_mode`` selects; its step (0: none)."""
@@ -113,13 +115,15 @@ def epochs_of(loader: DataLoader, epochs: int | None) -> Iterator[tuple[int, Bat
 
 def run_step(algorithm: Algorithm, batch: Batch, step: int, epoch: int) -> dict[str, float]:
     """One step of the loop: the algorithm's step, then validation and the checkpoint when due,
-    all under ``timing_s/step``; a non-finite loss stops the run before anything is saved."""
+    all under ``timing_s/step``; a non-finite loss stops the run before anything is saved, and
+    metrics of a model that is not training are warned about."""
     cadence = algorithm.cadence
     timing: dict[str, float] = {}
     with timer("step", timing):
         output = algorithm.train_step(batch, step, epoch, timing)
         metrics = output.metrics
         check_losses_finite(metrics, step, algorithm.checkpoints.latest)
+        warn_on_garbage(metrics, step, algorithm.vocab_size)
         if cadence.validates_at(step):
             with timer("testing", timing):
                 metrics.update(algorithm.validate(step))

@@ -168,6 +168,7 @@ class PPOTrainer:
         self.model_configs = {"actor": self.actor.learner.model().config}
         if self.critic is not None:
             self.model_configs["critic"] = self.critic.learner.model().config
+        self.vocab_size = int(self.model_configs["actor"].vocab_size)
         self.rollout = build_rollout(
             config, self.actor.learner.graphdef, self.actor.params, self.actor.mesh, self.tokenizer
         )

@@ -143,6 +143,7 @@ class SFTTrainer:
         model = self.spec.model.load(self.mesh, lora_key="model")
         trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
         self.learner = Learner.create(model, make_sft_optimizer(config.optim), self.mesh, trainable)
+        self.vocab_size = int(model.config.vocab_size)
         self.val_generations: list[dict[str, Any]] = []
         rows = batch_sharding(self.mesh, 1)
         self._val_forward = jax.jit(
