@@ -104,7 +104,7 @@ def read_tracker(root: str | os.PathLike) -> int | None:
     path = Path(root) / TRACKER_FILE
     if not path.exists():
         return None
-    text = path.read_text().strip()
+    text = path.read_bytes().decode("utf-8", errors="replace").strip()
     if not text.isdigit():
         raise CheckpointError(f"{path} should hold a step number, found {text[:40]!r}")
     return int(text)
@@ -127,7 +127,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
             f"{folder} has no {MANIFEST_FILE}: the save did not finish (or the folder was not "
             "written by jrl)"
         ) from None
-    except json.JSONDecodeError as err:
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         raise CheckpointError(f"{path} is damaged: {err}") from None
 
 
