@@ -13,18 +13,25 @@ import logging
 import shutil
 from pathlib import Path
 
+import fsspec
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_checkpoint import ROLES, _ppo, _trainer_cfg
+from test_checkpoint import ROLES, _mesh, _ppo, _snapshot, _state, _take_step, _trainer_cfg
 
 from jrl import merge
 from jrl.assets import prepare_tiny
+from jrl.data.loader import DataLoader
 from jrl.trainer.io.checkpoint import (
     TRACKER_FILE,
     CheckpointError,
+    CheckpointManager,
+    DamagedCheckpoint,
     find_resume_dir,
     step_dir,
 )
+from jrl.trainer.loop.resume import resume
 from jrl.trainer.loop.sanity import garbage_warnings
 
 
@@ -147,6 +154,71 @@ def test_verify_prints_each_steps_state(run, tmp_path, capsys):
     # merge refuses a damaged step the same way
     status = merge.main(["--local_dir", str(step_dir(root, 4) / "actor"), "--target_dir", "x"])
     assert status == 2 and str(victim) in capsys.readouterr().err
+
+
+def _poisoned(tree):
+    """`tree` with a NaN in the first element of every floating array."""
+
+    def poison(x):
+        if not jnp.issubdtype(x.dtype, jnp.floating):
+            return x
+        return x.at[(0,) * x.ndim].set(jnp.nan)
+
+    return jax.tree.map(poison, tree)
+
+
+def test_non_finite_restored_arrays_are_a_damaged_step(tmp_path, caplog):
+    """Steps 2 (finite) and 4 (a NaN in every parameter; its checksums are right): auto mode
+    loads step 2 and warns naming step 4's model; resume_path fails on step 4 before any
+    learner is touched."""
+    root = tmp_path / "ckpt"
+    state, manager = _state(_mesh(1)), CheckpointManager(root)
+    _take_step(state)
+    manager.save(2, {"actor": _snapshot(state, ["model", "optimizer"], 2)})
+    manager.wait()
+    finite = jax.device_get(state.params.to_pure_dict())
+    state.trainable = _poisoned(state.trainable)
+    manager.save(4, {"actor": _snapshot(state, ["model", "optimizer"], 4)})
+    manager.close()
+    loader = DataLoader([{"row": i} for i in range(8)], 2, shuffle=False, seed=0)
+
+    fresh = _state(_mesh(1))
+    roles = {"actor": (fresh, ["model", "optimizer"])}
+    with caplog.at_level(logging.WARNING):
+        resumed = resume(_trainer_cfg(root), roles, loader)
+    assert resumed.step == 2
+    assert "actor/model is damaged: non-finite values in" in caplog.text
+    restored = jax.device_get(fresh.params.to_pure_dict())
+    for a, b in zip(jax.tree.leaves(restored), jax.tree.leaves(finite), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+    untouched = _state(_mesh(1))
+    before = jax.device_get(untouched.params.to_pure_dict())
+    given = _trainer_cfg(root, "resume_path", str(step_dir(root, 4)))
+    with pytest.raises(DamagedCheckpoint, match="global_step_4/actor/model is damaged"):
+        resume(given, {"actor": (untouched, ["model", "optimizer"])}, loader)
+    after = jax.device_get(untouched.params.to_pure_dict())
+    for a, b in zip(jax.tree.leaves(after), jax.tree.leaves(before), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_the_remote_copy_is_read_back_and_checked(run, tmp_path, monkeypatch):
+    """`default_hdfs_dir`: every copied file is read back and compared with the manifest; a
+    copy that differs fails the save (here the remote filesystem corrupts what it stores)."""
+    remote = tmp_path / "remote"
+    manager = CheckpointManager(run, remote_dir=f"file://{remote}")
+    manager._copy_to_remote(4)
+    assert (remote / TRACKER_FILE).read_text() == "4"
+    original_put = fsspec.implementations.local.LocalFileSystem.put
+
+    def corrupting_put(self, source, target, **kwargs):
+        original_put(self, source, target, **kwargs)
+        _random(_largest(Path(target.rstrip("/"))))
+
+    monkeypatch.setattr(fsspec.implementations.local.LocalFileSystem, "put", corrupting_put)
+    with pytest.raises(CheckpointError, match="does not match"):
+        CheckpointManager(run, remote_dir=f"file://{tmp_path / 'bad'}")._copy_to_remote(4)
+    assert not (tmp_path / "bad" / TRACKER_FILE).exists()  # the remote tracker did not move
 
 
 def test_garbage_warnings_name_the_step_and_metric():

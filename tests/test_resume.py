@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from helpers import REPO, WatchedRun
 
@@ -45,7 +47,7 @@ def _run(run_dir: Path, metrics_file: Path) -> str:
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
+    return done.stdout + done.stderr
 
 
 def _metrics(path: Path) -> dict[int, dict]:
@@ -58,12 +60,18 @@ def _comparable(data: dict) -> dict:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> dict[int, dict]:
-    """Metrics of an uninterrupted run."""
+def reference_run(tmp_path_factory) -> Path:
+    """An uninterrupted run: its folder holds `run/` (checkpoints) and `metrics.jsonl`."""
     prepare_tiny()
     root = tmp_path_factory.mktemp("reference")
     _run(root / "run", root / "metrics.jsonl")
-    metrics = _metrics(root / "metrics.jsonl")
+    return root
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run) -> dict[int, dict]:
+    """Metrics of the uninterrupted run."""
+    metrics = _metrics(reference_run / "metrics.jsonl")
     assert sorted(metrics) == list(range(STEPS + 1))
     return metrics
 
@@ -79,13 +87,14 @@ def _kill_when(run_dir: Path, metrics_file: Path, condition) -> str:
     return run.output
 
 
-def _assert_resumes_exactly(reference, run_dir, metrics_file, from_step: int) -> None:
+def _assert_resumes_exactly(reference, run_dir, metrics_file, from_step: int) -> str:
     out = _run(run_dir, metrics_file)
     assert f"resumed from {run_dir / f'global_step_{from_step}'} at global step {from_step}" in out
     resumed = _metrics(metrics_file)
     for step in range(from_step + 1, STEPS + 1):
         assert _comparable(resumed[step]) == _comparable(reference[step]), step
     assert resumed[STEPS]["training/global_step"] == STEPS
+    return out
 
 
 def test_sigkill_during_step_five_resumes_exactly(reference, tmp_path):
@@ -113,3 +122,23 @@ def test_sigkill_during_a_save_keeps_the_previous_checkpoint(reference, tmp_path
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "2"
     _assert_resumes_exactly(reference, run_dir, tmp_path / "resumed.jsonl", 2)
     assert not [p for p in run_dir.iterdir() if ".tmp-" in p.name]  # the stale folder is gone
+
+
+def test_a_corrupted_chunk_is_never_resumed_from(reference, reference_run, tmp_path):
+    """256 random bytes (same size) over the middle of the largest array chunk of the actor's
+    model in steps 6 and 4 of a finished run: the rerun warns naming each file, resumes from
+    step 2 and replays steps 3-6 bit for bit."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference_run / "run", run_dir)
+    victims = []
+    for step in (6, 4):
+        chunks = run_dir / f"global_step_{step}" / "actor" / "model" / "ocdbt.process_0" / "d"
+        victim = max(chunks.iterdir(), key=lambda p: p.stat().st_size)
+        data = bytearray(victim.read_bytes())
+        middle = len(data) // 2 - 128
+        data[middle : middle + 256] = np.random.default_rng(step).bytes(256)
+        victim.write_bytes(bytes(data))
+        victims.append(victim)
+    out = _assert_resumes_exactly(reference, run_dir, tmp_path / "resumed.jsonl", 2)
+    for victim in victims:
+        assert f"{victim} is damaged" in out

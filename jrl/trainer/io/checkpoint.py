@@ -174,12 +174,23 @@ def _steps(root: str | os.PathLike) -> list[int]:
 
 
 def newest_intact(
-    root: str | os.PathLike, roles: Sequence[str], below: int | None = None
+    root: str | os.PathLike, roles: Sequence[str], below: int | None = None, known: int = -1
 ) -> int | None:
-    """The newest intact step under `root` holding `roles` (below step `below` when given)."""
+    """The newest intact step under `root` holding `roles` (below step `below` when given);
+    each newer step passed over is warned about, naming what is wrong (except step `known`,
+    already reported)."""
     for step in _steps(root):
-        if (below is None or step < below) and not problems(step_dir(root, step), roles, True):
+        if below is not None and step >= below:
+            continue
+        found = problems(step_dir(root, step), roles, contents=True)
+        if not found:
             return step
+        if step != known:
+            log.warning(
+                "global_step_%d is incomplete or damaged (%s); skipping it",
+                step,
+                "; ".join(found[:3]),
+            )
     return None
 
 
@@ -231,7 +242,7 @@ def find_resume_dir(trainer_cfg: Any, roles: Sequence[str]) -> Path | None:
         found = problems(step_dir(root, tracked), roles, contents=True)
         if not found:
             return step_dir(root, tracked)
-    step = newest_intact(root, roles)
+    step = newest_intact(root, roles, known=-1 if tracked is None else tracked)
     if tracked is not None:
         named = f"global_step_{tracked}" if tracked >= 0 else "an unreadable step"
         log.warning(
