@@ -10,11 +10,14 @@ compressing writer). Then, in one run:
   `wait()` returns (written, committed, tracker file moved), and the bytes on disk;
 - numpy (the baseline): `jax.device_get` of parameters and optimizer state, one `np.save` per
   array, each file fsynced (Orbax's tensorstore writes sync too): time and bytes on disk;
-- restore: `restore_role` into a fresh state of the same shape (other random parameters, zero
-  moments), and for the baseline `np.load` + `jax.device_put` onto the same shardings; each
-  reports whether the parameters (`equal`) and the optimizer state (`optimizer_equal`) are the
-  saved ones bit for bit (SHA-256 of every array, taken before the saved state is dropped).
-  Before each restore its files are dropped from the page cache, so both read from the disk.
+- checksums: the same save with `CheckpointManager(checksums=False)` (sizes only), and the
+  restore without checking every file first: what checksums cost (ratios ``checksums/none``);
+- restore: verifying every file against its checksum then `restore_role` into a fresh state
+  of the same shape (other random parameters, zero moments), and for the baseline `np.load` +
+  `jax.device_put` onto the same shardings; each reports whether the parameters (`equal`) and
+  the optimizer state (`optimizer_equal`) are the saved ones bit for bit (SHA-256 of every
+  array, taken before the saved state is dropped). Before each restore its files are dropped
+  from the page cache, so all read from the disk.
 
 Only one state lives at a time, so qwen2.5-0.5b (2 GB parameters + 4 GB AdamW moments) fits in
 24 GB of host memory:
@@ -58,6 +61,7 @@ from jrl.trainer.io.checkpoint import (  # noqa: E402
     HF_FOLDER,
     CheckpointManager,
     RoleSnapshot,
+    problems,
     restore_role,
     step_dir,
 )
@@ -138,10 +142,10 @@ def seconds(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def jrl_save(state: Learner, root: Path, hf_model: bool) -> dict[str, Any]:
+def jrl_save(state: Learner, root: Path, hf_model: bool, checksums: bool = True) -> dict[str, Any]:
     """Saves the state with CheckpointManager; returns times and the bytes of each part."""
     items = ["model", "optimizer", "extra"] + (["hf_model"] if hf_model else [])
-    manager = CheckpointManager(root)
+    manager = CheckpointManager(root, checksums=checksums)
     try:
         start = time.perf_counter()
         manager.save(STEP, {ROLE: RoleSnapshot(state, items, EXTRA)})
@@ -163,10 +167,14 @@ def jrl_save(state: Learner, root: Path, hf_model: bool) -> dict[str, Any]:
     }
 
 
-def jrl_restore(root: Path, state: Learner) -> float:
-    """Seconds to restore the saved role into `state` with restore_role (arrays ready)."""
+def jrl_restore(root: Path, state: Learner, verify: bool = True) -> float:
+    """Seconds to restore the saved role into `state` (arrays ready): with `verify`, as a
+    resume does, every file is first checked against its checksum (`problems`), then
+    restore_role."""
 
     def restore() -> None:
+        if verify and problems(step_dir(root, STEP), [ROLE], contents=True):
+            raise RuntimeError(f"{step_dir(root, STEP)} does not verify")
         restore_role(step_dir(root, STEP) / ROLE, state, ["model", "optimizer", "extra"])
         jax.block_until_ready(saved_tree(state))
 
@@ -204,7 +212,7 @@ def numpy_load(folder: Path, like: Any) -> tuple[float, Any]:
 
 def run(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     """All measurements, printed as they are taken; returns the records."""
-    jrl_dir, numpy_dir = root / "jrl", root / "numpy"
+    jrl_dir, plain_dir, numpy_dir = root / "jrl", root / "jrl-no-checksums", root / "numpy"
     state = build_state(args.shape, args.devices, seed=0)
     fill_moments(state)
     common = {
@@ -224,20 +232,32 @@ def run(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     tree = saved_tree(state)
     params_digest, optimizer_digest = digests(tree["params"]), digests(tree["optimizer"])
     saved = jrl_save(state, jrl_dir, args.hf_model)
-    emit(impl="jrl", measure="save_return", seconds=saved.pop("save_return_s"))
-    emit(impl="jrl", measure="save_complete", seconds=saved.pop("save_complete_s"))
+    saved_return, saved_complete = saved.pop("save_return_s"), saved.pop("save_complete_s")
+    emit(impl="jrl", measure="save_return", seconds=saved_return)
+    emit(impl="jrl", measure="save_complete", seconds=saved_complete)
     jrl_size = emit(impl="jrl", measure="size", **saved)
+    plain = jrl_save(state, plain_dir, args.hf_model, checksums=False)
+    emit(impl="jrl-no-checksums", measure="save_return", seconds=plain["save_return_s"])
+    emit(impl="jrl-no-checksums", measure="save_complete", seconds=plain["save_complete_s"])
     numpy_save_s = numpy_save(tree, numpy_dir)
     emit(impl="numpy", measure="save", seconds=numpy_save_s)
     numpy_size = emit(impl="numpy", measure="size", bytes=folder_bytes(numpy_dir))
     del state, tree
 
     fresh = build_state(args.shape, args.devices, seed=1)
+    jrl_restore(plain_dir, fresh, verify=False)  # warm-up: the first restore also compiles
     evict(jrl_dir)
     restored = emit(
         impl="jrl",
         measure="restore",
         seconds=jrl_restore(jrl_dir, fresh),
+        **matches(fresh, params_digest, optimizer_digest),
+    )
+    evict(plain_dir)
+    unverified = emit(
+        impl="jrl-no-checksums",
+        measure="restore",
+        seconds=jrl_restore(plain_dir, fresh, verify=False),
         **matches(fresh, params_digest, optimizer_digest),
     )
     like = jax.tree.map(
@@ -257,10 +277,17 @@ def run(args: argparse.Namespace, root: Path) -> list[dict[str, Any]]:
     emit(
         impl="jrl/numpy",
         measure="ratio",
-        save_return_ratio=records[0]["seconds"] / numpy_save_s,
-        save_complete_ratio=records[1]["seconds"] / numpy_save_s,
+        save_return_ratio=saved_return / numpy_save_s,
+        save_complete_ratio=saved_complete / numpy_save_s,
         size_ratio=jrl_size["bytes"] / numpy_size["bytes"],
         restore_ratio=restored["seconds"] / load_s,
+    )
+    emit(
+        impl="checksums/none",
+        measure="ratio",
+        save_return_ratio=saved_return / plain["save_return_s"],
+        save_complete_ratio=saved_complete / plain["save_complete_s"],
+        restore_ratio=restored["seconds"] / unverified["seconds"],
     )
     return records
 
