@@ -8,13 +8,16 @@ digest of its own canonical JSON (``"digest"``), so that a change to the manifes
 from __future__ import annotations
 
 import json
-from collections.abc import Collection
+import os
+from collections.abc import Collection, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import xxhash
 
 _CHUNK = 8 << 20  # bytes read at a time
+_READERS = min(8, os.cpu_count() or 1) * 2  # files read at once (hashing releases the GIL)
 DIGEST_KEY = "digest"
 
 
@@ -32,15 +35,22 @@ def bytes_digest(data: bytes) -> str:
     return xxhash.xxh3_64(data).hexdigest()
 
 
+def file_digests(paths: Iterable[Path]) -> list[str]:
+    """`file_digest` of each path, several files read at once."""
+    with ThreadPoolExecutor(_READERS) as pool:
+        return list(pool.map(file_digest, paths))
+
+
 def file_entries(folder: Path, checksums: bool = True) -> dict[str, dict[str, Any]]:
     """Every file under `folder` (relative path -> size and, with `checksums`, its digest)."""
+    paths = [path for path in sorted(folder.rglob("*")) if path.is_file()]
+    digests = file_digests(paths) if checksums else [None] * len(paths)
     entries = {}
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            entry: dict[str, Any] = {"size": path.stat().st_size}
-            if checksums:
-                entry["xxh3"] = file_digest(path)
-            entries[str(path.relative_to(folder))] = entry
+    for path, digest in zip(paths, digests, strict=True):
+        entry: dict[str, Any] = {"size": path.stat().st_size}
+        if digest is not None:
+            entry["xxh3"] = digest
+        entries[str(path.relative_to(folder))] = entry
     return entries
 
 
@@ -67,7 +77,7 @@ def file_problems(
     a bare int is a size, from manifests written before checksums): missing, of another size,
     and with `contents`, bytes that do not match their digest, or files not listed (other than
     the relative paths in `unlisted`)."""
-    found = []
+    found, to_read = [], []
     for rel, entry in files.items():
         size, digest = (
             (entry, None) if isinstance(entry, int) else (entry["size"], entry.get("xxh3"))
@@ -77,7 +87,11 @@ def file_problems(
             found.append(f"{path} is missing")
         elif path.stat().st_size != size:
             found.append(f"{path} has {path.stat().st_size} bytes, {size} were written")
-        elif contents and digest is not None and file_digest(path) != digest:
+        elif contents and digest is not None:
+            to_read.append((path, digest))
+    digests = file_digests(path for path, _ in to_read)
+    for (path, digest), actual in zip(to_read, digests, strict=True):
+        if actual != digest:
             found.append(f"{path} is damaged: its bytes do not match the checksum saved with it")
     if contents:
         for path in sorted(folder.rglob("*")):
