@@ -48,17 +48,23 @@ def test_checkpoint_bench_tiny_round_trips_and_sizes():
     lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.strip()]
     by_key = {(r["impl"], r["measure"]): r for r in lines}
     assert list(by_key) == [
+        ("jrl-no-checksums", "save_return"),
+        ("jrl-no-checksums", "save_complete"),
         ("jrl", "save_return"),
         ("jrl", "save_complete"),
         ("jrl", "size"),
+        ("jrl", "checksum_pass"),
         ("numpy", "save"),
         ("numpy", "size"),
+        ("jrl-no-checksums", "restore"),
+        ("jrl", "verify_pass"),
         ("jrl", "restore"),
         ("numpy", "load"),
         ("jrl/numpy", "ratio"),
+        ("checksums/none", "ratio"),
     ]
     assert {(r["shape"], r["devices"]) for r in lines} == {("tiny", 8)}  # conftest's 8 devices
-    for key in (("jrl", "restore"), ("numpy", "load")):
+    for key in (("jrl", "restore"), ("jrl-no-checksums", "restore"), ("numpy", "load")):
         assert by_key[key]["equal"] is True and by_key[key]["optimizer_equal"] is True
     save_return, save_complete = (
         by_key[("jrl", m)]["seconds"] for m in ("save_return", "save_complete")
@@ -82,6 +88,11 @@ def test_checkpoint_bench_tiny_round_trips_and_sizes():
     assert math.isclose(ratio["save_complete_ratio"], save_complete / numpy_save)
     restore, load = by_key[("jrl", "restore")]["seconds"], by_key[("numpy", "load")]["seconds"]
     assert math.isclose(ratio["restore_ratio"], restore / load)
+    costs = by_key[("checksums/none", "ratio")]
+    unverified = by_key[("jrl-no-checksums", "restore")]["seconds"]
+    assert math.isclose(costs["restore_ratio"], restore / unverified)
+    verify = by_key[("jrl", "verify_pass")]["seconds"]
+    assert math.isclose(costs["verify_pass_of_restore"], verify / unverified)
 
 
 def test_actor_update_memory_drops_with_fused_kernels():
