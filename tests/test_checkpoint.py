@@ -16,21 +16,26 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from checkpoint_helpers import (
+    PPO,
+    ROLES,
+    _mesh,
+    _ppo,
+    _snapshot,
+    _state,
+    _take_step,
+    _trainer_cfg,
+)
 from flax import nnx, traverse_util
-from jax.sharding import Mesh
-from ml_collections import ConfigDict
 
-from jrl import train
 from jrl.assets import prepare_tiny
 from jrl.config import ConfigError, load_config
 from jrl.models import CausalLM, from_pretrained
 from jrl.parallel import make_mesh
-from jrl.parallel.mesh import MESH_AXES
 from jrl.trainer.io.checkpoint import (
     TRACKER_FILE,
     CheckpointError,
     CheckpointManager,
-    RoleSnapshot,
     find_resume_dir,
     problems,
     read_manifest,
@@ -41,8 +46,6 @@ from jrl.trainer.ppo.trainer import retention
 from jrl.trainer.update.learner import Learner
 
 REPO = Path(__file__).resolve().parents[1]
-PPO = f"--config={REPO / 'configs' / 'gsm8k_ppo.py'}:tiny"
-ROLES = ["actor", "critic"]
 # metrics of a step that depend on the restored parameters, optimizer, data position and RNG
 RESUMED_KEYS = [
     "actor/pg_loss",
@@ -53,12 +56,6 @@ RESUMED_KEYS = [
     "critic/values/mean",
     "prompt_length/mean",
 ]
-
-
-def _ppo(run_dir: Path, *overrides: str) -> dict[str, float]:
-    """A tiny PPO run without validation (it leaves the training state alone)."""
-    no_validation = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
-    return train.main([PPO, f"trainer.default_local_dir={run_dir}", *no_validation, *overrides])
 
 
 def _steps(root: Path) -> list[int]:
@@ -87,12 +84,6 @@ def _assert_same_step(metrics: dict[str, float], reference: dict[str, float]) ->
     assert metrics["training/global_step"] == reference["training/global_step"]
     for key in RESUMED_KEYS:
         np.testing.assert_allclose(metrics[key], reference[key], rtol=1e-5, atol=1e-6, err_msg=key)
-
-
-def _trainer_cfg(root: Path, mode: str = "auto", path: str | None = None) -> ConfigDict:
-    return ConfigDict(
-        {"resume_mode": mode, "resume_from_path": path, "default_local_dir": str(root)}
-    )
 
 
 # -- a tiny PPO run: 5 steps, save_freq=2, the actor also exports an HF model ------------------
@@ -237,29 +228,8 @@ def test_resume_path_without_resume_from_path_is_a_config_error():
 # -- the manager and restore functions on tiny train states -------------------------------------
 
 
-def _mesh(k: int) -> Mesh:
-    devices = np.asarray(jax.devices()[:k]).reshape(1, k, 1, 1)
-    return Mesh(devices, MESH_AXES)
-
-
-def _state(mesh: Mesh) -> Learner:
-    model = from_pretrained(prepare_tiny()["model_path"], mesh=mesh)
-    return Learner.create(model, optax.adamw(1e-3), mesh)
-
-
-def _take_step(state: Learner) -> None:
-    """One optimizer step with all-ones gradients (moves the params and the Adam count)."""
-    grads = jax.tree.map(jnp.ones_like, state.trainable)
-    updates, state.opt_state = state.tx.update(grads, state.opt_state, state.trainable)
-    state.trainable = optax.apply_updates(state.trainable, updates)
-
-
 def _count(opt_state) -> int:
     return int(optax.tree_utils.tree_get(opt_state, "count"))
-
-
-def _snapshot(state: Learner, items: list[str], step: int, kind: str = "causal_lm"):
-    return RoleSnapshot(state, items, {"global_step": step}, kind=kind)
 
 
 @pytest.fixture(scope="module")

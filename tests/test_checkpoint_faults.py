@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_checkpoint import ROLES, _mesh, _ppo, _snapshot, _state, _take_step, _trainer_cfg
+from checkpoint_helpers import ROLES, _mesh, _ppo, _snapshot, _state, _take_step, _trainer_cfg
 
 from jrl import merge
 from jrl.assets import prepare_tiny
