@@ -45,11 +45,11 @@ from jrl.models import save_pretrained
 from jrl.models.safetensors_io import replace_directory
 from jrl.parallel.distributed import shared_token
 from jrl.trainer.io.checksums import (
-    bytes_digest,
     file_entries,
     file_problems,
     seal_is_broken,
     sealed,
+    stream_digest,
 )
 from jrl.trainer.update.learner import Learner
 
@@ -531,9 +531,9 @@ class CheckpointManager:
         local = step_dir(self.root, step)
         fs.put(str(local) + "/", target, recursive=True)
         for rel, entry in read_manifest(local)["files"].items():
-            copied = fs.cat_file(f"{target}/{rel}")
-            digest = entry.get("xxh3")
-            if len(copied) != entry["size"] or (digest and bytes_digest(copied) != digest):
+            with fs.open(f"{target}/{rel}", "rb") as copy:
+                size, digest = stream_digest(copy)
+            if size != entry["size"] or entry.get("xxh3", digest) != digest:
                 raise CheckpointError(f"the copy of {rel} at {target} does not match {local}")
         fs.pipe(f"{remote_root.rstrip('/')}/{TRACKER_FILE}", str(step).encode())
 

@@ -12,7 +12,7 @@ import os
 from collections.abc import Collection, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import xxhash
 
@@ -21,13 +21,19 @@ _READERS = min(8, os.cpu_count() or 1) * 2  # files read at once (hashing releas
 DIGEST_KEY = "digest"
 
 
+def stream_digest(f: BinaryIO) -> tuple[int, str]:
+    """(bytes read, xxh3-64 as 16 hex digits) of an open binary file, read in chunks."""
+    hasher, size = xxhash.xxh3_64(), 0
+    while chunk := f.read(_CHUNK):
+        hasher.update(chunk)
+        size += len(chunk)
+    return size, hasher.hexdigest()
+
+
 def file_digest(path: Path) -> str:
     """xxh3-64 of the file's bytes, as 16 hex digits."""
-    hasher = xxhash.xxh3_64()
     with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            hasher.update(chunk)
-    return hasher.hexdigest()
+        return stream_digest(f)[1]
 
 
 def bytes_digest(data: bytes) -> str:

@@ -15,6 +15,7 @@ from jrl.trainer.io.checkpoint import (
     find_resume_dir,
     newest_intact,
     read_role,
+    step_dir,
     step_of,
 )
 from jrl.trainer.update.learner import Learner
@@ -84,4 +85,4 @@ def _read_all(
 def _older_intact(folder: Path, roles: Sequence[str]) -> Path | None:
     step = newest_intact(folder.parent, roles, below=step_of(folder))
     log.warning("resuming from %s instead", "scratch" if step is None else f"global_step_{step}")
-    return None if step is None else folder.parent / f"global_step_{step}"
+    return None if step is None else step_dir(folder.parent, step)
