@@ -17,7 +17,9 @@ from typing import Any, BinaryIO
 import xxhash
 
 _CHUNK = 8 << 20  # bytes read at a time
-_READERS = min(8, os.cpu_count() or 1) * 2  # files read at once (hashing releases the GIL)
+# Files read at once (hashing releases the GIL), at most half the cores: the checksum pass runs
+# beside training, whose CPU devices' collectives abort when their threads are starved.
+_READERS = max(1, min(8, (os.cpu_count() or 2) // 2))
 DIGEST_KEY = "digest"
 
 
