@@ -379,14 +379,22 @@ def read_role(role_dir: str | os.PathLike, learner: Learner, items: Sequence[str
 
 
 def non_finite(tree: Any) -> list[str]:
-    """The paths of the floating arrays of `tree` holding a NaN or an infinity."""
-    leaves = jax.tree_util.tree_leaves_with_path(tree)
-    checks = {
-        jax.tree_util.keystr(path, simple=True, separator="."): jnp.isfinite(leaf).all()
-        for path, leaf in leaves
+    """The paths of the floating arrays of `tree` holding a NaN or an infinity. One program
+    checks them all: per-array programs, each with its own all-reduce over a sharded array, can
+    stall XLA's CPU collectives when many are in flight on few cores."""
+    named = {
+        jax.tree_util.keystr(path, simple=True, separator="."): leaf
+        for path, leaf in jax.tree_util.tree_leaves_with_path(tree)
         if hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.floating)
     }
-    return [name for name, ok in jax.device_get(checks).items() if not ok]
+    if not named:
+        return []
+    return [name for name, ok in jax.device_get(_all_finite(named)).items() if not ok]
+
+
+@jax.jit
+def _all_finite(arrays: dict[str, jax.Array]) -> dict[str, jax.Array]:
+    return {name: jnp.isfinite(array).all() for name, array in arrays.items()}
 
 
 def restore_role(role_dir: str | os.PathLike, learner: Learner, items: Sequence[str]) -> dict:
