@@ -17,7 +17,7 @@ from jrl.models.attention import Visibility
 from jrl.models.config import ModelConfig
 from jrl.models.layers import DecoderLayer, RMSNorm, dense, rope_frequencies, rope_tables
 from jrl.parallel.devices import mesh_platform
-from jrl.parallel.mesh import sequence_mesh, sequence_parallel_size, split_sequence
+from jrl.parallel.mesh import constrain_activations, sequence_mesh, sequence_parallel_size
 from jrl.parallel.sharding import logical_axes
 
 MODEL_KINDS = ("causal_lm", "value", "reward")
@@ -139,14 +139,14 @@ class Decoder(nnx.Module):
             x = x * jnp.asarray(c.hidden_size**0.5, x.dtype)
         ropes: dict[tuple[float, Any], tuple[jax.Array, jax.Array]] = {}
         if cache is None:
-            x = split_sequence(x)
+            x = constrain_activations(x)
         run_layer = self._layer_fn(visibility)
         for i, layer in enumerate(self.layers):
             rope_key = c.layer_rope(i)
             if rope_key not in ropes:
                 ropes[rope_key] = rope_tables(position_ids, rope_frequencies(c.head_dim, *rope_key))
             if cache is None:
-                x = run_layer(layer, x, ropes[rope_key])
+                x = constrain_activations(run_layer(layer, x, ropes[rope_key]))
                 continue
             q, k, v = layer.project(x, ropes[rope_key])
             cache = _write_kv(cache, i, cache_offset, k, v)

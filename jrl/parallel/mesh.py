@@ -122,13 +122,20 @@ def row_axes(mesh: Mesh | AbstractMesh, rows: int) -> tuple[str, str] | None:
     return batch_axes() if rows % data_parallel_size(mesh) == 0 else None
 
 
-def split_sequence(x: jax.Array) -> jax.Array:
-    """Constrains activations [B, S, ...] to S split over the ambient mesh's `sequence` axis (and
-    rows over the batch axes); unchanged without sequence parallelism. Inside `jax.jit`."""
-    mesh = sequence_mesh()
-    if mesh is None:
+def constrain_activations(x: jax.Array) -> jax.Array:
+    """Constrains activations [B, S, ...] to rows split over the ambient mesh's batch axes and,
+    under sequence parallelism, S over `sequence`, so that FSDP gathers weights rather than the
+    batch (the partitioner may otherwise all-gather a layer's activations over the whole batch).
+    Unchanged without an ambient mesh (see `on_mesh`) or inside a `shard_map` over those axes.
+    Inside `jax.jit`."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or set(mesh.manual_axes) & {*batch_axes(), SEQUENCE_AXIS}:
         return x
-    spec = PartitionSpec(row_axes(mesh, x.shape[0]), SEQUENCE_AXIS, *[None] * (x.ndim - 2))
+    rows = row_axes(mesh, x.shape[0]) if data_parallel_size(mesh) > 1 else None
+    sequence = SEQUENCE_AXIS if sequence_parallel_size(mesh) > 1 else None
+    if rows is None and sequence is None:
+        return x
+    spec = PartitionSpec(rows, sequence, *[None] * (x.ndim - 2))
     return jax.lax.with_sharding_constraint(x, spec)
 
 

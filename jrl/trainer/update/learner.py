@@ -336,12 +336,19 @@ def build_update(
     def micro_loss(params, frozen, micro, normaliser):
         return loss_fn(nnx.merge(graphdef, params, frozen), micro, normaliser)
 
+    def like_params(tree):
+        """`tree` laid out as the trainable params: the gradient sum stays sharded."""
+        return jax.lax.with_sharding_constraint(tree, learner.trainable_shardings)
+
     def update(params, frozen, opt_state, minibatch, normaliser, lr):
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
         def accumulate(grads, micro):
-            (loss, aux), g = grad_fn(params, frozen, micro, normaliser)
-            return jax.tree.map(jnp.add, grads, g), (loss, aux)
+            # Tied to the micro-batch, the weights are gathered inside each iteration; as loop
+            # invariants XLA would gather every layer's weights once, before the scan.
+            here, frozen_here, micro = jax.lax.optimization_barrier((params, frozen, micro))
+            (loss, aux), g = grad_fn(here, frozen_here, micro, normaliser)
+            return like_params(jax.tree.map(jnp.add, grads, g)), (loss, aux)
 
         def body(grads, micro):
             if not skip_empty:
@@ -351,7 +358,7 @@ def build_update(
             active = jnp.any(micro["response_mask"] != 0)
             return jax.lax.cond(active, accumulate, lambda g, _: (g, nothing), grads, micro)
 
-        zeros = jax.tree.map(jnp.zeros_like, params)
+        zeros = like_params(jax.tree.map(jnp.zeros_like, params))
         grads, (losses, aux) = jax.lax.scan(body, zeros, minibatch)
         grad_norm = optax.tree.norm(grads)
         finite = jnp.isfinite(grad_norm)
