@@ -190,6 +190,13 @@ def test_slot_plans_follow_the_limits():
     assert budget.slots == 16  # 20 fit; a power of two of them is used
     few_rows = plan_slots(limits, rows=3, prompt_length=600, budget_bytes=None, bytes_per_slot=1)
     assert (few_rows.slots, few_rows.prefill_rows) == (2, 1)
+    # One wave (the slots hold every row): a prefill takes all of them, up to the token budget.
+    one_wave = plan_slots(limits, rows=32, prompt_length=16, budget_bytes=None, bytes_per_slot=1)
+    assert (one_wave.slots, one_wave.prefill_rows) == (32, 32)
+    long_prompts = plan_slots(
+        limits, rows=32, prompt_length=256, budget_bytes=None, bytes_per_slot=1
+    )
+    assert long_prompts.prefill_rows == 4
     with pytest.raises(ValueError, match="gpu_memory_utilization"):
         plan_slots(limits, rows=8, prompt_length=8, budget_bytes=10, bytes_per_slot=per_slot)
 

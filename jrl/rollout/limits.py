@@ -130,7 +130,8 @@ def plan_slots(
     """The slot plan for `rows` sequences (per replica) of prompts `prompt_length` wide.
 
     Slots: as many as the limits, the budget and the rows allow. Prefill rows: an eighth of the
-    slots, at most `max_num_batched_tokens` prompt tokens, at least one. Both are powers of two,
+    slots, or all of them when the slots hold every row (one wave: no prompt waits for a slot to
+    free); at most `max_num_batched_tokens` prompt tokens, at least one. Both are powers of two,
     so few distinct plans (and compilations) arise.
     """
     cap = min(limits.max_num_seqs, limits.max_num_batched_tokens, max(rows, 1))
@@ -147,4 +148,5 @@ def plan_slots(
         cap = min(cap, fits)
     slots = floor_pow2(cap)
     per_prefill = limits.max_num_batched_tokens // max(prompt_length, 1)
-    return SlotPlan(slots, floor_pow2(max(1, min(slots // _ADMISSION_SHARE, per_prefill))))
+    group = slots if rows <= slots else slots // _ADMISSION_SHARE
+    return SlotPlan(slots, floor_pow2(max(1, min(group, per_prefill))))
