@@ -73,8 +73,8 @@ def test_forward_cached_prefill_then_decode_matches_full_forward(llama_dir, batc
     max_len = 12
     logits, cache = prefill_then_decode(model, batch, prompt=6, max_len=max_len)
     assert_close(logits, full, mask)
-    assert cache.k.shape == (2, 3, 2, max_len, 16)  # [layers, batch, kv_heads, tokens, head_dim]
-    assert not np.asarray(cache.k[:, :, :, ids.shape[1] :]).any()  # unused slots stay empty
+    assert cache.k.shape == (2, 3, max_len, 2, 16)
+    assert not np.asarray(cache.k[:, :, ids.shape[1] :]).any()  # unused slots stay empty
 
 
 def test_save_pretrained_loads_in_transformers(llama_dir, batch, tmp_path):

@@ -115,7 +115,7 @@ def test_tensor_parallel_decode_equals_single_device(model, prompts, reference):
     assert layer["mlp"]["down_proj"]["kernel"].sharding.spec == PartitionSpec("tensor", None)
     _assert_same_rows(_run(rollout, prompts), reference[0])
     # The kept cache (slots split over the replicas, kv heads over 'tensor') goes back in as is.
-    expected = NamedSharding(rollout.mesh, PartitionSpec(None, "data", "tensor"))
+    expected = NamedSharding(rollout.mesh, PartitionSpec(None, "data", None, "tensor"))
     assert rollout.cache.k.sharding.is_equivalent_to(expected, 5)
     compiled = generate_tokens._cache_size()
     _assert_same_rows(_run(rollout, prompts), reference[0])
@@ -131,7 +131,7 @@ def test_free_cache_engine_frees_the_cache(model, prompts, reference):
     _assert_same_rows(_run(kept, prompts), reference[0])
     cache = kept.cache
     layers, heads, dim = CONFIG.num_layers, CONFIG.num_kv_heads, CONFIG.head_dim
-    assert cache.k.shape == (layers, 16, heads, P + R - 1, dim)
+    assert cache.k.shape == (layers, 16, P + R - 1, heads, dim)
     size = 2 * cache.k.nbytes
     assert size == 16 * (P + R - 1) * kv_bytes_per_token(CONFIG, jnp.float32, 1)
     pointer = cache.k.unsafe_buffer_pointer()

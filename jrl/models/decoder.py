@@ -27,11 +27,7 @@ OFFLOAD_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys and values, each [num_layers, batch, num_kv_heads, max_len, head_dim].
-
-    Tokens and head_dim are the two minor dimensions, the ones a TPU tiles: with kv_heads there
-    (one head per chip under tensor parallelism) the tile pads it, and the compiler keeps a
-    second, re-laid-out copy of the whole cache."""
+    """Per-layer keys and values, each [num_layers, batch, max_len, num_kv_heads, head_dim]."""
 
     k: jax.Array
     v: jax.Array
@@ -154,7 +150,7 @@ class Decoder(nnx.Module):
                 continue
             q, k, v = layer.project(x, ropes[rope_key])
             cache = _write_kv(cache, i, cache_offset, k, v)
-            k, v = (_token_major(c[i]).astype(k.dtype) for c in cache)
+            k, v = cache.k[i].astype(k.dtype), cache.v[i].astype(v.dtype)
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
 
@@ -178,19 +174,11 @@ def _write_kv(
     cache: KVCache, layer: int, offset: jax.Array | int, k: jax.Array, v: jax.Array
 ) -> KVCache:
     """Writes k, v [B, T, K, Dh] into cache slots offset .. offset+T-1 of `layer`."""
-    start = (layer, 0, 0, offset, 0)
-
-    def write(target: jax.Array, new: jax.Array) -> jax.Array:
-        return jax.lax.dynamic_update_slice(
-            target, _token_major(new)[None].astype(target.dtype), start
-        )
-
-    return KVCache(write(cache.k, k), write(cache.v, v))
-
-
-def _token_major(x: jax.Array) -> jax.Array:
-    """[B, T, K, Dh] <-> [B, K, T, Dh] (the cache's order)."""
-    return jnp.swapaxes(x, 1, 2)
+    start = (layer, 0, offset, 0, 0)
+    return KVCache(
+        jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
+        jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start),
+    )
 
 
 class _DecoderModel(nnx.Module):
@@ -307,7 +295,7 @@ class CausalLM(_DecoderModel):
     def init_cache(self, batch_size: int, max_len: int, dtype: Any = None) -> KVCache:
         """An all-zero KV cache (in the compute dtype unless `dtype` is given)."""
         c = self.config
-        shape = (c.num_layers, batch_size, c.num_kv_heads, max_len, c.head_dim)
+        shape = (c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
         dtype = dtype or self.dtype
         return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 

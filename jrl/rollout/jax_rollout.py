@@ -149,7 +149,7 @@ class JaxRollout:
         sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated
         c = self.config
         tokens = cache_length(bucket, sampling)
-        cache = (c.num_layers, replicas * plan.slots, c.num_kv_heads, tokens, c.head_dim)
+        cache = (c.num_layers, replicas * plan.slots, tokens, c.num_kv_heads, c.head_dim)
         return layout, plan, sampling, cache
 
     def _request_shardings(self) -> dict[str, NamedSharding]:

@@ -49,7 +49,7 @@ def cache_length(prompt_length: int, params: SamplingParams) -> int:
 
 
 class SlotCache(NamedTuple):
-    """Keys and values of every slot, each [layers, slots, kv_heads, tokens, head_dim].
+    """Keys and values of every slot, each [layers, slots, tokens, kv_heads, head_dim].
 
     A slot's first P columns hold its prompt (written when it is admitted). The R - 1 columns
     after them are a ring that all slots write together: decode step g writes column
@@ -116,7 +116,7 @@ def _decode_slots(
 def _prefill(
     model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any
 ) -> tuple[jax.Array, KVCache]:
-    """Hidden states [G, P, D] and the keys and values [layers, G, K, P, Dh] of G left-padded
+    """Hidden states [G, P, D] and the keys and values [layers, G, P, K, Dh] of G left-padded
     prompts."""
     fresh = model.init_cache(ids.shape[0], ids.shape[1], dtype=dtype)
     return model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
@@ -170,8 +170,8 @@ def _generate_replica(
 
         return s._replace(
             cache=SlotCache(
-                s.cache.k.at[:, slot, :, :prompt_len].set(fresh.k, mode="drop"),
-                s.cache.v.at[:, slot, :, :prompt_len].set(fresh.v, mode="drop"),
+                s.cache.k.at[:, slot, :prompt_len].set(fresh.k, mode="drop"),
+                s.cache.v.at[:, slot, :prompt_len].set(fresh.v, mode="drop"),
             ),
             row=put(s.row, row),
             step=put(s.step, 1),
@@ -277,7 +277,7 @@ def generate_tokens(
         out_specs=(rows, rows, rows, slots),
         axis_names=frozenset(batch_axes()),
     )
-    layout = cache_sharding(mesh, cache.k.shape[2])  # the kept cache keeps its layout
+    layout = cache_sharding(mesh, cache.k.shape[3])  # the kept cache keeps its layout
     request = _Request(prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous)
     responses, log_probs, decode_steps, cache = run(state, request, cache)
     cache = jax.lax.with_sharding_constraint(cache, SlotCache(layout, layout))

@@ -29,7 +29,7 @@ def rollout_mesh(mesh: Mesh | None, tensor_parallel: int) -> Mesh:
 
 
 def cache_sharding(mesh: Mesh, num_kv_heads: int) -> NamedSharding:
-    """KV cache [layers, slots, kv_heads, tokens, head_dim]: slots over the replicas, heads over
+    """KV cache [layers, slots, tokens, kv_heads, head_dim]: slots over the replicas, heads over
     `tensor` (when they divide evenly)."""
     heads = "tensor" if num_kv_heads % mesh.shape["tensor"] == 0 else None
-    return NamedSharding(mesh, PartitionSpec(None, batch_axes(), heads))
+    return NamedSharding(mesh, PartitionSpec(None, batch_axes(), None, heads))
