@@ -203,9 +203,8 @@ def run_jrl(args: argparse.Namespace) -> list[dict[str, Any]]:
         stats = rollout.stats
         slots_used, steps = int(stats["rollout/slots"]), int(stats["rollout/decode_steps"])
         per_token = kv_bytes_per_token(model.config, dtype, 1)
-        kv_bytes = (
-            slots_used * cache_length(int(stats["rollout/prompt_bucket"]), sampling) * per_token
-        )
+        bucket = int(stats["rollout/prompt_bucket"])
+        kv_bytes = slots_used * cache_length(bucket, sampling, model.config.kv_layout) * per_token
         weights = sum(x.nbytes for x in jax.tree.leaves(rollout.state))
         achieved = steps * (weights + kv_bytes) / seconds
         memory = device.memory_stats() or {}

@@ -8,6 +8,7 @@ import pytest
 
 from jrl.parallel.topology import libtpu_missing, parse_topology
 from jrl.plan.compiled import count_collectives, needed_bytes
+from jrl.plan.programs import per_chip_bytes
 
 needs_libtpu = pytest.mark.skipif(
     libtpu_missing() is not None, reason=f"cannot compile for TPU here: {libtpu_missing()}"
@@ -127,3 +128,39 @@ def test_layer_extrapolation_matches_a_full_depth_compile():
         assert 0.97 * a["total_bytes"] <= b["total_bytes"] <= 1.12 * a["total_bytes"], a["phase"]
     for name, state in full["resident"].items():
         assert extrapolated["resident"][name]["total"] == pytest.approx(state["total"], rel=0.01)
+
+
+@needs_libtpu
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_the_rollout_keeps_one_copy_of_its_kv_cache_on_tpu(head_dim):
+    """One kv head per chip (2 heads, tensor parallel 2). The TPU compiler tiles an array's two
+    minor dimensions; the cache layout of `jrl.models.kv_layout` keeps the decode loop from
+    holding a second, re-laid-out copy of the whole cache for either head_dim."""
+    from jrl.config import load_config
+    from jrl.parallel.topology import open_slice
+    from jrl.plan.compiled import compile_program
+    from jrl.plan.memory import plan_kv_cache
+    from jrl.plan.programs import step_programs
+    from jrl.plan.roles import build_roles
+
+    model = "+actor_rollout_ref.model.override_config.model_config"
+    where = open_slice("v5e:2x2")
+    config = load_config(
+        [
+            f"--config={GRPO}",
+            "trainer.n_gpus_per_node=4",
+            f"{model}.head_dim={head_dim}",
+            "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
+            "data.max_prompt_length=256",
+            "data.max_response_length=256",
+            "data.train_batch_size=64",
+            "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+        ]
+    )[0]
+    roles = build_roles(config, where)
+    plan_kv_cache(roles, config, where.hbm_bytes)
+    rollout = step_programs(roles, config, largest_bucket_only=True)[0]
+    compiled = compile_program(rollout, "v5e:2x2", local=False)
+    cache = rollout.arguments - per_chip_bytes(roles.rollout.state)
+    assert cache > 16 * 2**20, "the cache should dominate this program"
+    assert compiled.memory["temp"] < cache / 8, compiled.memory

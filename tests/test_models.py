@@ -66,15 +66,23 @@ def test_logits_match_transformers_with_left_padding(which, request, batch):
     assert_close(jit_call(model, batch), torch_logits(hf_model, batch), batch[1])
 
 
-def test_forward_cached_prefill_then_decode_matches_full_forward(llama_dir, batch):
-    model = from_pretrained(llama_dir[0])
+@pytest.mark.parametrize("head_dim", [16, 128])
+def test_forward_cached_prefill_then_decode_matches_full_forward(head_dim, tmp_path, batch):
+    """Both cache layouts: tokens-major for head_dim 16, heads-major for head_dim 128."""
+    cfg = transformers.LlamaConfig(**SHAPE, head_dim=head_dim, tie_word_embeddings=False)
+    hf_model = randomise(transformers.LlamaForCausalLM(cfg))
+    hf_model.save_pretrained(tmp_path, safe_serialization=True)
+    model = from_pretrained(tmp_path)
     ids, mask, _ = batch
-    full = jit_call(model, batch)
     max_len = 12
     logits, cache = prefill_then_decode(model, batch, prompt=6, max_len=max_len)
-    assert_close(logits, full, mask)
-    assert cache.k.shape == (2, 3, max_len, 2, 16)
-    assert not np.asarray(cache.k[:, :, ids.shape[1] :]).any()  # unused slots stay empty
+    assert_close(logits, torch_logits(hf_model, batch), mask)
+    layout = model.config.kv_layout
+    assert layout.heads_major == (head_dim == 128)
+    assert cache.k.shape == layout.shape(2, 3, max_len, 2, head_dim)
+    assert cache.k.shape[layout.token_axis] == max_len
+    unused = np.moveaxis(np.asarray(cache.k), layout.token_axis, 2)[:, :, ids.shape[1] :]
+    assert not unused.any()  # unused slots stay empty
 
 
 def test_save_pretrained_loads_in_transformers(llama_dir, batch, tmp_path):

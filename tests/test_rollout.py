@@ -12,6 +12,7 @@ from helpers import left_padded_prompts, tiny_llama
 from jrl.batch import Batch
 from jrl.models import init_random
 from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, make_rollout, sampling_params
+from jrl.rollout.sampler import cache_length
 from jrl.rollout.sampling import apply_top_k, apply_top_p
 
 P, R, PAD = 6, 5, 0
@@ -82,8 +83,7 @@ def naive(model, forward, prompts):
     return _naive_greedy(forward, nnx.state(model), prompts, R)
 
 
-@pytest.fixture(scope="module")
-def rollout(model):
+def _engine(model) -> JaxRollout:
     return JaxRollout(
         model,
         response_length=R,
@@ -93,12 +93,34 @@ def rollout(model):
     )
 
 
+@pytest.fixture(scope="module")
+def rollout(model):
+    return _engine(model)
+
+
 def _generate(rollout, prompts: Batch, params: SamplingParams, seed: int = 0) -> dict:
     out = rollout.generate(prompts, params, jax.random.key(seed))
     return {k: np.asarray(v) for k, v in out.tensors.items()}
 
 
 def test_greedy_matches_full_forward(rollout, prompts, naive):
+    assert not CONFIG.kv_layout.heads_major
+    _assert_greedy_matches(rollout, prompts, naive)
+
+
+def test_greedy_matches_full_forward_with_a_heads_major_cache(prompts):
+    """head_dim 128: the cache keeps kv heads before tokens (`jrl.models.kv_layout`)."""
+    config = tiny_llama(pad_token_id=PAD, initializer_range=0.5, head_dim=128)
+    assert config.kv_layout.heads_major
+    # P + R - 1 = 10 columns, rounded up to 16: the ring has 10 columns for 4 tokens.
+    assert cache_length(P, GREEDY, config.kv_layout) == 16
+    assert cache_length(P, GREEDY, CONFIG.kv_layout) == P + R - 1
+    model = init_random(config, seed=0)
+    naive = _naive_greedy(_full_forward(model), nnx.state(model), prompts, R)
+    _assert_greedy_matches(_engine(model), prompts, naive)
+
+
+def _assert_greedy_matches(rollout, prompts: Batch, naive: tuple[np.ndarray, np.ndarray]) -> None:
     tokens, logits = naive
     out = _generate(rollout, prompts, GREEDY)
     np.testing.assert_array_equal(out["responses"], tokens)

@@ -131,9 +131,10 @@ def test_free_cache_engine_frees_the_cache(model, prompts, reference):
     _assert_same_rows(_run(kept, prompts), reference[0])
     cache = kept.cache
     layers, heads, dim = CONFIG.num_layers, CONFIG.num_kv_heads, CONFIG.head_dim
-    assert cache.k.shape == (layers, 16, P + R - 1, heads, dim)
+    tokens = P + R - 1  # head_dim 16: tokens-major, the exact count
+    assert cache.k.shape == (layers, 16, tokens, heads, dim)
     size = 2 * cache.k.nbytes
-    assert size == 16 * (P + R - 1) * kv_bytes_per_token(CONFIG, jnp.float32, 1)
+    assert size == 16 * tokens * kv_bytes_per_token(CONFIG, jnp.float32, 1)
     pointer = cache.k.unsafe_buffer_pointer()
     _assert_same_rows(_run(kept, prompts), reference[0])
     assert cache.k.is_deleted()  # donated to the second call, which wrote it in place

@@ -9,6 +9,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jrl.models.kv_layout import KVLayout
+
 FULL, SLIDING = "full_attention", "sliding_attention"
 LAYER_TYPES = (FULL, SLIDING)
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new")
@@ -216,6 +218,11 @@ class ModelConfig:
     def output_bias(self) -> bool:
         """Whether the attention output projection has a bias."""
         return self.attention_bias and self.family.output_bias
+
+    @property
+    def kv_layout(self) -> KVLayout:
+        """The KV cache's axis order for this head_dim (`jrl.models.kv_layout`)."""
+        return KVLayout.for_head_dim(self.head_dim)
 
     @property
     def attention_scale(self) -> float:

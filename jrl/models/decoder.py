@@ -15,6 +15,7 @@ from jax.ad_checkpoint import Recompute, checkpoint_name
 
 from jrl.models.attention import Visibility
 from jrl.models.config import ModelConfig
+from jrl.models.kv_layout import KVLayout
 from jrl.models.layers import DecoderLayer, RMSNorm, dense, rope_frequencies, rope_tables
 from jrl.parallel.devices import mesh_platform
 from jrl.parallel.mesh import constrain_activations, sequence_mesh, sequence_parallel_size
@@ -27,7 +28,9 @@ OFFLOAD_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys and values, each [num_layers, batch, max_len, num_kv_heads, head_dim]."""
+    """Per-layer keys and values, each [num_layers, batch, max_len, num_kv_heads, head_dim] or,
+    when head_dim is a multiple of 128, [num_layers, batch, num_kv_heads, max_len, head_dim]
+    (`config.kv_layout`)."""
 
     k: jax.Array
     v: jax.Array
@@ -149,8 +152,8 @@ class Decoder(nnx.Module):
                 x = constrain_activations(run_layer(layer, x, ropes[rope_key]))
                 continue
             q, k, v = layer.project(x, ropes[rope_key])
-            cache = _write_kv(cache, i, cache_offset, k, v)
-            k, v = cache.k[i].astype(k.dtype), cache.v[i].astype(v.dtype)
+            cache = _write_kv(cache, c.kv_layout, i, cache_offset, k, v)
+            k, v = (c.kv_layout.reorder(x[i]).astype(k.dtype) for x in cache)
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
 
@@ -171,14 +174,22 @@ class Decoder(nnx.Module):
 
 
 def _write_kv(
-    cache: KVCache, layer: int, offset: jax.Array | int, k: jax.Array, v: jax.Array
+    cache: KVCache,
+    layout: KVLayout,
+    layer: int,
+    offset: jax.Array | int,
+    k: jax.Array,
+    v: jax.Array,
 ) -> KVCache:
     """Writes k, v [B, T, K, Dh] into cache slots offset .. offset+T-1 of `layer`."""
-    start = (layer, 0, offset, 0, 0)
-    return KVCache(
-        jax.lax.dynamic_update_slice(cache.k, k[None].astype(cache.k.dtype), start),
-        jax.lax.dynamic_update_slice(cache.v, v[None].astype(cache.v.dtype), start),
-    )
+    start: list[jax.Array | int] = [layer, 0, 0, 0, 0]
+    start[layout.token_axis] = offset
+
+    def write(target: jax.Array, new: jax.Array) -> jax.Array:
+        new = layout.reorder(new)[None].astype(target.dtype)
+        return jax.lax.dynamic_update_slice(target, new, tuple(start))
+
+    return KVCache(write(cache.k, k), write(cache.v, v))
 
 
 class _DecoderModel(nnx.Module):
@@ -295,7 +306,7 @@ class CausalLM(_DecoderModel):
     def init_cache(self, batch_size: int, max_len: int, dtype: Any = None) -> KVCache:
         """An all-zero KV cache (in the compute dtype unless `dtype` is given)."""
         c = self.config
-        shape = (c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
+        shape = c.kv_layout.shape(c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
         dtype = dtype or self.dtype
         return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
 

@@ -120,7 +120,7 @@ class JaxRollout:
 
     def slot_bytes(self, prompt_length: int, sampling: SamplingParams) -> int:
         """Device bytes one slot takes for prompts `prompt_length` wide (`slot_bytes`)."""
-        tokens = cache_length(prompt_length, sampling)
+        tokens = cache_length(prompt_length, sampling, self.config.kv_layout)
         return slot_bytes(self.config, self.dtype, self.mesh.shape["tensor"], tokens)
 
     def plan(self, rows: int, prompt_length: int, sampling: SamplingParams) -> SlotPlan:
@@ -148,8 +148,9 @@ class JaxRollout:
         plan = dataclasses.replace(plan, shared_prefill=shared)
         sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated
         c = self.config
-        tokens = cache_length(bucket, sampling)
-        cache = (c.num_layers, replicas * plan.slots, tokens, c.num_kv_heads, c.head_dim)
+        tokens = cache_length(bucket, sampling, self.config.kv_layout)
+        slots = replicas * plan.slots
+        cache = c.kv_layout.shape(c.num_layers, slots, tokens, c.num_kv_heads, c.head_dim)
         return layout, plan, sampling, cache
 
     def _request_shardings(self) -> dict[str, NamedSharding]:
@@ -168,7 +169,7 @@ class JaxRollout:
         args = {
             k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=shardings[k]) for k, v in shapes.items()
         }
-        sharding = cache_sharding(self.mesh, self.config.num_kv_heads)
+        sharding = cache_sharding(self.mesh, self.config)
         part = jax.ShapeDtypeStruct(shape, self.dtype, sharding=sharding)
         key = jax.eval_shape(lambda: jax.random.key(0))
         continuous = jax.ShapeDtypeStruct((), jnp.bool_)
@@ -234,7 +235,7 @@ class JaxRollout:
 
     def _take_cache(self, shape: tuple[int, ...]) -> SlotCache:
         """The kept cache when its shape fits this call, else a new zeroed one."""
-        sharding = cache_sharding(self.mesh, self.config.num_kv_heads)
+        sharding = cache_sharding(self.mesh, self.config)
         cache, self._cache = self._cache, None
         if cache is not None and cache.k.shape == shape:
             # The same layout, spelled as the compiled call expects it: no copy.
@@ -245,7 +246,7 @@ class JaxRollout:
     def cache_bytes(self, slots: int, bucket: int, sampling: SamplingParams) -> int:
         """Bytes of the KV cache (keys and values, all devices) of `slots` sequences of prompts
         `bucket` wide."""
-        tokens = cache_length(bucket, sampling)
+        tokens = cache_length(bucket, sampling, self.config.kv_layout)
         return slots * tokens * kv_bytes_per_token(self.config, self.dtype, 1)
 
     def assume_free_bytes(self, free: int) -> None:

@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from jrl.models import CausalLM, KVCache
+from jrl.models.kv_layout import KVLayout
 from jrl.parallel import batch_axes
 from jrl.rollout.limits import SlotPlan
 from jrl.rollout.sampling import SamplingParams, row_keys, select_tokens
@@ -43,18 +44,27 @@ def response_mask(responses: jax.Array, params: SamplingParams) -> jax.Array:
     return (jnp.cumsum(eos, axis=-1) - eos == 0).astype(jnp.int32)
 
 
-def cache_length(prompt_length: int, params: SamplingParams) -> int:
-    """Tokens one slot caches: the prompt and every generated token but the last."""
-    return prompt_length + params.max_new_tokens - 1
+def ring_length(prompt_length: int, params: SamplingParams, layout: KVLayout) -> int:
+    """Ring columns of a slot: room for every generated token but the last (R - 1), more when
+    the layout rounds a slot's columns up (`KVLayout.token_multiple`)."""
+    tokens = prompt_length + params.max_new_tokens - 1
+    multiple = layout.token_multiple
+    return -(-tokens // multiple) * multiple - prompt_length
+
+
+def cache_length(prompt_length: int, params: SamplingParams, layout: KVLayout) -> int:
+    """Tokens one slot caches: the prompt, then the ring of generated tokens."""
+    return prompt_length + ring_length(prompt_length, params, layout)
 
 
 class SlotCache(NamedTuple):
-    """Keys and values of every slot, each [layers, slots, tokens, kv_heads, head_dim].
+    """Keys and values of every slot, each [layers, slots, tokens, kv_heads, head_dim] (or kv_heads
+    before tokens, as `config.kv_layout` says).
 
-    A slot's first P columns hold its prompt (written when it is admitted). The R - 1 columns
-    after them are a ring that all slots write together: decode step g writes column
-    P + g mod (R - 1) of every slot, one in-place update whatever the slots' progress. A slot
-    admitted at step g0 finds its j-th generated token at column P + (g0 + j) mod (R - 1);
+    A slot's first P columns hold its prompt (written when it is admitted). The W >= R - 1
+    columns after them (`ring_length`) are a ring that all slots write together: decode step g
+    writes column P + g mod W of every slot, one in-place update whatever the slots' progress. A
+    slot admitted at step g0 finds its j-th generated token at column P + (g0 + j) mod W;
     `ring_slots` puts those columns back in token order for the attention mask.
     """
 
@@ -116,8 +126,8 @@ def _decode_slots(
 def _prefill(
     model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any
 ) -> tuple[jax.Array, KVCache]:
-    """Hidden states [G, P, D] and the keys and values [layers, G, P, K, Dh] of G left-padded
-    prompts."""
+    """Hidden states [G, P, D] and the keys and values (laid out as the model's cache) of G
+    left-padded prompts."""
     fresh = model.init_cache(ids.shape[0], ids.shape[1], dtype=dtype)
     return model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
 
@@ -146,6 +156,7 @@ def _generate_replica(
     model = nnx.merge(graphdef, state)
     rows, prompt_len = prompt_ids.shape
     slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
+    ring = ring_length(prompt_len, params, model.config.kv_layout)
     shared = plan.shared_prefill
     prompt_mask = prompt_mask.astype(bool)
     real_rows = real_rows[0]
@@ -168,11 +179,10 @@ def _generate_replica(
         def put(target: jax.Array, value: jax.Array) -> jax.Array:
             return target.at[slot].set(value, mode="drop")
 
+        columns = model.config.kv_layout.first_tokens(slot, prompt_len)
+        written = (c.at[columns].set(f, mode="drop") for c, f in zip(s.cache, fresh, strict=True))
         return s._replace(
-            cache=SlotCache(
-                s.cache.k.at[:, slot, :prompt_len].set(fresh.k, mode="drop"),
-                s.cache.v.at[:, slot, :prompt_len].set(fresh.v, mode="drop"),
-            ),
+            cache=SlotCache(*written),
             row=put(s.row, row),
             step=put(s.step, 1),
             active=put(s.active, ~finished),
@@ -198,7 +208,7 @@ def _generate_replica(
 
     def decode(s: _Slots) -> _Slots:
         """One token for every slot; finished slots compute but write nothing."""
-        hidden, new_cache = _decode_slots(model, s, prompt_len, steps - 1)
+        hidden, new_cache = _decode_slots(model, s, prompt_len, ring)
         keys = row_keys(rng, row_ids[jnp.minimum(s.row, rows - 1)], s.step)
         token, logp = select_tokens(model.logits(hidden), keys, params)
         out_row = jnp.where(s.active, s.row, rows)
@@ -277,7 +287,7 @@ def generate_tokens(
         out_specs=(rows, rows, rows, slots),
         axis_names=frozenset(batch_axes()),
     )
-    layout = cache_sharding(mesh, cache.k.shape[3])  # the kept cache keeps its layout
+    layout = cache_sharding(mesh, nnx.merge(graphdef, state).config)  # the kept cache's layout
     request = _Request(prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous)
     responses, log_probs, decode_steps, cache = run(state, request, cache)
     cache = jax.lax.with_sharding_constraint(cache, SlotCache(layout, layout))

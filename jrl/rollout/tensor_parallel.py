@@ -11,6 +11,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from jrl.models.config import ModelConfig
 from jrl.parallel import MESH_AXES, batch_axes
 
 _CONFIG_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
@@ -28,8 +29,10 @@ def rollout_mesh(mesh: Mesh | None, tensor_parallel: int) -> Mesh:
     return Mesh(devices.reshape(shape), MESH_AXES)
 
 
-def cache_sharding(mesh: Mesh, num_kv_heads: int) -> NamedSharding:
-    """KV cache [layers, slots, tokens, kv_heads, head_dim]: slots over the replicas, heads over
-    `tensor` (when they divide evenly)."""
-    heads = "tensor" if num_kv_heads % mesh.shape["tensor"] == 0 else None
-    return NamedSharding(mesh, PartitionSpec(None, batch_axes(), None, heads))
+def cache_sharding(mesh: Mesh, config: ModelConfig) -> NamedSharding:
+    """The KV cache of `config`'s model (`config.kv_layout`): slots over the replicas, kv heads
+    over `tensor` (when they divide evenly)."""
+    spec: list[str | tuple[str, ...] | None] = [None, batch_axes(), None, None]
+    if config.num_kv_heads % mesh.shape["tensor"] == 0:
+        spec[config.kv_layout.heads_axis] = "tensor"
+    return NamedSharding(mesh, PartitionSpec(*spec))
