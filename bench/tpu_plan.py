@@ -51,12 +51,14 @@ SLICES = (
     "v6e-8",
     "v6e-64",
 )
-# The cards' batch sizes are verl's for 8 GPUs; per chip the update takes 1 row at a time here
-# so that the same card splits over any slice (the mini-batch of 256 prompts stays).
+# The cards' batch sizes are verl's for 8 GPUs; per chip every update and log-prob pass takes 1
+# row at a time here so that the same card splits over any slice (the mini-batch of 256 prompts
+# stays).
 OVERRIDES = (
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
     "critic.ppo_micro_batch_size_per_gpu=1",
     "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=1",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=1",
     "critic.forward_micro_batch_size_per_gpu=1",
     "actor_rollout_ref.model.use_fused_kernels=True",
     "actor_rollout_ref.model.enable_gradient_checkpointing=True",
