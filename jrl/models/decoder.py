@@ -153,7 +153,7 @@ class Decoder(nnx.Module):
                 continue
             q, k, v = layer.project(x, ropes[rope_key])
             cache = _write_kv(cache, c.kv_layout, i, cache_offset, k, v)
-            k, v = (c.kv_layout.reorder(x[i]).astype(k.dtype) for x in cache)
+            k, v = (c.kv_layout.reorder(part[i]).astype(k.dtype) for part in cache)
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
 

@@ -148,7 +148,7 @@ class JaxRollout:
         plan = dataclasses.replace(plan, shared_prefill=shared)
         sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated
         c = self.config
-        tokens = cache_length(bucket, sampling, self.config.kv_layout)
+        tokens = cache_length(bucket, sampling, c.kv_layout)
         slots = replicas * plan.slots
         cache = c.kv_layout.shape(c.num_layers, slots, tokens, c.num_kv_heads, c.head_dim)
         return layout, plan, sampling, cache
