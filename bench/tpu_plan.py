@@ -118,9 +118,12 @@ def plan_one(card: str, model: str, topology: str, folder: Path, timeout: int) -
         *_arguments(card, folder),
     ]
     start = time.perf_counter()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    seconds = time.perf_counter() - start
-    row = {"card": card, "model": model, "topology": topology, "wall_s": round(seconds, 1)}
+    row = {"card": card, "model": model, "topology": topology}
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {**row, "wall_s": timeout, "error": f"no plan within --timeout={timeout} s"}
+    row["wall_s"] = round(time.perf_counter() - start, 1)
     if done.returncode not in (0, 1):
         return {**row, "error": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
     plan = json.loads(done.stdout)
