@@ -8,10 +8,11 @@ the held-out problems right before training, and a quarter of its samples at tem
 RL teaches it to stop at the answer and to get it right more often. 2,048 problems to train on,
 128 held out.
 PPO: 16 prompts per step, one answer each, a critic (value head on the same model) gives GAE
-advantages. On 2 CPU cores, about 50-60 s per step (measured over 15 steps while another job
-shared the cores; validation steps about 110 s). In that run the critic's loss fell from 0.66 to
-0.18 and the training reward rose from 0.0 to 0.25-0.44, but the held-out greedy accuracy went
-0.41, 0.29, 0.37, 0.45 at steps 0, 4, 8, 12: no clear gain yet (the GRPO card shows one):
+advantages. On 2 idle CPU cores, about 33 s per step once compiled (50-60 s in a 15-step run
+while another job shared the cores; validation steps about 110 s there). In that run the
+critic's loss fell from 0.66 to 0.18 and the training reward rose from 0.0 to 0.25-0.44, but the
+held-out greedy accuracy went 0.41, 0.29, 0.37, 0.45 at steps 0, 4, 8, 12: no clear gain yet
+(the GRPO card shows one):
 
     python -m jrl.train --config=configs/word_problems_ppo.py
 

@@ -51,6 +51,31 @@ def tiny_llama(**changes) -> ModelConfig:
     return dataclasses.replace(TINY_LLAMA, **changes)
 
 
+# A tiny Gemma 2 in `config.json` keys: sliding-window and global layers, soft-capped logits.
+TINY_GEMMA2_HF = {
+    "model_type": "gemma2",
+    "vocab_size": 96,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 8,
+    "rms_norm_eps": 1e-6,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 128,
+    "sliding_window": 4,
+    "query_pre_attn_scalar": 8,
+    "final_logit_softcapping": 5.0,
+}
+GEMMA2_ONLY = ("model_type", "sliding_window", "query_pre_attn_scalar", "final_logit_softcapping")
+
+
+def tiny_gemma2(**changes) -> ModelConfig:
+    """The model of `TINY_GEMMA2_HF` with some of its `config.json` keys changed."""
+    return ModelConfig.from_hf({**TINY_GEMMA2_HF, **changes})
+
+
 def left_padded_prompts(
     lengths, width: int, vocab_size: int, *, seed: int = 0, low: int = 2, meta: dict | None = None
 ) -> Batch:

@@ -14,39 +14,22 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import one_tiny_ppo_step, padded_rows, policy_log_probs
+from helpers import one_tiny_ppo_step, padded_rows, policy_log_probs, tiny_gemma2
 
 from jrl.batch import Batch
 from jrl.config import load_config
-from jrl.models import ModelConfig, init_random
+from jrl.models import init_random
 from jrl.models.decoder import host_offload_supported, set_memory_options
 from jrl.parallel import make_mesh, shard_batch
 from jrl.trainer.roles.critic import response_values
 from jrl.trainer.roles.log_probs import response_log_probs
 from jrl.trainer.roles.specs import ModelSpec
 from jrl.trainer.update.learner import Learner, UpdatePlan
-from jrl.trainer.update.packing import PACK_START, pack, packing_plan, plan_packing, with_packing
+from jrl.trainer.update.packing import pack, packing_plan, plan_packing, with_packing
 
 ROOT = Path(__file__).resolve().parents[1]
 # Gemma 2: sliding-window and global layers, soft-capped attention and logits.
-CONFIG = ModelConfig.from_hf(
-    {
-        "model_type": "gemma2",
-        "vocab_size": 96,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0,
-        "max_position_embeddings": 128,
-        "sliding_window": 4,
-        "query_pre_attn_scalar": 8,
-        "final_logit_softcapping": 5.0,
-    }
-)
+CONFIG = tiny_gemma2()
 PROMPT, RESPONSE = 10, 6
 
 
@@ -194,10 +177,7 @@ def test_packed_rows_give_the_padded_log_probs_and_values():
     mesh = make_mesh(8)
     packed_tensors, layout = with_packing(tensors, len(PROMPT_LENS), mesh)
     assert layout.rows < len(PROMPT_LENS)
-    segments = pack(
-        *(packed_tensors[k] for k in ("input_ids", "attention_mask", "position_ids", PACK_START)),
-        layout,
-    ).segment_ids
+    segments = pack(packed_tensors, layout).segment_ids
     assert max(len(set(np.asarray(row)) - {0}) for row in segments) >= 3  # rows are shared
 
     lm = _model()

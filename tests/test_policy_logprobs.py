@@ -7,22 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import GEMMA2_ONLY, TINY_GEMMA2_HF
 
 from jrl.models import ModelConfig, from_pretrained, init_random, save_pretrained
 from jrl.trainer.roles.log_probs import response_log_probs
 
-BASE = {
-    "vocab_size": 96,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 8,
-    "rms_norm_eps": 1e-6,
-    "rope_theta": 10000.0,
-    "max_position_embeddings": 128,
-}
+# The shared dimensions of the tiny models below (Gemma 2's own keys left out).
+BASE = {k: v for k, v in TINY_GEMMA2_HF.items() if k not in GEMMA2_ONLY}
 
 
 @pytest.mark.parametrize(

@@ -51,7 +51,11 @@ class Visibility:
     also q_slots[t] - slot < window. A query always sees its own slot, so rows of padding never
     have an empty softmax. `self_attention` marks the full forward, where the queries are the keys
     (q_slots = arange(S)). `segment_ids` ([B, S] int, self-attention only) holds packed sequences:
-    a key is then visible only to queries of the same segment.
+    a key is then visible only to queries of the same segment. `branch_ids` ([B, S] int, with
+    `segment_ids`) hold answers sharing their prompt: a key of branch 0 (the prompt) is visible to
+    its whole segment, any other key only to queries of its own branch. The answers' slots then
+    no longer count the distance from the prompt, so a sliding window counts `positions` ([B, S]
+    int, the tokens' position ids) instead.
     """
 
     kv_valid: jax.Array
@@ -59,6 +63,8 @@ class Visibility:
     self_attention: bool
     segment_ids: jax.Array | None = None
     kv_slots: jax.Array | None = None
+    branch_ids: jax.Array | None = None
+    positions: jax.Array | None = None
 
     def mask(self, window: int | None) -> jax.Array:
         """The bool mask [B, T, S]."""
@@ -68,11 +74,16 @@ class Visibility:
             kv = self.kv_slots[:, None, :]
         q = self.q_slots[..., :, None]
         visible = kv <= q
-        if window is not None:
+        if window is not None and self.positions is not None:
+            visible &= self.positions[:, :, None] - self.positions[:, None, :] < window
+        elif window is not None:
             visible &= q - kv < window
         allowed = visible & self.kv_valid[:, None, :]
         if self.segment_ids is not None:
             allowed &= self.segment_ids[:, :, None] == self.segment_ids[:, None, :]
+        if self.branch_ids is not None:
+            key_branch = self.branch_ids[:, None, :]
+            allowed &= (key_branch == 0) | (key_branch == self.branch_ids[:, :, None])
         return allowed | (kv == q)
 
     def segments(self) -> jax.Array:
@@ -263,6 +274,8 @@ def _flash_kernel(
             return portable, "Pallas splash attention is not importable"
         if not visibility.self_attention:
             return portable, "the splash kernel runs full sequences, not cached decoding"
+        if visibility.branch_ids is not None:
+            return portable, "the splash kernel has no mask for prompts shared by several answers"
         if length % SPLASH_BLOCK:
             return portable, f"the splash kernel needs a multiple of {SPLASH_BLOCK} tokens"
         return "splash", None
@@ -322,6 +335,8 @@ def ulysses_attention(
     all-to-all returns the output [B, S, H, D] split over S again. Kv heads fewer than the
     devices are repeated first (each query head keeps its kv head). `kwargs` as `attention`.
     """
+    if visibility.branch_ids is not None:
+        raise ValueError("prompts shared by several answers do not pack under sequence parallelism")
     mesh = sequence_mesh()
     sp = sequence_parallel_size(mesh)
     check_sequence_heads(q.shape[2], k.shape[2], sp)

@@ -233,19 +233,22 @@ class _DecoderModel(nnx.Module):
         attention_mask: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
+        branch_ids: jax.Array | None = None,
     ) -> jax.Array:
         """Final-normed hidden states [B, T, D]; padding (attention_mask 0) is never attended.
 
         Packed rows give `segment_ids` [B, T] instead of `attention_mask`: each token attends the
         earlier tokens of its own segment only, 0 marks padding, and `position_ids` (required)
-        count from 0 within each segment. Under sequence parallelism (`jrl.parallel.on_mesh`)
-        rows are right-padded to a multiple of the `sequence` axis and cut back afterwards.
+        count from 0 within each segment; `branch_ids` [B, T] (prompts shared by several answers,
+        `Visibility`) narrow that to the segment's branch-0 tokens and the token's own branch.
+        Under sequence parallelism (`jrl.parallel.on_mesh`) rows are right-padded to a multiple
+        of the `sequence` axis and cut back afterwards.
         """
         mesh, length = sequence_mesh(), input_ids.shape[1]
         multiple = 1 if mesh is None else sequence_parallel_size(mesh)
         if length % multiple:
             pad = functools.partial(_pad_length, length=length + -length % multiple)
-            padded = map(pad, (input_ids, attention_mask, position_ids, segment_ids))
+            padded = map(pad, (input_ids, attention_mask, position_ids, segment_ids, branch_ids))
             return self.hidden(*padded)[:, :length]
         if segment_ids is not None:
             if attention_mask is not None or position_ids is None:
@@ -259,7 +262,12 @@ class _DecoderModel(nnx.Module):
             position_ids = default_position_ids(attention_mask)
         slots = jnp.arange(input_ids.shape[1], dtype=jnp.int32)
         visibility = Visibility(
-            attention_mask.astype(jnp.bool_), slots, self_attention=True, segment_ids=segment_ids
+            attention_mask.astype(jnp.bool_),
+            slots,
+            self_attention=True,
+            segment_ids=segment_ids,
+            branch_ids=branch_ids,
+            positions=None if branch_ids is None else position_ids,
         )
         return self.model(input_ids, position_ids, visibility)[0]
 
@@ -371,9 +379,11 @@ class ValueModel(_ScoreModel):
         attention_mask: jax.Array | None = None,
         position_ids: jax.Array | None = None,
         segment_ids: jax.Array | None = None,
+        branch_ids: jax.Array | None = None,
     ) -> jax.Array:
-        """Per-token values [B, T] in float32 (of packed rows when `segment_ids` is given)."""
-        hidden = self.hidden(input_ids, attention_mask, position_ids, segment_ids)
+        """Per-token values [B, T] in float32 (of packed rows when `segment_ids` is given; see
+        `hidden` for `branch_ids`)."""
+        hidden = self.hidden(input_ids, attention_mask, position_ids, segment_ids, branch_ids)
         return self._score(hidden)
 
 

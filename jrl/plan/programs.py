@@ -108,7 +108,12 @@ def _forward_programs(
     after the layout."""
     spec = role.forward
     inputs = forward_inputs(
-        tensors, role.mesh, rows=spec.rows, remove_padding=spec.remove_padding, budget=spec.budget
+        tensors,
+        role.mesh,
+        rows=spec.rows,
+        remove_padding=spec.remove_padding,
+        budget=spec.budget,
+        share_prompts=spec.share_prompts,
     )
     rows = next(iter(tensors.values())).shape[0]
     weights = per_chip_bytes(params)

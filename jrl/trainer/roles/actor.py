@@ -34,6 +34,7 @@ from jrl.trainer.roles.specs import (
     TrainSpec,
     load_learner,
     role_mesh_of,
+    shares_prompts,
 )
 from jrl.trainer.update.learner import Learner
 
@@ -170,16 +171,22 @@ class ActorSpec:
         splits as ``rollout.log_prob_*`` say, as verl's)."""
         arr = config.actor_rollout_ref
         packed = bool(arr.model.use_remove_padding)
+        share = shares_prompts(arr.model, mesh, int(arr.rollout.n))
         seed = config.data.get("seed")
         return cls(
             model=ModelSpec.resolve(
                 arr.model, arr.actor.fsdp_config, lora_seed=int(seed if seed is not None else 0)
             ),
             forward=ForwardSpec.resolve(
-                arr.rollout, "actor_rollout_ref.rollout", mesh, packed, LOG_PROB_KEYS
+                arr.rollout,
+                "actor_rollout_ref.rollout",
+                mesh,
+                packed,
+                LOG_PROB_KEYS,
+                share_prompts=share,
             ),
             train=TrainSpec.resolve(
-                arr.actor, ACTOR, mesh, packed, (arr.rollout.n, total_training_steps)
+                arr.actor, ACTOR, mesh, packed, (arr.rollout.n, total_training_steps), share
             ),
             loss=ActorLoss.resolve(
                 arr.actor,

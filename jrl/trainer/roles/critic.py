@@ -27,6 +27,7 @@ from jrl.trainer.roles.specs import (
     TrainSpec,
     load_learner,
     role_mesh_of,
+    shares_prompts,
 )
 from jrl.trainer.update.learner import Learner
 from jrl.trainer.update.packing import PackLayout, response_window
@@ -83,12 +84,14 @@ class CriticSpec:
         """The spec of the ``critic`` section on the critic's `mesh` (`total` training steps)."""
         critic = config.critic
         packed = bool(critic.model.use_remove_padding)
+        rollout_n = int(config.actor_rollout_ref.rollout.n)
+        share = shares_prompts(critic.model, mesh, rollout_n)
         return cls(
             model=ModelSpec.resolve(critic.model, critic_fsdp(config), kind="value"),
-            forward=ForwardSpec.resolve(critic, "critic", mesh, packed, VALUE_KEYS),
-            train=TrainSpec.resolve(
-                critic, "critic", mesh, packed, (config.actor_rollout_ref.rollout.n, total)
+            forward=ForwardSpec.resolve(
+                critic, "critic", mesh, packed, VALUE_KEYS, share_prompts=share
             ),
+            train=TrainSpec.resolve(critic, "critic", mesh, packed, (rollout_n, total), share),
             loss=CriticLoss(float(critic.cliprange_value), critic.loss_agg_mode),
         )
 

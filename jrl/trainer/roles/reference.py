@@ -27,6 +27,7 @@ from jrl.trainer.roles.specs import (
     ModelSpec,
     check_heads,
     role_mesh_of,
+    shares_prompts,
 )
 
 REF = "actor_rollout_ref.ref"
@@ -53,7 +54,12 @@ class ReferenceSpec:
         return cls(
             model=None if model.lora is not None else model,
             forward=ForwardSpec.resolve(
-                arr.ref, REF, mesh, bool(arr.model.use_remove_padding), LOG_PROB_KEYS
+                arr.ref,
+                REF,
+                mesh,
+                bool(arr.model.use_remove_padding),
+                LOG_PROB_KEYS,
+                share_prompts=shares_prompts(arr.model, mesh, int(arr.rollout.n)),
             ),
             temperature=float(arr.rollout.temperature),
             impl=logprob_impl(arr, "ref"),

@@ -29,6 +29,7 @@ from jrl.trainer.update.dynamic_batching import TokenBudget
 from jrl.trainer.update.learner import Learner, UpdatePlan
 from jrl.trainer.update.optim import Schedule, make_optimizer
 from jrl.trainer.update.packing import packing_plan
+from jrl_kernels.platform import PLATFORMS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -140,11 +141,13 @@ SCORE_KEYS = SplitKeys("use_dynamic_bsz", "forward_max_token_len_per_gpu", "micr
 @dataclasses.dataclass(frozen=True)
 class ForwardSpec:
     """How a pass splits a batch: chunks (micro-batches) of `rows` rows (packed when
-    `remove_padding`), or micro-batches under the token `budget`."""
+    `remove_padding`, with the answers of one prompt sharing it when `share_prompts`), or
+    micro-batches under the token `budget`."""
 
     rows: int | None
     budget: TokenBudget | None
     remove_padding: bool = False
+    share_prompts: bool = False
 
     @classmethod
     def resolve(
@@ -156,9 +159,11 @@ class ForwardSpec:
         keys: SplitKeys,
         world: int | None = None,
         sequence_parallel: int | None = None,
+        share_prompts: bool = False,
     ) -> ForwardSpec:
         """The split of the role section `section` at `prefix` on `mesh`: the token budget of
-        ``keys.limit`` when ``keys.flag`` is on, else ``keys.micro`` rows per rank; `world` and
+        ``keys.limit`` when ``keys.flag`` is on, else ``keys.micro`` rows per rank (packed rows
+        sharing prompts when `share_prompts`, see `shares_prompts`); `world` and
         `sequence_parallel` override the mesh's data-parallel and sequence-parallel sizes."""
         world = data_parallel_size(mesh) if world is None else world
         if sequence_parallel is None:
@@ -167,7 +172,7 @@ class ForwardSpec:
         if budget is not None:
             return cls(None, budget, packed)
         micro = micro_rows_per_device(section, f"{keys.micro}_per_gpu", keys.micro, world)
-        return cls(world * micro, None, packed)
+        return cls(world * micro, None, packed, packed and share_prompts)
 
     def run(self, fn: Forward, tensors: dict[str, Any], mesh: Mesh) -> Any:
         """Per-row outputs of the jitted ``fn(micro_batch, layout)`` over the whole batch."""
@@ -178,6 +183,7 @@ class ForwardSpec:
             rows=self.rows,
             remove_padding=self.remove_padding,
             budget=self.budget,
+            share_prompts=self.share_prompts,
         )
 
 
@@ -193,17 +199,27 @@ class TrainSpec:
 
     @classmethod
     def resolve(
-        cls, section: Any, prefix: str, mesh: Mesh, packed: bool, sizes: tuple[int, int]
+        cls,
+        section: Any,
+        prefix: str,
+        mesh: Mesh,
+        packed: bool,
+        sizes: tuple[int, int],
+        share_prompts: bool = False,
     ) -> TrainSpec:
         """The PPO update of the trained role section at `prefix` (actor or critic), `sizes` =
         (``rollout.n``, total training steps): verl's mini-batches of ``ppo_mini_batch_size *
         rollout.n`` rows for ``ppo_epochs``, micro-batches split as `PPO_UPDATE_KEYS` say (rows
-        per rank, packed with `packed`, or a token budget)."""
+        per rank, packed with `packed` and prompts shared with `share_prompts`, or a token
+        budget)."""
         rollout_n, total_training_steps = sizes
-        split = ForwardSpec.resolve(section, prefix, mesh, packed, PPO_UPDATE_KEYS)
+        split = ForwardSpec.resolve(
+            section, prefix, mesh, packed, PPO_UPDATE_KEYS, share_prompts=share_prompts
+        )
         micro: dict[str, Any] = {"token_budget": split.budget}
         if split.budget is None:
-            micro = {"micro_rows": split.rows, "packing": packing_plan(split.rows, mesh, packed)}
+            packing = packing_plan(split.rows, mesh, packed, split.share_prompts)
+            micro = {"micro_rows": split.rows, "packing": packing}
         plan = UpdatePlan(
             grad_clip=float(section.grad_clip),
             mini_rows=int(section.ppo_mini_batch_size) * int(rollout_n),
@@ -218,6 +234,20 @@ class TrainSpec:
     def shuffle_seed(self, step: int) -> tuple[int, int] | None:
         """Seed of step `step`'s per-epoch mini-batch shuffle: (data_loader_seed, step)."""
         return None if self.shuffle is None else (self.shuffle, int(step))
+
+
+def shares_prompts(model_cfg: Any, mesh: Mesh, rollout_n: int) -> bool:
+    """Whether packed rows of a role whose ``model`` section is `model_cfg` let the `rollout_n`
+    answers of a prompt share it (`jrl.trainer.update.packing`): with ``use_remove_padding``, n > 1,
+    no sequence parallelism, and an attention kernel that takes a mask (the TPU splash kernel
+    of ``flash_attention_2`` does not)."""
+    if not model_cfg.get("use_remove_padding") or rollout_n <= 1:
+        return False
+    if sequence_parallel_size(mesh) > 1:
+        return False
+    attention = (model_cfg.get("override_config") or {}).get("attn_implementation")
+    platform = PLATFORMS.get(mesh.devices.flat[0].platform, mesh.devices.flat[0].platform)
+    return not (attention == "flash_attention_2" and platform == "tpu")
 
 
 def micro_rows_per_device(section: Any, per_gpu_key: str, global_key: str, world: int) -> int:

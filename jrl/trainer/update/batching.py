@@ -56,13 +56,14 @@ def forward_pass(
     rows: int | None,
     remove_padding: bool = False,
     budget: TokenBudget | None = None,
+    share_prompts: bool = False,
 ) -> Any:
     """Per-row outputs of the jitted ``fn(micro_batch, layout)`` over the whole batch: micro
     batches under the token `budget` when one is given (packed as it says), else chunks of `rows`
-    (packed when `remove_padding`)."""
+    (packed when `remove_padding`, answers sharing their prompt when `share_prompts`)."""
     if budget is not None:
         return budget_forward(fn, tensors, budget, mesh)
-    tensors, layout = with_packing(tensors, rows, mesh, remove_padding)
+    tensors, layout = with_packing(tensors, rows, mesh, remove_padding, share_prompts)
     return chunked_forward(lambda chunk: fn(chunk, layout), tensors, rows, mesh)
 
 
@@ -73,6 +74,7 @@ def forward_inputs(
     rows: int | None,
     remove_padding: bool = False,
     budget: TokenBudget | None = None,
+    share_prompts: bool = False,
 ) -> list[tuple[dict[str, np.ndarray], PackLayout | None]]:
     """The distinct (host micro-batch, layout) inputs `forward_pass` would feed its jitted
     function for `tensors`, one per shape (to compile the pass without running it)."""
@@ -81,7 +83,7 @@ def forward_inputs(
         chunks = [plan.gather(tensors, micro) for micro in range(plan.count)]
         layout = plan.layout
     else:
-        tensors, layout = with_packing(tensors, rows, mesh, remove_padding)
+        tensors, layout = with_packing(tensors, rows, mesh, remove_padding, share_prompts)
         padded, _ = pad_rows(tensors, rows)
         total = next(iter(padded.values())).shape[0]
         chunks = [
