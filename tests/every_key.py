@@ -96,7 +96,11 @@ VARIANT = [
 ]
 VARIANT_KEYS = {*COMPANIONS, *(k for k in CONTEXTS if k.startswith("algorithm.rollout_corr"))}
 # Valid values where the key's type does not suggest one.
-VALUES = {"algorithm.rollout_correction.rollout_rs": "token_k2"}
+VALUES = {
+    "algorithm.rollout_correction.rollout_rs": "token_k2",
+    f"{ACTOR}.optim.betas": [0.8, 0.99],
+    "critic.optim.betas": [0.8, 0.99],
+}
 _ONE_OF = re.compile(r"one of ([\w.+\-]+(?:, [\w.+\-]+)*)")
 
 

@@ -564,6 +564,51 @@ def test_enumerated_values_fail_at_load_naming_key_and_valid_values(path, overri
         _tiny(path, *overrides, num_devices=1)
 
 
+@pytest.mark.parametrize(
+    "path, overrides, message",
+    [
+        (
+            GRPO,
+            [f"{AR}.actor.loss_scale_factor=0"],
+            f"{AR}.actor.loss_scale_factor=0.0 must be positive, or null",
+        ),
+        (
+            PPO,
+            ["critic.optim.betas=[0.9,0.999,0.9]"],
+            "critic.optim.betas=[0.9, 0.999, 0.9] must be two decay rates in [0, 1)",
+        ),
+        (GRPO, [f"{AR}.actor.optim.betas=[0.9,1.0]"], "must be two decay rates in [0, 1)"),
+        (
+            GRPO,
+            [f"{AR}.rollout.top_k=-2"],
+            f"invalid sampling settings under {AR}.rollout: SamplingParams.top_k=-2",
+        ),
+        (
+            GRPO,
+            [f"{AR}.rollout.val_kwargs.top_p=0"],
+            f"invalid sampling settings under {AR}.rollout.val_kwargs: SamplingParams.top_p=0.0",
+        ),
+        (
+            GRPO,
+            ["algorithm.adv_estimator=gae"],
+            "algorithm.adv_estimator='gae' needs the critic's values, but critic.enable=False",
+        ),
+        (
+            GRPO,
+            [f"{AR}.actor.policy_loss.loss_mode=bypass_mode"],
+            f"{AR}.actor.policy_loss.loss_mode='bypass_mode' is the loss of "
+            "algorithm.rollout_correction.bypass_mode=True",
+        ),
+    ],
+    ids=["loss_scale_factor", "three-betas", "beta-1", "top_k", "val-top_p", "gae", "bypass"],
+)
+def test_values_a_run_would_refuse_mid_step_fail_at_load(path, overrides, message):
+    """Each of these passed the load and failed inside the run (the per-key behaviour sweep
+    found them): a loss, an optimizer or a sampler built after the models."""
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        _tiny(path, *overrides, num_devices=1)
+
+
 def test_kl_types_are_checked_only_where_used():
     config = _tiny(PPO, "algorithm.kl_penalty=full", f"{AR}.actor.kl_loss_type=full")
     assert not config.algorithm.use_kl_in_reward and not config.actor_rollout_ref.actor.use_kl_loss

@@ -55,6 +55,49 @@ def test_settings_of_parts_the_run_does_not_use():
     assert "critic.ppo_micro_batch_size_per_gpu" not in notice
 
 
+ACTOR = "actor_rollout_ref.actor"
+
+
+@pytest.mark.parametrize(
+    "setting, idle, acting",
+    [
+        (f"{ACTOR}.clip_ratio=0.1", [], [f"{ACTOR}.clip_ratio_low=null"]),
+        (f"{ACTOR}.tau_pos=0.5", [], [f"{ACTOR}.policy_loss.loss_mode=sapo"]),
+        (f"{ACTOR}.policy_loss.kl_cov_ratio=0.1", [], [f"{ACTOR}.policy_loss.loss_mode=kl_cov"]),
+        (f"{ACTOR}.policy_loss.clip_cov_ub=4.0", [], [f"{ACTOR}.policy_loss.loss_mode=clip_cov"]),
+        (f"{ACTOR}.optim.min_lr_ratio=0.1", [], [f"{ACTOR}.optim.lr_scheduler_type=cosine"]),
+        (
+            f"{ACTOR}.optim.lr_warmup_steps_ratio=0.1",
+            [f"{ACTOR}.optim.lr_warmup_steps=3"],
+            [f"{ACTOR}.optim.lr_warmup_steps=-1"],
+        ),
+        ("algorithm.gamma=0.9", [], ["algorithm.adv_estimator=reinforce_plus_plus"]),
+        ("algorithm.lam=0.9", ["algorithm.adv_estimator=remax"], []),
+        (
+            f"{ROLLOUT}.val_kwargs.top_p=0.5",
+            [],
+            [f"{ROLLOUT}.val_kwargs.do_sample=true", f"{ROLLOUT}.val_kwargs.temperature=0.7"],
+        ),
+        (f"{ROLLOUT}.val_kwargs.do_sample=true", [], [f"{ROLLOUT}.val_kwargs.temperature=0.7"]),
+    ],
+)
+def test_options_of_choices_the_run_did_not_make(setting, idle, acting):
+    """Each key is named while the run's own choices leave it unused (verl reads it under the
+    other choice only), and not once the choice that reads it is made."""
+
+    def named(*changes: str) -> bool:
+        argv = [TINY, setting, *changes]
+        found = ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
+        return setting.split("=")[0] in {key for pairs in found.values() for key, _ in pairs}
+
+    assert named(*idle)
+    if acting:
+        assert not named(*acting)
+    else:  # the PPO card (gae) reads it
+        argv = ["--config=configs/gsm8k_ppo.py:tiny", setting]
+        assert not ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
+
+
 def test_vllm_options_have_no_effect_only_when_the_jax_sampler_generates():
     config = load_config([TINY, "actor_rollout_ref.rollout.enforce_eager=False"])[0]
     assert ignored_settings(config, engine="jax")

@@ -42,6 +42,11 @@ class Registry(Generic[F]):
             )
         return self._entries[key]
 
+    def is_built_in(self, name: str) -> bool:
+        """Whether `name` is registered by jrl itself (not by a user's module)."""
+        fn = self._entries.get(_name(name))
+        return fn is not None and fn.__module__.split(".")[0] == "jrl"
+
     def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(self._entries)

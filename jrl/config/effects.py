@@ -117,6 +117,106 @@ def _lora_off(model: str) -> Applies:
     return lambda config, engine: not (config[f"{model}.lora_rank"] or 0) > 0
 
 
+def _loss_mode_is_not(mode: str) -> Applies:
+    return lambda config, engine: config[f"{_ACTOR}.policy_loss.loss_mode"] != mode
+
+
+def _estimator_not_in(users: tuple[str, ...]) -> Applies:
+    """Applies under one of jrl's advantage estimators other than `users` (an estimator a user
+    registers may read any algorithm key)."""
+
+    def applies(config: ConfigDict, engine: str) -> bool:
+        from jrl.algos.advantages import ADV_ESTIMATORS
+
+        estimator = config.algorithm.adv_estimator
+        return ADV_ESTIMATORS.is_built_in(estimator) and estimator not in users
+
+    return applies
+
+
+def _constant_schedule(role: str) -> Applies:
+    """Applies while `role`'s learning rate is constant (``warmup_style`` overrides
+    ``lr_scheduler_type``, as in `jrl.trainer.update.optim`)."""
+
+    def applies(config: ConfigDict, engine: str) -> bool:
+        optim = config[f"{role}.optim"]
+        return (optim.get("warmup_style") or optim.get("lr_scheduler_type")) == "constant"
+
+    return applies
+
+
+def _greedy_validation(config: ConfigDict, engine: str) -> bool:
+    val = config[f"{_ROLLOUT}.val_kwargs"]
+    return not val.do_sample or val.temperature == 0
+
+
+def _optim_entries() -> tuple[NoEffect, ...]:
+    """The cosine schedule's options under a constant one, and the warm-up ratio when a step
+    count is given (verl's rule: lr_warmup_steps > 0 wins)."""
+    entries = []
+    for role in (_ACTOR, "critic"):
+        for key in ("min_lr_ratio", "num_cycles"):
+            reason = "the learning rate is constant: min_lr_ratio and num_cycles shape cosine's"
+            entries.append(NoEffect(f"{role}.optim.{key}", reason, _constant_schedule(role)))
+        entries.append(
+            NoEffect(
+                f"{role}.optim.lr_warmup_steps_ratio",
+                f"{role}.optim.lr_warmup_steps > 0 sets the warm-up instead",
+                lambda config, engine, role=role: (
+                    (config[f"{role}.optim.lr_warmup_steps"] or 0) > 0
+                ),
+            )
+        )
+    return tuple(entries)
+
+
+def _loss_entries() -> tuple[NoEffect, ...]:
+    """Options of policy losses, advantage estimators and validation sampling that the run's
+    own choices do not use."""
+    loss_options = {"sapo": ("tau_pos", "tau_neg")}
+    policy_options = {
+        "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
+        "kl_cov": ("kl_cov_ratio", "ppo_kl_coef"),
+    }
+    entries = [
+        NoEffect(
+            f"{_ACTOR}.clip_ratio",
+            "actor.clip_ratio_low and clip_ratio_high are both set: clip_ratio is their fallback",
+            lambda config, engine: (
+                config[f"{_ACTOR}.clip_ratio_low"] is not None
+                and config[f"{_ACTOR}.clip_ratio_high"] is not None
+            ),
+        ),
+        NoEffect(
+            "algorithm.gamma",
+            "the advantage estimator does not discount: only gae and reinforce_plus_plus do",
+            _estimator_not_in(("gae", "reinforce_plus_plus")),
+        ),
+        NoEffect("algorithm.lam", "only the gae estimator uses λ", _estimator_not_in(("gae",))),
+        NoEffect(
+            f"{_ROLLOUT}.val_kwargs.top_*",
+            "validation is greedy: val_kwargs.do_sample is False or val_kwargs.temperature is 0",
+            _greedy_validation,
+        ),
+        NoEffect(
+            f"{_ROLLOUT}.val_kwargs.temperature",
+            "val_kwargs.do_sample is False (greedy validation)",
+            lambda config, engine: not config[f"{_ROLLOUT}.val_kwargs.do_sample"],
+        ),
+        NoEffect(
+            f"{_ROLLOUT}.val_kwargs.do_sample",
+            "val_kwargs.temperature is 0: validation is greedy either way",
+            lambda config, engine: config[f"{_ROLLOUT}.val_kwargs.temperature"] == 0,
+        ),
+    ]
+    for options in (loss_options, policy_options):
+        section = _ACTOR if options is loss_options else f"{_ACTOR}.policy_loss"
+        for mode, keys in options.items():
+            reason = f"an option of the {mode} policy loss (actor.policy_loss.loss_mode)"
+            entries += [NoEffect(f"{section}.{k}", reason, _loss_mode_is_not(mode)) for k in keys]
+    return tuple(entries)
+
+
 def _token_budgets() -> tuple[NoEffect, ...]:
     """Each role's token budget, which only dynamic batch sizes use."""
     budgets = {
@@ -256,6 +356,8 @@ NO_EFFECT = (
         _off("actor_rollout_ref.model.use_fused_kernels"),
     ),
     *_token_budgets(),
+    *_optim_entries(),
+    *_loss_entries(),
     NoEffect(
         "reward_model.overlong_buffer.*",
         "the dapo reward manager's option (reward_manager.name / reward_model.reward_manager)",

@@ -73,6 +73,11 @@ def rollout_correction_problems(config: Any) -> Iterator[str]:
     yield from _current_problems(algorithm.rollout_correction, current, log_probs)
     if algorithm.rollout_correction["bypass_mode"]:
         yield from _bypass_problems(algorithm.rollout_correction, actor, log_probs)
+    elif ((actor.get("policy_loss") or {}).get("loss_mode")) == "bypass_mode":
+        yield (
+            f"{ACTOR}.policy_loss.loss_mode='bypass_mode' is the loss of {RC}.bypass_mode=True; "
+            f"set that instead (it selects this loss) and reset loss_mode to vanilla"
+        )
 
 
 def _not_one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:

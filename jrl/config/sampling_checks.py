@@ -1,6 +1,7 @@
-"""Config checks of the rollout's sampling keys: the log-prob modes jrl's engines return, and
-the temperatures vLLM samples with (for ``rollout.name=vllm``), so that neither engine changes
-or refuses a setting in the middle of a run."""
+"""Config checks of the rollout's sampling keys: the log-prob modes jrl's engines return, the
+ranges `SamplingParams` accepts (training and validation settings), and the temperatures vLLM
+samples with (for ``rollout.name=vllm``), so that neither engine changes or refuses a setting in
+the middle of a run."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from collections.abc import Iterator
 
 from ml_collections import ConfigDict
 
-from jrl.rollout.sampling import LOGPROBS_MODES
+from jrl.rollout.sampling import LOGPROBS_MODES, SamplingParams
 
 _ROLLOUT = "actor_rollout_ref.rollout"
 # vLLM raises a temperature in (0, 0.01) to 0.01 (every version) and refuses one above 2 (0.33).
@@ -24,6 +25,16 @@ def sampling_problems(config: ConfigDict) -> Iterator[str]:
             f"{_ROLLOUT}.logprobs_mode={mode!r} is not supported (jrl keeps log-probs, not "
             f"logits); use one of {', '.join(LOGPROBS_MODES)}"
         )
+    # The training and the validation settings, as the engines build them (logprobs_mode has
+    # its own message above).
+    settings = {**rollout.to_dict(), "logprobs_mode": LOGPROBS_MODES[0]}
+    for validating in (False, True):
+        try:
+            SamplingParams.from_rollout_config(
+                settings, response_length=1, eos_token_ids=(), pad_token_id=0, validate=validating
+            )
+        except ValueError as err:
+            yield str(err)
     if rollout.name != "vllm":
         return
     low, high = VLLM_TEMPERATURES

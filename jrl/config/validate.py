@@ -292,6 +292,15 @@ def _optimizers(config: ConfigDict, sections: list[str]) -> Iterator[str]:
             yield _not_one_of(f"{prefix}.optim.optimizer", optim.optimizer, RL_OPTIMIZERS)
         for key in MEGATRON_SCHEDULER_KEYS.keys() & optim.keys():
             yield f"{prefix}.optim.{key} is Megatron's: {MEGATRON_SCHEDULER_KEYS[key]}"
+        betas = optim.get("betas")
+        if betas is not None and not _two_decay_rates(betas):
+            yield f"{prefix}.optim.betas={list(betas)!r} must be two decay rates in [0, 1)"
+
+
+def _two_decay_rates(betas: Sequence) -> bool:
+    """Whether `betas` is Adam's (beta1, beta2): two numbers in [0, 1)."""
+    numbers = [b for b in betas if isinstance(b, int | float) and not isinstance(b, bool)]
+    return len(betas) == 2 and len(numbers) == 2 and all(0 <= b < 1 for b in numbers)
 
 
 # Megatron's scheduler keys (added with +key) and what to set instead in verl's FSDP keys.
@@ -330,6 +339,22 @@ def _kl(config: ConfigDict) -> Iterator[str]:
         yield _not_one_of("algorithm.kl_ctrl.type", algorithm.kl_ctrl.type, KL_CONTROLLERS)
 
 
+def _losses(config: ConfigDict) -> Iterator[str]:
+    """The actor's ``loss_scale_factor`` (the divisor of seq-mean-token-sum-norm: positive, or
+    null for the response length) and GAE's need of a critic."""
+    factor = config.actor_rollout_ref.actor.get("loss_scale_factor")
+    if factor is not None and not factor > 0:
+        yield (
+            f"actor_rollout_ref.actor.loss_scale_factor={factor!r} must be positive, or null "
+            "for the padded response length"
+        )
+    if config.algorithm.adv_estimator == "gae" and not uses_critic(config):
+        yield (
+            "algorithm.adv_estimator='gae' needs the critic's values, but critic.enable=False: "
+            "set critic.enable=True (or null) or choose an estimator without a critic (e.g. grpo)"
+        )
+
+
 def _reward_manager(config: ConfigDict) -> Iterator[str]:
     """``reward_manager.source`` and the built-in manager it selects (`manager_name`)."""
     from jrl.reward.manager import REWARD_MANAGERS, SOURCES, manager_name
@@ -362,7 +387,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config, sections)]
     problems += [*unsupported_settings(config), *_optimizers(config, sections)]
     problems += _lora_reference(config)
-    problems += [*_kl(config), *_reward_manager(config), *_dtypes(config)]
+    problems += [*_kl(config), *_losses(config), *_reward_manager(config), *_dtypes(config)]
     problems += _response_length(config)
     problems += rollout_correction_problems(config)
     problems += sampling_problems(config)
