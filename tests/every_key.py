@@ -100,6 +100,18 @@ VALUES = {
     "algorithm.rollout_correction.rollout_rs": "token_k2",
     f"{ACTOR}.optim.betas": [0.8, 0.99],
     "critic.optim.betas": [0.8, 0.99],
+    # Values that differ from the default in meaning, not only in spelling ("fp32", a repeated
+    # item) or in a range that the tiny run never reaches.
+    **{
+        f"{section}.{key}": "bf16"
+        for section in (f"{ACTOR}.fsdp_config", "actor_rollout_ref.ref.fsdp_config")
+        for key in ("dtype", "model_dtype")
+    },
+    f"{ROLLOUT}.dtype": "bf16",
+    f"{ACTOR}.checkpoint.save_contents": ["model", "extra"],
+    f"{ACTOR}.checkpoint.load_contents": ["model", "extra"],
+    f"{ACTOR}.optim.lr_warmup_steps": 5,
+    "trainer.logger": ["console", "tensorboard"],
 }
 _ONE_OF = re.compile(r"one of ([\w.+\-]+(?:, [\w.+\-]+)*)")
 

@@ -53,6 +53,7 @@ WALL_CLOCK = (
     "perf/cpu_memory",
     "perf/mfu",
 )
+REPO = Path(__file__).resolve().parents[1]
 RUN = ["trainer.save_freq=1", "trainer.test_freq=2", "trainer.val_before_train=False"]
 Changes = list[tuple[str, Any]]
 
@@ -72,11 +73,16 @@ def fingerprint(argv: list[str], folder: Path, changes: Changes) -> dict[str, li
         spec, overrides = parse(args)
         return spec, [*overrides, *changes]
 
-    with (
-        mock.patch.object(compiler, "compile_or_get_cached", recording),
-        mock.patch.object(loading, "parse_command_line", parsing),
-    ):
-        train.main([*argv, f"trainer.default_local_dir={folder}"])
+    here = Path.cwd()
+    os.chdir(folder)  # relative paths a key names (dump folders, copies) land in the run's folder
+    try:
+        with (
+            mock.patch.object(compiler, "compile_or_get_cached", recording),
+            mock.patch.object(loading, "parse_command_line", parsing),
+        ):
+            train.main([*argv, f"trainer.default_local_dir={folder}"])
+    finally:
+        os.chdir(here)
     metrics = []
     for line in (folder / "metrics.jsonl").read_text().splitlines():
         row = json.loads(line)
@@ -90,7 +96,8 @@ class Prober:
     """Resumed second steps of `card` from one first step's checkpoint under `root`."""
 
     def __init__(self, card: str, root: Path):
-        self.argv, self.root, self.count = [f"--config={every_key.CARDS[card]}", *RUN], root, 0
+        card_path = REPO / every_key.CARDS[card]
+        self.argv, self.root, self.count = [f"--config={card_path}", *RUN], root, 0
         shutil.rmtree(root, ignore_errors=True)
         root.mkdir(parents=True)
         first = [

@@ -171,8 +171,8 @@ def _optim_entries() -> tuple[NoEffect, ...]:
 
 
 def _loss_entries() -> tuple[NoEffect, ...]:
-    """Options of policy losses, advantage estimators and validation sampling that the run's
-    own choices do not use."""
+    """Options of choices the run did not make: of other policy losses and estimators, of
+    sampled validation, of the rollout's log-probs, of validating before training."""
     loss_options = {"sapo": ("tau_pos", "tau_neg")}
     policy_options = {
         "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
@@ -207,6 +207,16 @@ def _loss_entries() -> tuple[NoEffect, ...]:
             f"{_ROLLOUT}.val_kwargs.do_sample",
             "val_kwargs.temperature is 0: validation is greedy either way",
             lambda config, engine: config[f"{_ROLLOUT}.val_kwargs.temperature"] == 0,
+        ),
+        NoEffect(
+            f"{_ROLLOUT}.logprobs_mode",
+            "the rollout returns no log-probs (rollout.calculate_log_probs is False)",
+            _off(f"{_ROLLOUT}.calculate_log_probs"),
+        ),
+        NoEffect(
+            "trainer.val_only",
+            "trainer.val_before_train is False (val_only stops after that validation)",
+            _off("trainer.val_before_train"),
         ),
     ]
     for options in (loss_options, policy_options):
