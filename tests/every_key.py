@@ -112,6 +112,8 @@ VALUES = {
     f"{ACTOR}.checkpoint.load_contents": ["model", "extra"],
     f"{ACTOR}.optim.lr_warmup_steps": 5,
     "trainer.logger": ["console", "tensorboard"],
+    "trainer.max_actor_ckpt_to_keep": 1,  # 0, like null, keeps every checkpoint (verl's rule)
+    "trainer.max_critic_ckpt_to_keep": 1,
 }
 _ONE_OF = re.compile(r"one of ([\w.+\-]+(?:, [\w.+\-]+)*)")
 

@@ -43,6 +43,7 @@ from jrl import train  # noqa: E402
 from jrl.config import load_config_file, loading  # noqa: E402
 from jrl.config.effects import no_effect_reason  # noqa: E402
 from jrl.config.moved import leaves  # noqa: E402
+from jrl.config.overrides import parse_command_line  # noqa: E402
 
 WALL_CLOCK = (
     "timing_s/",
@@ -142,7 +143,7 @@ def outcome(prober: Prober, raw, base, key: str, bases: dict[str, dict]) -> str:
         return "refused" if refused else f"no valid non-default value loads: {error[-200:]}"
     context = [*every_key.CONTEXTS.get(key, {}).items()]
     context += [(k, None) for k in every_key._companion(key)]
-    config = every_key._load(raw, [*context, (key, value)])
+    config = every_key._load(raw, [*parse_command_line(RUN)[1], *context, (key, value)])
     if no_effect_reason(key, config, "jax", {key, *(k for k, _ in context)}):
         return "announced"
     label = json.dumps(context, default=str)

@@ -81,6 +81,7 @@ ACTOR = "actor_rollout_ref.actor"
         (f"{ROLLOUT}.val_kwargs.do_sample=true", [], [f"{ROLLOUT}.val_kwargs.temperature=0.7"]),
         (f"{ROLLOUT}.logprobs_mode=raw_logprobs", [], [f"{ROLLOUT}.calculate_log_probs=true"]),
         ("trainer.val_only=true", ["trainer.val_before_train=false"], []),  # the card validates
+        ("trainer.max_critic_ckpt_to_keep=2", [], []),  # the PPO card has a critic
     ],
 )
 def test_options_of_choices_the_run_did_not_make(setting, idle, acting):

@@ -333,6 +333,12 @@ NO_EFFECT = (
         given_only=True,
     ),
     NoEffect(
+        "trainer.max_critic_ckpt_to_keep",
+        _NO_CRITIC,
+        lambda config, engine: not uses_critic(config),
+        given_only=True,
+    ),
+    NoEffect(
         f"{_REF}.*",
         _NO_REFERENCE,
         lambda config, engine: not uses_reference(config),
