@@ -78,6 +78,10 @@ CONTEXTS = {
         f"algorithm.rollout_correction.{k}": _CORRECTION
         for k in ("rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs_threshold")
     },
+    # Settings that name a file need their partner (checked at load; the file is not opened).
+    "data.custom_cls.name": {"data.custom_cls.path": "dataset.py"},
+    "data.custom_cls.path": {"data.custom_cls.name": "MyDataset"},
+    "reward_manager.source": {"reward_manager.module.path": "manager.py"},
     "algorithm.rollout_correction.rollout_is": {f"{ROLLOUT}.calculate_log_probs": True},
     "algorithm.rollout_correction.bypass_mode": {f"{ROLLOUT}.calculate_log_probs": True},
     "algorithm.rollout_correction.rollout_rs": {

@@ -599,12 +599,24 @@ def test_enumerated_values_fail_at_load_naming_key_and_valid_values(path, overri
             f"{AR}.actor.policy_loss.loss_mode='bypass_mode' is the loss of "
             "algorithm.rollout_correction.bypass_mode=True",
         ),
+        (
+            GRPO,
+            ["reward_manager.source=importlib"],
+            "reward_manager.source=importlib loads the manager from reward_manager.module.path, "
+            "which is not set",
+        ),
+        (GRPO, ["data.custom_cls.path=x.py"], "data.custom_cls.name is not set"),
+        (GRPO, ["data.custom_cls.name=MyData"], "data.custom_cls.path is not set"),
     ],
-    ids=["loss_scale_factor", "three-betas", "beta-1", "top_k", "val-top_p", "gae", "bypass"],
+    ids=[
+        *("loss_scale_factor", "three-betas", "beta-1", "top_k", "val-top_p", "gae", "bypass"),
+        *("importlib-manager", "dataset-name", "dataset-path"),
+    ],
 )
 def test_values_a_run_would_refuse_mid_step_fail_at_load(path, overrides, message):
     """Each of these passed the load and failed inside the run (the per-key behaviour sweep
-    found them): a loss, an optimizer or a sampler built after the models."""
+    found them): a loss, an optimizer, a sampler, a reward manager or a dataset built after the
+    config was accepted."""
     with pytest.raises(ConfigError, match=re.escape(message)):
         _tiny(path, *overrides, num_devices=1)
 
@@ -612,7 +624,8 @@ def test_values_a_run_would_refuse_mid_step_fail_at_load(path, overrides, messag
 def test_kl_types_are_checked_only_where_used():
     config = _tiny(PPO, "algorithm.kl_penalty=full", f"{AR}.actor.kl_loss_type=full")
     assert not config.algorithm.use_kl_in_reward and not config.actor_rollout_ref.actor.use_kl_loss
-    _tiny(PPO, "reward_manager.source=importlib", "reward_model.reward_manager=mine")
+    custom = ["reward_manager.source=importlib", "reward_manager.module.path=manager.py"]
+    _tiny(PPO, *custom, "reward_model.reward_manager=mine")
 
 
 @pytest.mark.parametrize(

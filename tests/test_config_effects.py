@@ -56,6 +56,7 @@ def test_settings_of_parts_the_run_does_not_use():
 
 
 ACTOR = "actor_rollout_ref.actor"
+CUSTOM_MANAGER = ("reward_manager.source=importlib", "reward_manager.module.path=manager.py")
 
 
 @pytest.mark.parametrize(
@@ -82,6 +83,8 @@ ACTOR = "actor_rollout_ref.actor"
         (f"{ROLLOUT}.logprobs_mode=raw_logprobs", [], [f"{ROLLOUT}.calculate_log_probs=true"]),
         ("trainer.val_only=true", ["trainer.val_before_train=false"], []),  # the card validates
         ("trainer.max_critic_ckpt_to_keep=2", [], []),  # the PPO card has a critic
+        ("data.return_full_prompt=true", [], [*CUSTOM_MANAGER]),
+        ("data.return_raw_chat=true", [], [*CUSTOM_MANAGER]),
     ],
 )
 def test_options_of_choices_the_run_did_not_make(setting, idle, acting):

@@ -117,6 +117,23 @@ def _lora_off(model: str) -> Applies:
     return lambda config, engine: not (config[f"{model}.lora_rank"] or 0) > 0
 
 
+def _no_custom_reward_manager(config: ConfigDict, engine: str) -> bool:
+    """No reward manager of the user's (``reward_manager.source=importlib``), which is handed
+    the whole batch, in this run."""
+    return config.reward_manager.source != "importlib"
+
+
+def _raw_chat_unread(config: ConfigDict, engine: str) -> bool:
+    """Neither a reward model that re-templates the prompt's messages (``input_tokenizer``)
+    nor a custom reward manager reads ``raw_prompt``."""
+    rm = config.reward_model
+    retemplates = rm.enable and rm.model.get("input_tokenizer") is not None
+    return _no_custom_reward_manager(config, engine) and not retemplates
+
+
+_UNREAD_FIELD = "the batch carries it, but only a custom reward manager (importlib) would read it"
+
+
 def _loss_mode_is_not(mode: str) -> Applies:
     return lambda config, engine: config[f"{_ACTOR}.policy_loss.loss_mode"] != mode
 
@@ -172,7 +189,8 @@ def _optim_entries() -> tuple[NoEffect, ...]:
 
 def _loss_entries() -> tuple[NoEffect, ...]:
     """Options of choices the run did not make: of other policy losses and estimators, of
-    sampled validation, of the rollout's log-probs, of validating before training."""
+    sampled validation, of the rollout's log-probs, of batch fields for a reward model or
+    manager the run does not have, of validating before training."""
     loss_options = {"sapo": ("tau_pos", "tau_neg")}
     policy_options = {
         "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
@@ -212,6 +230,14 @@ def _loss_entries() -> tuple[NoEffect, ...]:
             f"{_ROLLOUT}.logprobs_mode",
             "the rollout returns no log-probs (rollout.calculate_log_probs is False)",
             _off(f"{_ROLLOUT}.calculate_log_probs"),
+        ),
+        NoEffect("data.return_raw_input_ids", _UNREAD_FIELD, _no_custom_reward_manager),
+        NoEffect("data.return_full_prompt", _UNREAD_FIELD, _no_custom_reward_manager),
+        NoEffect(
+            "data.return_raw_chat",
+            "only a reward model with input_tokenizer, or a custom reward manager, reads the "
+            "prompt's messages",
+            _raw_chat_unread,
         ),
         NoEffect(
             "trainer.val_only",

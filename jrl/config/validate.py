@@ -365,6 +365,19 @@ def _reward_manager(config: ConfigDict) -> Iterator[str]:
         yield _not_one_of("reward_manager.source", source, SOURCES)
     elif source == "register" and name not in REWARD_MANAGERS:
         yield _not_one_of(key, name, tuple(REWARD_MANAGERS))
+    elif source == "importlib" and not config.reward_manager.module.path:
+        yield (
+            "reward_manager.source=importlib loads the manager from reward_manager.module.path, "
+            f"which is not set; give the file that defines {config.reward_manager.module.name!r}"
+        )
+
+
+def _custom_dataset(config: ConfigDict) -> Iterator[str]:
+    """``data.custom_cls``: a path and a class name, both or neither."""
+    path, name = config.data.custom_cls.path, config.data.custom_cls.name
+    if bool(path) != bool(name):
+        missing = "name" if path else "path"
+        yield f"data.custom_cls.{missing} is not set; a custom dataset needs both path and name"
 
 
 def _dtypes(config: ConfigDict) -> Iterator[str]:
@@ -388,6 +401,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     problems += [*unsupported_settings(config), *_optimizers(config, sections)]
     problems += _lora_reference(config)
     problems += [*_kl(config), *_losses(config), *_reward_manager(config), *_dtypes(config)]
+    problems += _custom_dataset(config)
     problems += _response_length(config)
     problems += rollout_correction_problems(config)
     problems += sampling_problems(config)
