@@ -17,7 +17,7 @@ from jax.sharding import PartitionSpec as P
 
 from jrl_kernels import chunked, pallas_gpu, pallas_tpu
 from jrl_kernels.fused import Kernels, fused_logprob_entropy
-from jrl_kernels.platform import PLATFORMS, mesh_platform
+from jrl_kernels.platform import mesh_platform, platform_name
 from jrl_kernels.reference import naive_logprob_entropy
 from jrl_kernels.vocab_parallel import vocab_parallel_logprob_entropy
 
@@ -124,7 +124,7 @@ def unavailable_reason(impl: str, platform: str | None = None) -> str | None:
     kernel cannot express there), and the kernel compiler proper is trusted to accept what
     lowered. Either probe runs on a fresh thread, outside the caller's trace and mesh.
     """
-    platform = PLATFORMS.get(platform, platform) if platform else jax.default_backend()
+    platform = platform_name(platform) if platform else jax.default_backend()
     try:
         return _on_fresh_thread(_probe, impl, platform)
     except Exception as err:  # any failure to build or run the kernel makes it unavailable

@@ -8,6 +8,11 @@ import jax
 PLATFORMS = {"cuda": "gpu", "gpu": "gpu", "cpu": "cpu", "tpu": "tpu"}
 
 
+def platform_name(name: str) -> str:
+    """JAX's name for a device platform ('cuda' -> 'gpu'); unknown names pass through."""
+    return PLATFORMS.get(name, name)
+
+
 def mesh_platform() -> str:
     """The platform of the ambient mesh's devices (`jax.set_mesh`, or a `shard_map` body; e.g.
     'tpu' when compiling for a TPU slice from a CPU host), else JAX's default backend. Kernels
@@ -16,5 +21,5 @@ def mesh_platform() -> str:
     if not mesh.empty:
         device = getattr(mesh, "abstract_device", None)
         if device is not None:
-            return PLATFORMS.get(device.platform, device.platform)
+            return platform_name(device.platform)
     return jax.default_backend()

@@ -191,11 +191,11 @@ def _loss_entries() -> tuple[NoEffect, ...]:
     """Options of choices the run did not make: of other policy losses and estimators, of
     sampled validation, of the rollout's log-probs, of batch fields for a reward model or
     manager the run does not have, of validating before training."""
-    loss_options = {"sapo": ("tau_pos", "tau_neg")}
-    policy_options = {
-        "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"),
-        "kl_cov": ("kl_cov_ratio", "ppo_kl_coef"),
-    }
+    mode_options = (
+        (_ACTOR, "sapo", ("tau_pos", "tau_neg")),
+        (f"{_ACTOR}.policy_loss", "clip_cov", ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
+        (f"{_ACTOR}.policy_loss", "kl_cov", ("kl_cov_ratio", "ppo_kl_coef")),
+    )
     entries = [
         NoEffect(
             f"{_ACTOR}.clip_ratio",
@@ -245,11 +245,9 @@ def _loss_entries() -> tuple[NoEffect, ...]:
             _off("trainer.val_before_train"),
         ),
     ]
-    for options in (loss_options, policy_options):
-        section = _ACTOR if options is loss_options else f"{_ACTOR}.policy_loss"
-        for mode, keys in options.items():
-            reason = f"an option of the {mode} policy loss (actor.policy_loss.loss_mode)"
-            entries += [NoEffect(f"{section}.{k}", reason, _loss_mode_is_not(mode)) for k in keys]
+    for section, mode, keys in mode_options:
+        reason = f"an option of the {mode} policy loss (actor.policy_loss.loss_mode)"
+        entries += [NoEffect(f"{section}.{k}", reason, _loss_mode_is_not(mode)) for k in keys]
     return tuple(entries)
 
 

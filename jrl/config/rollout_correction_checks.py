@@ -73,7 +73,7 @@ def rollout_correction_problems(config: Any) -> Iterator[str]:
     yield from _current_problems(algorithm.rollout_correction, current, log_probs)
     if algorithm.rollout_correction["bypass_mode"]:
         yield from _bypass_problems(algorithm.rollout_correction, actor, log_probs)
-    elif ((actor.get("policy_loss") or {}).get("loss_mode")) == "bypass_mode":
+    elif _loss_mode(actor) == "bypass_mode":
         yield (
             f"{ACTOR}.policy_loss.loss_mode='bypass_mode' is the loss of {RC}.bypass_mode=True; "
             f"set that instead (it selects this loss) and reset loss_mode to vanilla"
@@ -133,13 +133,18 @@ def _current_problems(
         yield f"{RC}.rollout_is/rollout_rs need the rollout's log-probs: set {_LOG_PROBS}=True"
 
 
+def _loss_mode(actor: Mapping[str, Any]) -> str:
+    """The actor's policy loss mode, vanilla when unset."""
+    return (actor.get("policy_loss") or {}).get("loss_mode") or "vanilla"
+
+
 def _bypass_problems(
     section: Mapping[str, Any], actor: Mapping[str, Any], log_probs: bool
 ) -> Iterator[str]:
     """Bypass mode takes the rollout's log-probs as the old ones and its own policy loss."""
     if not log_probs:
         yield f"{RC}.bypass_mode=True uses the rollout's log-probs: set {_LOG_PROBS}=True"
-    loss_mode = (actor.get("policy_loss") or {}).get("loss_mode") or "vanilla"
+    loss_mode = _loss_mode(actor)
     if loss_mode != "vanilla":
         yield (
             f"{RC}.bypass_mode=True replaces {ACTOR}.policy_loss.loss_mode={loss_mode!r} by its "

@@ -29,7 +29,7 @@ from jrl.trainer.update.dynamic_batching import TokenBudget
 from jrl.trainer.update.learner import Learner, UpdatePlan
 from jrl.trainer.update.optim import Schedule, make_optimizer
 from jrl.trainer.update.packing import packing_plan
-from jrl_kernels.platform import PLATFORMS
+from jrl_kernels.platform import platform_name
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,7 +246,7 @@ def shares_prompts(model_cfg: Any, mesh: Mesh, rollout_n: int) -> bool:
     if sequence_parallel_size(mesh) > 1:
         return False
     attention = (model_cfg.get("override_config") or {}).get("attn_implementation")
-    platform = PLATFORMS.get(mesh.devices.flat[0].platform, mesh.devices.flat[0].platform)
+    platform = platform_name(mesh.devices.flat[0].platform)
     return not (attention == "flash_attention_2" and platform == "tpu")
 
 
