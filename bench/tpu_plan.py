@@ -147,7 +147,7 @@ def _total_hbm(topology: str) -> float:
 
 def table(rows: list[dict]) -> str:
     """Markdown: per card and model, each slice's per-chip GiB (fits or not) and the estimated
-    step time; the smallest slice that fits."""
+    step time; the smallest slice that fits (least HBM in all, as the first pass orders them)."""
     lines = [
         "| card | model | " + " | ".join(SLICES) + " | smallest that fits |",
         "|---" * (len(SLICES) + 3) + "|",
@@ -166,8 +166,9 @@ def table(rows: list[dict]) -> str:
                     continue
                 mark = "fits" if r["fits"] else "**no**"
                 cells.append(f"{mark} {r['gib_per_chip']} GiB, {r['step_s_estimate']} s")
-                if r["fits"] and (smallest is None or r["chips"] < smallest[1]):
-                    smallest = (name, r["chips"])
+                total = r["chips"] * r["hbm_gib"]
+                if r["fits"] and (smallest is None or total < smallest[1]):
+                    smallest = (name, total)
             best = smallest[0] if smallest else "none listed"
             lines.append(f"| {card} | {model} | " + " | ".join(cells) + f" | {best} |")
     return "\n".join(lines)
