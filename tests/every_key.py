@@ -44,6 +44,9 @@ _SMALL_MICRO = {
     "critic.ppo_micro_batch_size_per_gpu": 1,
 }
 _TWO_DEVICES = {"trainer.n_gpus_per_node": 2, **_SMALL_MICRO}
+# Two mini-batches per step, so that their order (shuffle) matters.
+_TWO_MINI = {f"{ACTOR}.ppo_mini_batch_size": 2, "critic.ppo_mini_batch_size": 2, **_SMALL_MICRO}
+_FRESH = {"trainer.resume_mode": "disable"}  # keys that change what a checkpoint holds
 _LEGACY_IS = {f"{ROLLOUT}.calculate_log_probs": True, "algorithm.rollout_is_threshold": 2.0}
 _ACTOR_IS = {f"{ROLLOUT}.calculate_log_probs": True, f"{ACTOR}.rollout_is_threshold": 2.0}
 _CORRECTION = {
@@ -68,6 +71,30 @@ CONTEXTS = {
         "actor_rollout_ref.model.enable_gradient_checkpointing": True
     },
     f"{ROLLOUT}.calculate_log_probs": {},
+    f"{ACTOR}.shuffle": _TWO_MINI,
+    "critic.shuffle": _TWO_MINI,
+    f"{ACTOR}.data_loader_seed": {f"{ACTOR}.shuffle": True, **_TWO_MINI},
+    "critic.data_loader_seed": {"critic.shuffle": True, **_TWO_MINI},
+    **{
+        f"{section}.fsdp_size": _TWO_DEVICES
+        for section in (
+            f"{ACTOR}.fsdp_config",
+            "actor_rollout_ref.ref.fsdp_config",
+            "critic.model.fsdp_config",
+        )
+    },
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _TWO_DEVICES,
+    "actor_rollout_ref.ref.fsdp_config.tensor_parallel_size": _TWO_DEVICES,
+    f"{ROLLOUT}.tensor_model_parallel_size": _TWO_DEVICES,
+    "actor_rollout_ref.model.lora_rank": _FRESH,
+    "critic.model.lora_rank": _FRESH,
+    # Prompts of the tiny data are 46-51 tokens long: at 48, filtering drops some; at 40 every
+    # prompt is cut (the tiny preset cuts on the left).
+    "data.filter_overlong_prompts": {"data.max_prompt_length": 48},
+    "data.truncation": {"data.max_prompt_length": 40},
+    # One step per epoch: the run ends after total_epochs of them.
+    "trainer.total_epochs": {**_FRESH, "data.train_max_samples": 4},
+    "trainer.test_freq": _FRESH,  # validation at the first step too
     **{f"algorithm.{k}": _LEGACY_IS for k in ("rollout_is", "rollout_is_level", "rollout_is_mode")},
     **{f"algorithm.rollout_is_{k}": _LEGACY_IS for k in ("threshold_lower", "veto_threshold")},
     "algorithm.rollout_is_threshold": {f"{ROLLOUT}.calculate_log_probs": True},
@@ -115,6 +142,30 @@ VALUES = {
     f"{ACTOR}.checkpoint.save_contents": ["model", "extra"],
     f"{ACTOR}.checkpoint.load_contents": ["model", "extra"],
     f"{ACTOR}.optim.lr_warmup_steps": 5,
+    # Values whose effect the tiny run reaches: a warm-up longer than one step, a cosine
+    # schedule, weights below the lower bound, a veto of any token the trainer finds less likely.
+    **{f"{role}.optim.lr_warmup_steps_ratio": 1.0 for role in (ACTOR, "critic")},
+    **{f"{role}.optim.warmup_style": "cosine" for role in (ACTOR, "critic")},
+    **{f"{side}.rollout_is_threshold_lower": 1.5 for side in ("algorithm", ACTOR)},
+    **{f"{side}.rollout_is_veto_threshold": 1.0 for side in ("algorithm", ACTOR)},
+    **{
+        f"{section}.fsdp_size": 1
+        for section in (
+            f"{ACTOR}.fsdp_config",
+            "actor_rollout_ref.ref.fsdp_config",
+            "critic.model.fsdp_config",
+        )
+    },
+    f"{ACTOR}.data_loader_seed": 7,
+    "critic.data_loader_seed": 7,
+    f"{ROLLOUT}.top_k": 5,  # 0 disables top-k, as -1 does
+    f"{ROLLOUT}.max_num_seqs": 2,
+    f"{ROLLOUT}.max_num_batched_tokens": 64,
+    "data.truncation": "right",
+    "data.train_max_samples": 8,
+    "trainer.total_epochs": 2,
+    "trainer.test_freq": 1,
+    "trainer.critic_warmup": 2,
     "trainer.logger": ["console", "tensorboard"],
     "trainer.max_actor_ckpt_to_keep": 1,  # 0, like null, keeps every checkpoint (verl's rule)
     "trainer.max_critic_ckpt_to_keep": 1,

@@ -4,6 +4,7 @@ defaults that do nothing in this run, `--explain` gives each key's value, source
 
 vLLM cannot run here: its branch uses the stand-in `vllm` module of `fake_vllm.py`."""
 
+import json
 import types
 from fnmatch import fnmatchcase
 
@@ -31,6 +32,10 @@ IGNORED = [
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000",
     "actor_rollout_ref.rollout.enforce_eager=False",
     "critic.optim.clip_grad=0.5",
+    "actor_rollout_ref.actor.optim.optimizer=adam",  # verl 0.6.0's FSDP builds AdamW for both
+    "critic.model.trust_remote_code=true",  # jrl's own decoder runs, no repository code
+    "data.image_key=pictures",  # text-only
+    "trainer.ray_wait_register_center_timeout=60",  # one process waits for nobody
 ]
 
 
@@ -72,7 +77,38 @@ CUSTOM_MANAGER = ("reward_manager.source=importlib", "reward_manager.module.path
             [f"{ACTOR}.optim.lr_warmup_steps=3"],
             [f"{ACTOR}.optim.lr_warmup_steps=-1"],
         ),
+        (  # verl: the ratio counts only while lr_warmup_steps < 0, so 0 turns it off too
+            f"{ACTOR}.optim.lr_warmup_steps_ratio=0.1",
+            [f"{ACTOR}.optim.lr_warmup_steps=0"],
+            [f"{ACTOR}.optim.lr_warmup_steps=null"],
+        ),
+        (f"{ACTOR}.data_loader_seed=7", [], [f"{ACTOR}.shuffle=true"]),
+        (f"{ACTOR}.loss_scale_factor=0.5", [], [f"{ACTOR}.loss_agg_mode=seq-mean-token-sum-norm"]),
         ("algorithm.gamma=0.9", [], ["algorithm.adv_estimator=reinforce_plus_plus"]),
+        (
+            "algorithm.norm_adv_by_std_in_grpo=false",
+            ["algorithm.adv_estimator=rloo"],
+            ["algorithm.adv_estimator=grpo_passk"],
+        ),
+        ("trainer.critic_warmup=2", [], []),  # the PPO card has a critic
+        (
+            "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",
+            ["actor_rollout_ref.model.lora_rank=8"],
+            ["actor_rollout_ref.model.lora_rank=0"],
+        ),
+        ("data.cache_dir=/tmp/copies", [], ["data.train_files=gs://bucket/train.parquet"]),
+        (
+            "data.validation_shuffle=true",
+            [],
+            [f"{ROLLOUT}.val_kwargs.do_sample=true", f"{ROLLOUT}.val_kwargs.temperature=0.7"],
+        ),
+        # The names name the run's folder (default_local_dir follows them) and a tracked run.
+        ("trainer.project_name=p", ["trainer.default_local_dir=/tmp/run"], []),
+        (
+            "trainer.experiment_name=e",
+            ["trainer.default_local_dir=/tmp/run"],
+            ["trainer.default_local_dir=/tmp/run", "trainer.logger=['console','mlflow']"],
+        ),
         ("algorithm.lam=0.9", ["algorithm.adv_estimator=remax"], []),
         (
             f"{ROLLOUT}.val_kwargs.top_p=0.5",
@@ -104,10 +140,35 @@ def test_options_of_choices_the_run_did_not_make(setting, idle, acting):
         assert not ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
 
 
-def test_vllm_options_have_no_effect_only_when_the_jax_sampler_generates():
-    config = load_config([TINY, "actor_rollout_ref.rollout.enforce_eager=False"])[0]
+@pytest.mark.parametrize(
+    "setting",
+    [
+        f"{ROLLOUT}.enforce_eager=False",
+        "actor_rollout_ref.model.trust_remote_code=true",  # vLLM loads the repository's code
+    ],
+)
+def test_vllm_options_have_no_effect_only_when_the_jax_sampler_generates(setting):
+    config = load_config([TINY, setting])[0]
     assert ignored_settings(config, engine="jax")
     assert ignored_settings(config, engine="vllm") == {}
+
+
+def test_offload_and_memory_keys_on_cpu():
+    """On CPU device memory is host memory: activation offload and the memory share do
+    nothing (parameter offload still moves arrays to the pinned-host memory kind)."""
+    argv = [
+        TINY,
+        "actor_rollout_ref.model.enable_gradient_checkpointing=true",
+        "actor_rollout_ref.model.enable_activation_offload=true",
+        f"{ROLLOUT}.gpu_memory_utilization=0.3",
+        f"{ACTOR}.fsdp_config.param_offload=true",
+    ]
+    found = ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
+    named = {key for pairs in found.values() for key, _ in pairs}
+    assert named == {
+        "actor_rollout_ref.model.enable_activation_offload",
+        f"{ROLLOUT}.gpu_memory_utilization",
+    }
 
 
 def test_every_no_effect_entry_names_keys_that_exist():
@@ -192,3 +253,15 @@ def test_the_documented_vllm_rollout_runs_the_jax_sampler_on_this_host(capsys):
     assert engine.response_length == 3  # rollout.response_length, as verl's engines
     printed = capsys.readouterr().out
     assert "rollout.name=vllm: vllm is not installed; jrl's JAX sampler generates" in printed
+
+
+def test_the_tokenizer_trust_key_is_named_only_for_a_tokenizer_without_code(tmp_path):
+    def named(*changes: str) -> bool:
+        argv = [TINY, "data.trust_remote_code=false", *changes]
+        found = ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
+        return "data.trust_remote_code" in {key for pairs in found.values() for key, _ in pairs}
+
+    assert named()  # the tiny tokenizer is plain
+    code = {"auto_map": {"AutoTokenizer": ["tokenization_x.XTokenizer", None]}}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(code))
+    assert not named(f"actor_rollout_ref.model.tokenizer_path={tmp_path}")

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
 
 from ml_collections import ConfigDict
 
 from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
 from jrl.config.loading import load_config, load_config_file
-from jrl.config.moved import key_matches, leaves, moved_settings, value_at
+from jrl.config.moved import follows, key_matches, leaves, moved_settings, value_at
 from jrl.config.overrides import parse_command_line
 from jrl.config.unsupported import unsupported_reason
 from jrl.config.validate import uses_critic, uses_reference
@@ -91,6 +93,11 @@ _NO_CRITIC = "no critic in this run (critic.enable, or algorithm.adv_estimator=g
 _NO_REFERENCE = "no reference model in this run (actor.use_kl_loss or algorithm.use_kl_in_reward)"
 _NO_REWARD_MODEL = "reward_model.enable is False"
 _STATIC_BATCHES = "token budgets apply with dynamic batch sizes only"
+_ADAMW = "verl 0.6.0's FSDP roles build AdamW whatever optim.optimizer names, and so does jrl"
+_OWN_DECODER = (
+    "jrl builds its own decoder from config.json, so no repository code runs (the tokenizer "
+    "follows data.trust_remote_code)"
+)
 _RM_MODEL_KEYS = (
     "model.*",
     "micro_batch_size*",
@@ -162,14 +169,65 @@ def _constant_schedule(role: str) -> Applies:
     return applies
 
 
+def _warmup_steps_given(role: str) -> Applies:
+    """Applies while `role`'s ``lr_warmup_steps`` is 0 or more (null counts as -1)."""
+
+    def applies(config: ConfigDict, engine: str) -> bool:
+        steps = config[f"{role}.optim.lr_warmup_steps"]
+        return steps is not None and steps >= 0
+
+    return applies
+
+
 def _greedy_validation(config: ConfigDict, engine: str) -> bool:
     val = config[f"{_ROLLOUT}.val_kwargs"]
     return not val.do_sample or val.temperature == 0
 
 
+def _on_cpu(config: ConfigDict, engine: str) -> bool:
+    """Applies where the run's devices are the host's CPUs (device memory is host memory)."""
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+def _local_data(config: ConfigDict, engine: str) -> bool:
+    """Applies while every data file is a local path (or ``file://``)."""
+    files = [config.data.train_files, config.data.val_files]
+    paths = [f for group in files for f in ([group] if isinstance(group, str) else group or [])]
+    return all("://" not in p or p.startswith("file://") for p in paths)
+
+
+_NAMED_LOGGERS = ("wandb", "mlflow", "swanlab")
+
+
+def _unnamed_run(config: ConfigDict, engine: str) -> bool:
+    """Applies while no logger names the run and the checkpoint folder does not follow the
+    project and experiment names (`follows`: it was set apart from them)."""
+    loggers = config.trainer.logger
+    named = set([loggers] if isinstance(loggers, str) else loggers) & set(_NAMED_LOGGERS)
+    return not named and not follows(config, "trainer.default_local_dir")
+
+
+def _tokenizer_without_code(config: ConfigDict, engine: str) -> bool:
+    """Applies while the actor's tokenizer is a local folder whose tokenizer_config.json names
+    no code of its own (no ``auto_map``): remote code is never asked for."""
+    model = config.actor_rollout_ref.model
+    folder = Path(str(model.get("tokenizer_path") or model.path)).expanduser()
+    settings = folder / "tokenizer_config.json"
+    return settings.is_file() and "auto_map" not in json.loads(settings.read_text())
+
+
+def _single_process(config: ConfigDict, engine: str) -> bool:
+    import jax
+
+    return jax.process_count() == 1
+
+
 def _optim_entries() -> tuple[NoEffect, ...]:
-    """The cosine schedule's options under a constant one, and the warm-up ratio when a step
-    count is given (verl's rule: lr_warmup_steps > 0 wins)."""
+    """The cosine schedule's options under a constant one, the warm-up ratio when a step count
+    is given (verl's rule: lr_warmup_steps >= 0 wins), and the optimizer's name (verl 0.6.0's
+    FSDP roles build torch's AdamW whatever it says; jrl's Adam is that AdamW too)."""
     entries = []
     for role in (_ACTOR, "critic"):
         for key in ("min_lr_ratio", "num_cycles"):
@@ -178,12 +236,11 @@ def _optim_entries() -> tuple[NoEffect, ...]:
         entries.append(
             NoEffect(
                 f"{role}.optim.lr_warmup_steps_ratio",
-                f"{role}.optim.lr_warmup_steps > 0 sets the warm-up instead",
-                lambda config, engine, role=role: (
-                    (config[f"{role}.optim.lr_warmup_steps"] or 0) > 0
-                ),
+                f"{role}.optim.lr_warmup_steps >= 0 sets the warm-up instead",
+                _warmup_steps_given(role),
             )
         )
+        entries.append(NoEffect(f"{role}.optim.optimizer", _ADAMW))
     return tuple(entries)
 
 
@@ -307,6 +364,69 @@ NO_EFFECT = (
     NoEffect("*.optim.total_training_steps", "set from the run's total steps (as verl sets it)"),
     NoEffect("*.checkpoint.async_save", "jrl always writes checkpoints in the background"),
     *(
+        NoEffect(
+            f"{role}.data_loader_seed",
+            f"{role}.shuffle is False: the mini-batches keep their order",
+            _off(f"{role}.shuffle"),
+        )
+        for role in (_ACTOR, "critic")
+    ),
+    NoEffect(
+        f"{_ACTOR}.loss_scale_factor",
+        "the divisor of loss_agg_mode=seq-mean-token-sum-norm only",
+        lambda config, engine: config[f"{_ACTOR}.loss_agg_mode"] != "seq-mean-token-sum-norm",
+    ),
+    NoEffect("actor_rollout_ref.model.trust_remote_code", _OWN_DECODER, _jax_sampler),
+    NoEffect("critic.model.trust_remote_code", _OWN_DECODER),
+    NoEffect(
+        "data.trust_remote_code",
+        "the tokenizer (actor_rollout_ref.model.tokenizer_path or path) has no code of its own: "
+        "its tokenizer_config.json has no auto_map",
+        _tokenizer_without_code,
+    ),
+    NoEffect(
+        "*.enable_activation_offload",
+        "on CPU device memory is host memory: the layers are only rematerialised",
+        _on_cpu,
+    ),
+    NoEffect(
+        f"{_ROLLOUT}.gpu_memory_utilization",
+        "the CPU reports no device memory: the JAX sampler's KV cache follows max_num_seqs and "
+        "max_num_batched_tokens",
+        lambda config, engine: engine == "jax" and _on_cpu(config, engine),
+    ),
+    NoEffect("data.image_key", f"{_TEXT_ONLY} (rows with images under it are refused)"),
+    NoEffect(
+        "data.cache_dir",
+        "where remote data files are copied: every data file of this run is local",
+        _local_data,
+    ),
+    NoEffect(
+        "data.validation_shuffle",
+        "validation is greedy and generates the whole set in one call: the order of its rows "
+        "changes no result",
+        _greedy_validation,
+    ),
+    *(
+        NoEffect(
+            f"trainer.{key}",
+            f"names the run for {', '.join(_NAMED_LOGGERS)} (none is in trainer.logger) and for "
+            "trainer.default_local_dir (set apart from it)",
+            _unnamed_run,
+        )
+        for key in ("project_name", "experiment_name")
+    ),
+    NoEffect(
+        "trainer.ray_wait_register_center_timeout",
+        "one process: there are no other processes to wait for",
+        _single_process,
+    ),
+    NoEffect(
+        "algorithm.norm_adv_by_std_in_grpo",
+        "only the grpo estimators (grpo, grpo_vectorized, grpo_passk) divide by the group's std",
+        _estimator_not_in(("grpo", "grpo_vectorized", "grpo_passk")),
+    ),
+    *(
         NoEffect(f"{role}.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which jrl reads")
         for role in (_ACTOR, _REF, "critic")
     ),
@@ -361,6 +481,21 @@ NO_EFFECT = (
         _NO_CRITIC,
         lambda config, engine: not uses_critic(config),
         given_only=True,
+    ),
+    NoEffect(
+        "trainer.critic_warmup",
+        _NO_CRITIC,
+        lambda config, engine: not uses_critic(config),
+        given_only=True,
+    ),
+    *(
+        NoEffect(
+            f"{_REF}.fsdp_config.{key}",
+            "with LoRA the reference is the actor's base model: on the actor's mesh, under the "
+            "actor's param_offload",
+            lambda config, engine: not _lora_off("actor_rollout_ref.model")(config, engine),
+        )
+        for key in ("fsdp_size", "param_offload")
     ),
     NoEffect(
         f"{_REF}.*",

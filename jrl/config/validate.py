@@ -83,6 +83,7 @@ def _choices(config: ConfigDict) -> Iterator[str]:
     for key, allowed, note in rules:
         if config[key] not in allowed:
             yield _not_one_of(key, config[key], allowed, note)
+    yield from _attention_choices(config)
     rollout = config.actor_rollout_ref.rollout
     if rollout.val_kwargs.do_sample and not rollout.temperature > 0:
         yield (
@@ -92,16 +93,31 @@ def _choices(config: ConfigDict) -> Iterator[str]:
         )
 
 
-def _one_of(config: ConfigDict, prefix: str, name: str) -> Iterator[str]:
-    """verl's rule: exactly one of `{name}` (deprecated, global) and `{name}_per_gpu`."""
-    both = config[f"{prefix}.{name}"] is not None and config[f"{prefix}.{name}_per_gpu"] is not None
-    neither = config[f"{prefix}.{name}"] is None and config[f"{prefix}.{name}_per_gpu"] is None
-    if both or neither:
+def _attention_choices(config: ConfigDict) -> Iterator[str]:
+    """Each model's ``override_config.attn_implementation`` names a kernel jrl has."""
+    from jrl.models.config import ATTN_IMPLEMENTATIONS
+
+    for prefix in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
+        override = config[prefix].get("override_config") or {}
+        attention = override.get("attn_implementation")
+        if attention is not None and attention not in ATTN_IMPLEMENTATIONS:
+            key = f"{prefix}.override_config.attn_implementation"
+            yield _not_one_of(key, attention, ATTN_IMPLEMENTATIONS)
+
+
+def _one_of(config: ConfigDict, prefix: str, name: str, gpus: int) -> Iterator[str]:
+    """verl's rule: exactly one of `{name}` (deprecated, global: split over the `gpus`
+    devices) and `{name}_per_gpu`, giving at least one row per device."""
+    total, per_gpu = config[f"{prefix}.{name}"], config[f"{prefix}.{name}_per_gpu"]
+    if (total is None) == (per_gpu is None):
         yield (
             f"set exactly one of {prefix}.{name}_per_gpu and {prefix}.{name} (deprecated); "
-            f"{'both are set' if both else 'neither is set'}: e.g. {prefix}.{name}_per_gpu=8 "
-            f"{prefix}.{name}=null"
+            f"{'neither is set' if total is None else 'both are set'}: e.g. "
+            f"{prefix}.{name}_per_gpu=8 {prefix}.{name}=null"
         )
+    elif (per_gpu if per_gpu is not None else total // gpus) < 1:
+        given = f"{name}_per_gpu={per_gpu}" if per_gpu is not None else f"{name}={total}"
+        yield (f"{prefix}.{given} gives fewer than one row per device ({_GPUS} = {gpus}); raise it")
 
 
 def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
@@ -112,7 +128,7 @@ def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
     fsdp = role.get("fsdp_config") or role.get("model", {}).get("fsdp_config") or {}
     tp = fsdp.get("tensor_parallel_size") or 1
     if not role.use_dynamic_bsz:
-        yield from _one_of(config, prefix, "ppo_micro_batch_size")
+        yield from _one_of(config, prefix, "ppo_micro_batch_size", gpus)
     if not _positive(mini) or not _positive(sp) or not _positive(tp):
         yield (
             f"{prefix}.ppo_mini_batch_size, .ulysses_sequence_parallel_size and the "
@@ -174,9 +190,9 @@ def _batches(config: ConfigDict, gpus: int) -> Iterator[str]:
         roles.append("actor_rollout_ref.ref")
     for prefix in roles:
         if not config[f"{prefix}.log_prob_use_dynamic_bsz"]:
-            yield from _one_of(config, prefix, "log_prob_micro_batch_size")
+            yield from _one_of(config, prefix, "log_prob_micro_batch_size", gpus)
     if config.reward_model.enable and not config.reward_model.use_dynamic_bsz:
-        yield from _one_of(config, "reward_model", "micro_batch_size")
+        yield from _one_of(config, "reward_model", "micro_batch_size", gpus)
     yield from _token_budgets(config)
 
 

@@ -32,9 +32,11 @@ def make_mesh(
     sequence_parallel: int = 1,
     tensor_parallel: int = 1,
     devices: Sequence[Any] | None = None,
+    fsdp_key: str = "actor_rollout_ref.actor.fsdp_config.fsdp_size",
 ) -> Mesh:
     """A mesh over the first `num_devices` of `devices` (default `jax.devices()`; a TPU slice's
-    devices to compile for it from another host); `fsdp_size=-1` takes all devices left over."""
+    devices to compile for it from another host); `fsdp_size=-1` takes all devices left over
+    (`fsdp_key` names its config key in errors)."""
     available = list(jax.devices() if devices is None else devices)
     if num_devices > len(available):
         raise ValueError(
@@ -51,7 +53,7 @@ def make_mesh(
     fsdp = rest if fsdp_size in (-1, None) else fsdp_size
     if fsdp <= 0 or rest % fsdp:
         raise ValueError(
-            f"actor_rollout_ref.actor.fsdp_config.fsdp_size={fsdp_size} must divide the "
+            f"{fsdp_key}={fsdp_size} must divide the "
             f"{rest} devices left after sequence/tensor parallelism (or be -1)"
         )
     shape = (rest // fsdp, fsdp, tensor_parallel, sequence_parallel)
@@ -77,11 +79,18 @@ def sequence_parallel_size(mesh: Mesh | AbstractMesh) -> int:
 def role_mesh(
     mesh: Mesh, sequence_parallel: int, fsdp_size: int, key: str, tensor_parallel: int | None = None
 ) -> Mesh:
-    """`mesh` when its `sequence` axis already has `sequence_parallel` devices and its `tensor`
-    axis `tensor_parallel` (None: keep `mesh`'s), else a mesh over the same devices with those
-    sizes; `key` names the config key for errors."""
+    """`mesh` when its axes already have the role's sizes (`sequence_parallel` on `sequence`,
+    `tensor_parallel` on `tensor` (None: keep `mesh`'s) and `fsdp_size` on `fsdp`, -1: every
+    device left), else a mesh over the same devices with those sizes, as verl's workers each
+    build their own device mesh; `key` names the role's config section for errors."""
     tensor = mesh.shape["tensor"] if tensor_parallel is None else tensor_parallel
-    if sequence_parallel_size(mesh) == sequence_parallel and mesh.shape["tensor"] == tensor:
+    rest = mesh.size // max(1, sequence_parallel * tensor)
+    wanted = {
+        SEQUENCE_AXIS: sequence_parallel,
+        "tensor": tensor,
+        "fsdp": rest if fsdp_size in (-1, None) else fsdp_size,
+    }
+    if all(dict(mesh.shape).get(axis, 1) == size for axis, size in wanted.items()):
         return mesh
     try:
         return make_mesh(
@@ -90,9 +99,10 @@ def role_mesh(
             sequence_parallel=sequence_parallel,
             tensor_parallel=tensor,
             devices=list(mesh.devices.flat),
+            fsdp_key="fsdp_config.fsdp_size",
         )
     except ValueError as err:
-        raise ValueError(f"{key}={sequence_parallel}: {err}") from err
+        raise ValueError(f"{key}: {err}") from err
 
 
 def on_mesh(fn: Callable[..., Any], mesh: Mesh) -> Callable[..., Any]:

@@ -87,7 +87,9 @@ class CriticSpec:
         rollout_n = int(config.actor_rollout_ref.rollout.n)
         share = shares_prompts(critic.model, mesh, rollout_n)
         return cls(
-            model=ModelSpec.resolve(critic.model, critic_fsdp(config), kind="value"),
+            model=ModelSpec.resolve(
+                critic.model, critic_fsdp(config), kind="value", section="critic.model"
+            ),
             forward=ForwardSpec.resolve(
                 critic, "critic", mesh, packed, VALUE_KEYS, share_prompts=share
             ),

@@ -37,7 +37,8 @@ class ModelSpec:
     """How a ``*.model`` section's model is loaded: streamed from `path` straight onto the mesh
     (FSDP layout), computing in `dtype` over `param_dtype` parameters, with full remat of every
     decoder layer when `remat` (``enable_gradient_checkpointing``) and host offload of what it
-    keeps when `activation_offload`; `lora` holds `apply_lora`'s settings (None: no LoRA)."""
+    keeps when `activation_offload`; `lora` holds `apply_lora`'s settings (None: no LoRA);
+    `key` names the weights' config key in errors."""
 
     path: str
     kind: str
@@ -50,6 +51,7 @@ class ModelSpec:
     activation_offload: bool
     lora: dict[str, Any] | None
     lora_seed: int = 0
+    key: str = "actor_rollout_ref.model.path"
 
     @classmethod
     def resolve(
@@ -58,12 +60,13 @@ class ModelSpec:
         fsdp_cfg: Any,
         kind: str = "causal_lm",
         *,
+        section: str = "actor_rollout_ref.model",
         path_key: str = "path",
         lora_seed: int = 0,
     ) -> ModelSpec:
-        """The spec of the ``*.model`` section `model_cfg` with the ``fsdp_config`` `fsdp_cfg`
-        (``dtype``, ``model_dtype``); `path_key` names the key of the weights (SFT:
-        ``partial_pretrain``)."""
+        """The spec of the ``*.model`` section `model_cfg` (at `section`) with the
+        ``fsdp_config`` `fsdp_cfg` (``dtype``, ``model_dtype``); `path_key` names the key of
+        the weights (SFT: ``partial_pretrain``)."""
         override = model_cfg.get("override_config")
         return cls(
             path=model_cfg[path_key],
@@ -77,6 +80,7 @@ class ModelSpec:
             activation_offload=bool(model_cfg.get("enable_activation_offload", False)),
             lora=lora_settings(model_cfg),
             lora_seed=lora_seed,
+            key=f"{section}.{path_key}" if section else path_key,
         )
 
     def memory_options(self) -> dict[str, Any]:
@@ -87,12 +91,10 @@ class ModelSpec:
             "activation_offload": self.activation_offload,
         }
 
-    def load(
-        self, mesh: Mesh, lora_key: str = "actor_rollout_ref.model", *, abstract: bool = False
-    ) -> Any:
-        """The model on `mesh`, with LoRA adapters when `lora` is set (`lora_key` names the
-        section for errors); with `abstract`, its shapes only, from config.json alone (to compile
-        the run for a slice, `jrl.compile`)."""
+    def load(self, mesh: Mesh, *, abstract: bool = False) -> Any:
+        """The model on `mesh`, with LoRA adapters when `lora` is set; with `abstract`, its
+        shapes only, from config.json alone (to compile the run for a slice, `jrl.compile`).
+        Errors name the section's keys."""
         common = dict(
             kind=self.kind,
             dtype=self.dtype,
@@ -100,12 +102,15 @@ class ModelSpec:
             external_lib=self.external_lib,
             override_config=self.override_config,
         )
-        if abstract:
-            model = abstract_pretrained(self.path, **common)
-        else:
-            model = from_pretrained(
-                self.path, mesh=mesh, trust_remote_code=self.trust_remote_code, **common
-            )
+        try:
+            if abstract:
+                model = abstract_pretrained(self.path, **common)
+            else:
+                model = from_pretrained(
+                    self.path, mesh=mesh, trust_remote_code=self.trust_remote_code, **common
+                )
+        except FileNotFoundError as err:
+            raise FileNotFoundError(f"{self.key}: {err}") from err
         set_memory_options(model, **self.memory_options())
         if self.lora is None:
             return model
@@ -116,7 +121,7 @@ class ModelSpec:
                 )
             return apply_lora(model, seed=self.lora_seed, **self.lora)
         except ValueError as err:
-            raise ValueError(f"{lora_key}: {err}") from err
+            raise ValueError(f"{self.key.rpartition('.')[0] or self.key}: {err}") from err
 
 
 class SplitKeys(NamedTuple):
@@ -277,11 +282,10 @@ def token_budget(
 def role_mesh_of(section: Any, prefix: str, mesh: Mesh, fsdp_cfg: Any) -> Mesh:
     """The mesh of the role section at `prefix`: `mesh`'s devices with the section's
     ``ulysses_sequence_parallel_size`` on the `sequence` axis and its ``fsdp_config``'s
-    ``tensor_parallel_size`` on the `tensor` axis."""
+    ``tensor_parallel_size`` on the `tensor` axis and ``fsdp_size`` on the `fsdp` axis."""
     size = int(section.get("ulysses_sequence_parallel_size") or 1)
-    key = f"{prefix}.ulysses_sequence_parallel_size"
     tensor = int(fsdp_cfg.get("tensor_parallel_size") or 1)
-    return role_mesh(mesh, size, fsdp_cfg.get("fsdp_size", -1), key, tensor_parallel=tensor)
+    return role_mesh(mesh, size, fsdp_cfg.get("fsdp_size", -1), prefix, tensor_parallel=tensor)
 
 
 def check_heads(model: Any, mesh: Mesh, prefix: str) -> None:

@@ -89,6 +89,7 @@ class SFTSpec:
             model=ModelSpec.resolve(
                 model_cfg,
                 model_cfg.fsdp_config,
+                section="model",
                 path_key="partial_pretrain",
                 lora_seed=int(config.trainer.seed),
             ),
@@ -140,7 +141,7 @@ class SFTTrainer:
             after_last=True,
         )
         self.spec = SFTSpec.resolve(config, self.mesh, total)
-        model = self.spec.model.load(self.mesh, lora_key="model")
+        model = self.spec.model.load(self.mesh)
         trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
         self.learner = Learner.create(model, make_sft_optimizer(config.optim), self.mesh, trainable)
         self.vocab_size = int(model.config.vocab_size)
