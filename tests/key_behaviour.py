@@ -9,10 +9,10 @@ What a run does is its fingerprint: the metrics it logs (wall-clock figures left
 programs it compiles (StableHLO text without locations, hashed; `jax.clear_caches()` first so
 every program is compiled or read from the persistent cache again), the names of the files it
 writes (Orbax's hashed file names folded), the bytes its live arrays hold per memory kind when
-training ends (host offload, a kept KV cache) and the modules it imports. Each probe resumes
-from one first step's checkpoint and runs a second step with validation and a save, so the
-resume and checkpoint keys take part; a probe with ``trainer.resume_mode=disable`` runs both
-steps afresh. Two runs without changes must give the same fingerprint (`control`).
+training ends (host offload, a kept KV cache) and the modules of the user's files it imports.
+Each probe resumes from one first step's checkpoint and runs a second step with validation and
+a save, so the resume and checkpoint keys take part; a probe with ``trainer.resume_mode=disable``
+runs both steps afresh. Two runs without changes must give the same fingerprint (`control`).
 
 The keys and values are those of `every_key` (its contexts, companions and candidate values),
 with `key_fixtures`' files for the keys that name one. `tests/test_key_behaviour.py` runs a few
@@ -119,9 +119,22 @@ def fingerprint(argv: list[str], folder: Path, changes: Changes) -> dict[str, li
         "programs": sorted(programs),
         "files": sorted(names),
         "resident": sorted(resident.items()),
-        "imports": sorted({m.partition(".")[0] for m in set(sys.modules) - imported}),
+        "imports": users_modules(imported),
         SAID: said,
     }
+
+
+def users_modules(before: set[str]) -> list[str]:
+    """The modules of the user's own files (outside the environment and this repository) that
+    were imported since `before`, forgotten again so that every run imports them afresh."""
+    installed = (sys.prefix, sys.base_prefix, str(REPO))
+    found = []
+    for name in set(sys.modules) - before:
+        file = getattr(sys.modules[name], "__file__", None) or ""
+        if file and not file.startswith(installed):
+            found.append(name)
+            del sys.modules[name]
+    return sorted(found)
 
 
 class Prober:

@@ -18,9 +18,13 @@ from jrl.data.rl_dataset import RLDataset
 from jrl.reward.naive import NaiveRewardManager
 
 
-def compute_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
-    """A score that depends on the answer's length (plus `bonus` from reward_kwargs)."""
-    return float(len(solution_str) % 3) + float(kwargs.get("bonus", 0))
+def length_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
+    """A score that depends on the answer's and the ground truth's lengths (plus `bonus` from
+    reward_kwargs)."""
+    return len(solution_str) % 3 + len(str(ground_truth)) + float(kwargs.get("bonus", 0))
+
+
+compute_score = length_score  # the name custom_reward_function.name defaults to
 
 
 def source_score(data_source, solution_str, ground_truth, extra_info=None, **kwargs):
@@ -33,11 +37,11 @@ def half_length_score(data_source, solution_str, ground_truth, extra_info=None, 
 
 
 class LengthRewardManager(NaiveRewardManager):
-    """The naive manager scoring by `compute_score` whatever scorer it is given."""
+    """The naive manager scoring by `length_score` whatever scorer it is given."""
 
     def __init__(self, tokenizer, num_examine, compute_score=None, reward_fn_key="data_source",
                  **kwargs):
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
+        super().__init__(tokenizer, num_examine, length_score, reward_fn_key, **kwargs)
 
 
 class HalfLengthRewardManager(LengthRewardManager):
@@ -136,6 +140,7 @@ def write_fixtures(root: Path) -> tuple[dict[str, Any], dict[str, dict[str, Any]
     }
     contexts = {
         "data.prompt_key": copies,
+        "data.val_files": scorer,  # validation scores that depend on the answers
         "data.reward_fn_key": {**scorer, "custom_reward_function.name": "source_score"},
         "reward_model.enable": rm,
         "custom_reward_function.name": scorer,

@@ -607,10 +607,24 @@ def test_enumerated_values_fail_at_load_naming_key_and_valid_values(path, overri
         ),
         (GRPO, ["data.custom_cls.path=x.py"], "data.custom_cls.name is not set"),
         (GRPO, ["data.custom_cls.name=MyData"], "data.custom_cls.path is not set"),
+        (
+            GRPO,
+            [f"{AR}.model.override_config.attn_implementation=flash"],
+            f"{AR}.model.override_config.attn_implementation='flash' is not supported; use one "
+            "of eager, sdpa, flash_attention_2",
+        ),
+        (
+            GRPO,
+            [
+                f"{AR}.ref.log_prob_micro_batch_size=0",
+                f"{AR}.ref.log_prob_micro_batch_size_per_gpu=null",
+            ],
+            f"{AR}.ref.log_prob_micro_batch_size=0 gives fewer than one row per device",
+        ),
     ],
     ids=[
         *("loss_scale_factor", "three-betas", "beta-1", "top_k", "val-top_p", "gae", "bypass"),
-        *("importlib-manager", "dataset-name", "dataset-path"),
+        *("importlib-manager", "dataset-name", "dataset-path", "attention", "micro-0"),
     ],
 )
 def test_values_a_run_would_refuse_mid_step_fail_at_load(path, overrides, message):

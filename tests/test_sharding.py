@@ -163,3 +163,19 @@ def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):
     assert placed[("q_proj", "kernel")] == P("fsdp", "tensor")
     assert placed[("down_proj", "kernel")] == P("tensor", "fsdp")
     assert actor.spec.train.plan.micro_rows == 4  # 4 data-parallel ranks x 1 row
+
+
+def test_a_role_mesh_follows_the_roles_own_fsdp_size():
+    """As verl's workers each build a device mesh from their own fsdp_size: the reference or
+    critic gets its FSDP width even where its parallel sizes match the actor's."""
+    actor = make_mesh(8, fsdp_size=2)
+    assert dict(role_mesh(actor, 1, 4, "critic").shape) == {
+        "data": 2,
+        "fsdp": 4,
+        "tensor": 1,
+        "sequence": 1,
+    }
+    assert dict(role_mesh(actor, 1, -1, "critic").shape)["fsdp"] == 8  # -1: every device
+    assert role_mesh(actor, 1, 2, "critic") is actor
+    with pytest.raises(ValueError, match="critic: fsdp_config.fsdp_size=3 must divide the 8"):
+        role_mesh(actor, 1, 3, "critic")
