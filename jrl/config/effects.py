@@ -120,8 +120,13 @@ def _not_dapo(config: ConfigDict, engine: str) -> bool:
     return manager_name(config)[1] != "dapo"
 
 
+def _lora_on(model: str) -> Applies:
+    return lambda config, engine: (config[f"{model}.lora_rank"] or 0) > 0
+
+
 def _lora_off(model: str) -> Applies:
-    return lambda config, engine: not (config[f"{model}.lora_rank"] or 0) > 0
+    on = _lora_on(model)
+    return lambda config, engine: not on(config, engine)
 
 
 def _no_custom_reward_manager(config: ConfigDict, engine: str) -> bool:
@@ -493,7 +498,7 @@ NO_EFFECT = (
             f"{_REF}.fsdp_config.{key}",
             "with LoRA the reference is the actor's base model: on the actor's mesh, under the "
             "actor's param_offload",
-            lambda config, engine: not _lora_off("actor_rollout_ref.model")(config, engine),
+            _lora_on("actor_rollout_ref.model"),
         )
         for key in ("fsdp_size", "param_offload")
     ),
