@@ -87,11 +87,17 @@ CONTEXTS = {
     "actor_rollout_ref.ref.fsdp_config.tensor_parallel_size": _TWO_DEVICES,
     f"{ROLLOUT}.tensor_model_parallel_size": _TWO_DEVICES,
     "actor_rollout_ref.model.lora_rank": _FRESH,
+    "critic.model.path": _FRESH,  # a resumed critic takes the checkpoint's weights
     "critic.model.lora_rank": _FRESH,
     # Prompts of the tiny data are 46-51 tokens long: at 48, filtering drops some; at 40 every
     # prompt is cut (the tiny preset cuts on the left).
     "data.filter_overlong_prompts": {"data.max_prompt_length": 48},
     "data.truncation": {"data.max_prompt_length": 40},
+    # A token budget of one tiny row (128 + 16 tokens): dynamic batches of one row each.
+    **{
+        f"{role}.log_prob_use_dynamic_bsz": {f"{role}.log_prob_max_token_len_per_gpu": 144}
+        for role in (ROLLOUT, "actor_rollout_ref.ref")
+    },
     # One step per epoch: the run ends after total_epochs of them.
     "trainer.total_epochs": {**_FRESH, "data.train_max_samples": 4},
     "trainer.test_freq": _FRESH,  # validation at the first step too
@@ -135,13 +141,20 @@ VALUES = {
     # item) or in a range that the tiny run never reaches.
     **{
         f"{section}.{key}": "bf16"
-        for section in (f"{ACTOR}.fsdp_config", "actor_rollout_ref.ref.fsdp_config")
+        for section in (
+            f"{ACTOR}.fsdp_config",
+            "actor_rollout_ref.ref.fsdp_config",
+            "critic.model.fsdp_config",
+        )
         for key in ("dtype", "model_dtype")
     },
     f"{ROLLOUT}.dtype": "bf16",
-    f"{ACTOR}.checkpoint.save_contents": ["model", "extra"],
-    f"{ACTOR}.checkpoint.load_contents": ["model", "extra"],
-    f"{ACTOR}.optim.lr_warmup_steps": 5,
+    **{
+        f"{role}.checkpoint.{key}": ["model", "extra"]
+        for role in (ACTOR, "critic")
+        for key in ("save_contents", "load_contents")
+    },
+    **{f"{role}.optim.lr_warmup_steps": 5 for role in (ACTOR, "critic")},
     # Values whose effect the tiny run reaches: a warm-up longer than one step, a cosine
     # schedule, weights below the lower bound, a veto of any token the trainer finds less likely.
     **{f"{role}.optim.lr_warmup_steps_ratio": 1.0 for role in (ACTOR, "critic")},
@@ -165,7 +178,7 @@ VALUES = {
     "data.train_max_samples": 8,
     "trainer.total_epochs": 2,
     "trainer.test_freq": 1,
-    "trainer.critic_warmup": 2,
+    "trainer.critic_warmup": 3,  # no actor update at the probe's step 2
     "trainer.logger": ["console", "tensorboard"],
     "trainer.max_actor_ckpt_to_keep": 1,  # 0, like null, keeps every checkpoint (verl's rule)
     "trainer.max_critic_ckpt_to_keep": 1,

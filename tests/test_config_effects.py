@@ -91,6 +91,7 @@ CUSTOM_MANAGER = ("reward_manager.source=importlib", "reward_manager.module.path
             ["algorithm.adv_estimator=grpo_passk"],
         ),
         ("trainer.critic_warmup=2", [], []),  # the PPO card has a critic
+        ("critic.enable=true", ["algorithm.adv_estimator=gae"], ["algorithm.adv_estimator=grpo"]),
         (
             "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",
             ["actor_rollout_ref.model.lora_rank=8"],

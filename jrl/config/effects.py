@@ -488,6 +488,12 @@ NO_EFFECT = (
         given_only=True,
     ),
     NoEffect(
+        "critic.enable",
+        "algorithm.adv_estimator=gae starts the critic whatever critic.enable says (False is an "
+        "error)",
+        lambda config, engine: config.algorithm.adv_estimator == "gae",
+    ),
+    NoEffect(
         "trainer.critic_warmup",
         _NO_CRITIC,
         lambda config, engine: not uses_critic(config),

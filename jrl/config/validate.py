@@ -191,6 +191,8 @@ def _batches(config: ConfigDict, gpus: int) -> Iterator[str]:
     for prefix in roles:
         if not config[f"{prefix}.log_prob_use_dynamic_bsz"]:
             yield from _one_of(config, prefix, "log_prob_micro_batch_size", gpus)
+    if uses_critic(config) and not config.critic.use_dynamic_bsz:
+        yield from _one_of(config, "critic", "forward_micro_batch_size", gpus)
     if config.reward_model.enable and not config.reward_model.use_dynamic_bsz:
         yield from _one_of(config, "reward_model", "micro_batch_size", gpus)
     yield from _token_budgets(config)
