@@ -2,7 +2,7 @@
 at a time, either changes what a real run does, is named in the no-effect notice, or is refused
 (at load, or at start-up by a check that names it against the files or devices it names).
 
-    python tests/key_behaviour.py grpo --out grpo.json    # ~10 min on 2 cores; ppo: ~25 min
+    python tests/key_behaviour.py grpo --out grpo.json    # ~10 min on 2 cores; ppo: ~18 min
     python tests/key_behaviour.py ppo --only critic.optim # keys or key prefixes
 
 What a run does is its fingerprint: the metrics it logs (wall-clock figures left out), the

@@ -3,7 +3,7 @@ non-default value changes the run's metrics, compiled programs, files or residen
 is named in the no-effect notice, or is refused.
 
 CI probes a few keys of each kind on the GRPO card (about a minute); the full sweep of both
-cards takes 10-25 minutes per card on 2 cores and runs with ``JRL_KEY_SWEEP=1``:
+cards takes 10 (GRPO) and 18 (PPO) minutes on 2 cores and runs with ``JRL_KEY_SWEEP=1``:
 
     JRL_KEY_SWEEP=1 python -m pytest -q tests/test_key_behaviour.py
 """
@@ -33,7 +33,7 @@ def test_a_few_keys_of_each_kind(tmp_path):
 
 
 @pytest.mark.skipif(
-    not os.environ.get("JRL_KEY_SWEEP"), reason="10-25 min per card: JRL_KEY_SWEEP=1"
+    not os.environ.get("JRL_KEY_SWEEP"), reason="10-18 min per card: JRL_KEY_SWEEP=1"
 )
 @pytest.mark.parametrize("card", ["grpo", "ppo"])
 def test_no_key_of_the_cards_does_neither(card, tmp_path):
