@@ -44,6 +44,11 @@ _SMALL_MICRO = {
     "critic.ppo_micro_batch_size_per_gpu": 1,
 }
 _TWO_DEVICES = {"trainer.n_gpus_per_node": 2, **_SMALL_MICRO}
+_FSDP_SECTIONS = (
+    f"{ACTOR}.fsdp_config",
+    "actor_rollout_ref.ref.fsdp_config",
+    "critic.model.fsdp_config",
+)
 # Two mini-batches per step, so that their order (shuffle) matters.
 _TWO_MINI = {f"{ACTOR}.ppo_mini_batch_size": 2, "critic.ppo_mini_batch_size": 2, **_SMALL_MICRO}
 _FRESH = {"trainer.resume_mode": "disable"}  # keys that change what a checkpoint holds
@@ -75,14 +80,7 @@ CONTEXTS = {
     "critic.shuffle": _TWO_MINI,
     f"{ACTOR}.data_loader_seed": {f"{ACTOR}.shuffle": True, **_TWO_MINI},
     "critic.data_loader_seed": {"critic.shuffle": True, **_TWO_MINI},
-    **{
-        f"{section}.fsdp_size": _TWO_DEVICES
-        for section in (
-            f"{ACTOR}.fsdp_config",
-            "actor_rollout_ref.ref.fsdp_config",
-            "critic.model.fsdp_config",
-        )
-    },
+    **{f"{section}.fsdp_size": _TWO_DEVICES for section in _FSDP_SECTIONS},
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _TWO_DEVICES,
     "actor_rollout_ref.ref.fsdp_config.tensor_parallel_size": _TWO_DEVICES,
     f"{ROLLOUT}.tensor_model_parallel_size": _TWO_DEVICES,
@@ -140,13 +138,7 @@ VALUES = {
     # Values that differ from the default in meaning, not only in spelling ("fp32", a repeated
     # item) or in a range that the tiny run never reaches.
     **{
-        f"{section}.{key}": "bf16"
-        for section in (
-            f"{ACTOR}.fsdp_config",
-            "actor_rollout_ref.ref.fsdp_config",
-            "critic.model.fsdp_config",
-        )
-        for key in ("dtype", "model_dtype")
+        f"{section}.{key}": "bf16" for section in _FSDP_SECTIONS for key in ("dtype", "model_dtype")
     },
     f"{ROLLOUT}.dtype": "bf16",
     **{
@@ -161,14 +153,7 @@ VALUES = {
     **{f"{role}.optim.warmup_style": "cosine" for role in (ACTOR, "critic")},
     **{f"{side}.rollout_is_threshold_lower": 1.5 for side in ("algorithm", ACTOR)},
     **{f"{side}.rollout_is_veto_threshold": 1.0 for side in ("algorithm", ACTOR)},
-    **{
-        f"{section}.fsdp_size": 1
-        for section in (
-            f"{ACTOR}.fsdp_config",
-            "actor_rollout_ref.ref.fsdp_config",
-            "critic.model.fsdp_config",
-        )
-    },
+    **{f"{section}.fsdp_size": 1 for section in _FSDP_SECTIONS},
     f"{ACTOR}.data_loader_seed": 7,
     "critic.data_loader_seed": 7,
     f"{ROLLOUT}.top_k": 5,  # 0 disables top-k, as -1 does

@@ -124,6 +124,11 @@ def fingerprint(argv: list[str], folder: Path, changes: Changes) -> dict[str, li
     }
 
 
+def changed_parts(before: dict[str, list], after: dict[str, list]) -> list[str]:
+    """The fingerprint parts in which two runs differ (their printed lines aside)."""
+    return [part for part, seen in before.items() if part != SAID and after[part] != seen]
+
+
 def users_modules(before: set[str]) -> list[str]:
     """The modules of the user's own files (outside the environment and this repository) that
     were imported since `before`, forgotten again so that every run imports them afresh."""
@@ -210,7 +215,7 @@ def outcome(prober: Prober, raw, base, key: str, bases: dict[str, dict]) -> str:
         if key in str(err):  # a check at start-up against the files or devices it names
             return f"refused at start-up: {type(err).__name__}: {str(err)[:200]}"
         return f"run failed ({key}={value!r}): {type(err).__name__}: {str(err)[-300:]}"
-    moved = [part for part, seen in bases[label].items() if part != SAID and changed[part] != seen]
+    moved = changed_parts(bases[label], changed)
     if moved:
         return f"acts: {', '.join(moved)}"
     if any(f"{key}=" in line for line in changed[SAID]):  # e.g. the vLLM fallback's line
@@ -232,7 +237,7 @@ def sweep(card: str, root: Path, only: Sequence[str] = (), say=print) -> dict[st
         mock.patch.object(sys, "path", [str(fixtures), *sys.path]),
     ):
         control = [prober.run([]) for _ in range(2)]
-        differ = [p for p in control[0] if p != SAID and control[0][p] != control[1][p]]
+        differ = changed_parts(*control)
         say(f"control: {differ}")
         raw = load_config_file(every_key.CARDS[card])[0]
         base = every_key._load(raw, [])

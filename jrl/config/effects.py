@@ -189,11 +189,24 @@ def _greedy_validation(config: ConfigDict, engine: str) -> bool:
     return not val.do_sample or val.temperature == 0
 
 
-def _on_cpu(config: ConfigDict, engine: str) -> bool:
-    """Applies where the run's devices are the host's CPUs (device memory is host memory)."""
+def _no_host_offload(config: ConfigDict, engine: str) -> bool:
+    """Applies where the backend has no device memory apart from the host's (the decoder's
+    rule, `jrl.models.decoder.OFFLOAD_BACKENDS`: CPU)."""
     import jax
 
-    return jax.default_backend() == "cpu"
+    from jrl.models.decoder import OFFLOAD_BACKENDS
+
+    return jax.default_backend() not in OFFLOAD_BACKENDS
+
+
+def _no_memory_report(config: ConfigDict, engine: str) -> bool:
+    """Applies where the JAX sampler generates and the device reports no memory to take a share
+    of (the sampler's rule, `jrl.rollout.limits.free_device_bytes`: CPU)."""
+    import jax
+
+    from jrl.rollout.limits import free_device_bytes
+
+    return engine == "jax" and free_device_bytes(jax.local_devices()[0]) is None
 
 
 def _local_data(config: ConfigDict, engine: str) -> bool:
@@ -392,13 +405,13 @@ NO_EFFECT = (
     NoEffect(
         "*.enable_activation_offload",
         "on CPU device memory is host memory: the layers are only rematerialised",
-        _on_cpu,
+        _no_host_offload,
     ),
     NoEffect(
         f"{_ROLLOUT}.gpu_memory_utilization",
         "the CPU reports no device memory: the JAX sampler's KV cache follows max_num_seqs and "
         "max_num_batched_tokens",
-        lambda config, engine: engine == "jax" and _on_cpu(config, engine),
+        _no_memory_report,
     ),
     NoEffect("data.image_key", f"{_TEXT_ONLY} (rows with images under it are refused)"),
     NoEffect(

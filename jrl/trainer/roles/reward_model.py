@@ -35,8 +35,8 @@ class RewardModel:
         rm = config.reward_model
         self.mesh = mesh
         fsdp = rm.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
-        model = ModelSpec.resolve(rm.model, fsdp, kind="reward", section="reward_model.model")
-        model = model.load(mesh)
+        spec = ModelSpec.resolve(rm.model, fsdp, kind="reward", section="reward_model.model")
+        model = spec.load(mesh)
         self.graphdef, params = nnx.split(model)
         self.param_shardings = jax.tree.map(lambda x: x.sharding, params)
         offload = Offload.configure(

@@ -80,7 +80,7 @@ class ModelSpec:
             activation_offload=bool(model_cfg.get("enable_activation_offload", False)),
             lora=lora_settings(model_cfg),
             lora_seed=lora_seed,
-            key=f"{section}.{path_key}" if section else path_key,
+            key=f"{section}.{path_key}",
         )
 
     def memory_options(self) -> dict[str, Any]:
@@ -121,7 +121,7 @@ class ModelSpec:
                 )
             return apply_lora(model, seed=self.lora_seed, **self.lora)
         except ValueError as err:
-            raise ValueError(f"{self.key.rpartition('.')[0] or self.key}: {err}") from err
+            raise ValueError(f"{self.key.rpartition('.')[0]}: {err}") from err
 
 
 class SplitKeys(NamedTuple):
