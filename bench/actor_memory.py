@@ -45,10 +45,10 @@ import jax.numpy as jnp  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from bench.memory import SHAPES, memory_bytes, padded_batch  # noqa: E402
-from jrl.config import load_config  # noqa: E402
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
 from jrl.parallel import make_mesh, param_shardings  # noqa: E402
+from jrl.runspec import load_config  # noqa: E402
 from jrl.trainer.roles.actor import ActorLoss  # noqa: E402
 from jrl.trainer.roles.log_probs import logprob_impl  # noqa: E402
 from jrl.trainer.roles.specs import ModelSpec  # noqa: E402

@@ -78,10 +78,10 @@ def _arguments(card: str, folder: Path) -> list[str]:
 def resident_only(card: str, model: str, topology: str, folder: Path) -> dict | None:
     """The line of a run whose resident states alone exceed the chip's HBM (no compile), else
     None."""
-    from jrl.config import load_config
     from jrl.parallel.topology import open_slice
     from jrl.plan.memory import resident_states
     from jrl.plan.roles import build_roles
+    from jrl.runspec import load_config
 
     where = open_slice(topology)
     devices = [

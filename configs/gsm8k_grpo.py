@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
-from jrl.config import apply_preset, load_config_file
+from jrl.config import load_config_file
+from jrl.runspec import apply_preset
 
 PPO_CARD = Path(__file__).with_name("gsm8k_ppo.py")
 

@@ -18,7 +18,8 @@ Laptop presets (one CPU device, float32, built-in `jax` sampler, 3 training step
 
 from ml_collections import ConfigDict
 
-from jrl.config import apply_preset, default_config
+from jrl.config import default_config
+from jrl.runspec import apply_preset
 
 
 def get_config(preset: str | None = None) -> ConfigDict:

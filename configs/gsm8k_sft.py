@@ -24,7 +24,8 @@ to `trainer.checkpoint.save_contents` for a Hugging Face folder in `actor/huggin
 
 from ml_collections import ConfigDict
 
-from jrl.config import apply_sft_preset, sft_config
+from jrl.config import sft_config
+from jrl.runspec import apply_sft_preset
 
 
 def get_config(preset: str | None = None) -> ConfigDict:

@@ -34,7 +34,8 @@ import os
 import sys
 from typing import Any
 
-from jrl.config import ConfigError, load_config
+from jrl.config import ConfigError
+from jrl.runspec import load_config
 
 _BAD_INPUT = (
     ConfigError,

@@ -37,7 +37,8 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from jrl.config.entry import INPUT_ERRORS, load_entry_config, run_entry
-from jrl.config.eval_defaults import evaluation_config, validate_evaluation
+from jrl.config.eval_defaults import evaluation_config
+from jrl.runspec.eval_checks import validate_evaluation
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

@@ -36,8 +36,9 @@ from ml_collections import ConfigDict
 
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config.entry import load_entry_config, run_entry
-from jrl.config.eval_defaults import generation_config, validate_generation
+from jrl.config.eval_defaults import generation_config
 from jrl.data.atomic import atomic_file
+from jrl.runspec.eval_checks import validate_generation
 
 RESPONSES = "responses"
 

@@ -59,8 +59,8 @@ import time
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config.entry import INPUT_ERRORS, load_entry_config, run_entry
 from jrl.config.sft_defaults import sft_config
-from jrl.config.validate import validate_sft
 from jrl.parallel import distributed
+from jrl.runspec.validate import validate_sft
 from jrl.trainer.loop.stopping import NonFiniteLossError
 
 # How long the processes of a multi-process run wait for each other to join (verl's SFT trainer

@@ -53,11 +53,12 @@ from typing import Any
 
 from jrl.assets import prepare_for
 from jrl.compile_cache import enable_compilation_cache
-from jrl.config import ConfigError, load_config, n_gpus
-from jrl.config.effects import command_line_keys, explain, no_effect_notice
+from jrl.config import ConfigError
 from jrl.parallel import distributed
 from jrl.plot import plot_after_training, validation_summary
 from jrl.rollout.build import serving_engine
+from jrl.runspec import load_config, n_gpus
+from jrl.runspec.effects import command_line_keys, explain, no_effect_notice
 from jrl.trainer.loop.stopping import NonFiniteLossError
 
 

@@ -21,11 +21,11 @@ from key_reads import is_read, reads_of_run
 from ml_collections import ConfigDict, FieldReference
 
 from jrl.config import ConfigError, apply_overrides, default_config, load_config_file, resolve
-from jrl.config.effects import ignored_settings, no_effect_reason
 from jrl.config.moved import leaves, value_at
 from jrl.config.tree import key_paths
-from jrl.config.unsupported import unsupported_reason
-from jrl.config.validate import validate
+from jrl.runspec.effects import ignored_settings, no_effect_reason
+from jrl.runspec.unsupported import unsupported_reason
+from jrl.runspec.validate import validate
 
 CARDS = {"grpo": "configs/gsm8k_grpo.py:tiny", "ppo": "configs/gsm8k_ppo.py:tiny"}
 VERL_KEYS = Path(__file__).with_name("data") / "verl_v0.6.0_ppo_keys.txt"

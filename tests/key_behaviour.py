@@ -48,10 +48,10 @@ from key_fixtures import write_fixtures  # noqa: E402
 
 from jrl import train  # noqa: E402
 from jrl.config import ConfigError, load_config_file, loading  # noqa: E402
-from jrl.config.effects import no_effect_reason  # noqa: E402
 from jrl.config.moved import leaves  # noqa: E402
 from jrl.config.overrides import parse_command_line  # noqa: E402
 from jrl.parallel import memory_bytes  # noqa: E402
+from jrl.runspec.effects import no_effect_reason  # noqa: E402
 from jrl.trainer.ppo.trainer import PPOTrainer  # noqa: E402
 
 WALL_CLOCK = (

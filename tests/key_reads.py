@@ -24,7 +24,7 @@ from jrl.config.tree import key_paths
 from jrl.trainer.ppo import trainer as ppo_trainer
 
 # Modules whose reads are about the config, not the run: printing it, the no-effect notice.
-_NOT_ACTING = ("jrl.config.effects", "jrl.config.loading")
+_NOT_ACTING = ("jrl.runspec.effects", "jrl.config.loading")
 
 
 class _TrackedMapping(Mapping):

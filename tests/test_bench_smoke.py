@@ -101,7 +101,7 @@ def test_actor_update_memory_drops_with_fused_kernels():
     materialised logits, by at least one float32 copy of them."""
     sys.path.insert(0, str(ROOT))
     from bench.actor_memory import update_memory
-    from jrl.config import load_config
+    from jrl.runspec import load_config
     from tests.helpers import tiny_llama
 
     model = tiny_llama(vocab_size=65536, max_position_embeddings=128)

@@ -29,9 +29,10 @@ from checkpoint_helpers import (
 from flax import nnx, traverse_util
 
 from jrl.assets import prepare_tiny
-from jrl.config import ConfigError, load_config
+from jrl.config import ConfigError
 from jrl.models import CausalLM, from_pretrained
 from jrl.parallel import make_mesh
+from jrl.runspec import load_config
 from jrl.trainer.io.checkpoint import (
     TRACKER_FILE,
     CheckpointError,

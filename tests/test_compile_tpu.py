@@ -136,12 +136,12 @@ def test_the_rollout_keeps_one_copy_of_its_kv_cache_on_tpu(head_dim):
     """One kv head per chip (2 heads, tensor parallel 2). The TPU compiler tiles an array's two
     minor dimensions; the cache layout of `jrl.models.kv_layout` keeps the decode loop from
     holding a second, re-laid-out copy of the whole cache for either head_dim."""
-    from jrl.config import load_config
     from jrl.parallel.topology import open_slice
     from jrl.plan.compiled import compile_program
     from jrl.plan.memory import plan_kv_cache
     from jrl.plan.programs import step_programs
     from jrl.plan.roles import build_roles
+    from jrl.runspec import load_config
 
     model = "+actor_rollout_ref.model.override_config.model_config"
     where = open_slice("v5e:2x2")

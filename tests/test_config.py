@@ -10,19 +10,15 @@ from helpers import flatten
 from jrl.config import (
     ConfigError,
     apply_overrides,
-    apply_preset,
     default_config,
-    load_config,
     load_config_file,
     parse_command_line,
     resolve,
     to_yaml,
-    uses_critic,
-    uses_reference,
-    validate,
 )
 from jrl.config.tree import key_paths, lookup
 from jrl.config.values import parse_value
+from jrl.runspec import apply_preset, load_config, uses_critic, uses_reference, validate
 
 REPO = Path(__file__).parents[1]
 PPO = str(REPO / "configs" / "gsm8k_ppo.py")

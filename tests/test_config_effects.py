@@ -11,8 +11,11 @@ from fnmatch import fnmatchcase
 import pytest
 
 from jrl import train
-from jrl.config import default_config, load_config, resolve
-from jrl.config.effects import (
+from jrl.config import default_config, resolve
+from jrl.config.tree import key_paths
+from jrl.rollout.build import serving_engine, vllm_cannot_serve
+from jrl.runspec import load_config
+from jrl.runspec.effects import (
     NO_EFFECT,
     command_line_keys,
     explain,
@@ -20,8 +23,6 @@ from jrl.config.effects import (
     leaves,
     no_effect_notice,
 )
-from jrl.config.tree import key_paths
-from jrl.rollout.build import serving_engine, vllm_cannot_serve
 
 TINY = "--config=configs/gsm8k_grpo.py:tiny"
 ROLLOUT = "actor_rollout_ref.rollout"

@@ -13,9 +13,10 @@ from flax import nnx
 from helpers import one_tiny_ppo_step, padded_rows, policy_log_probs
 
 from jrl.batch import Batch
-from jrl.config import ConfigError, default_config, load_config
+from jrl.config import ConfigError, default_config
 from jrl.models import ModelConfig, init_random
 from jrl.parallel import make_mesh
+from jrl.runspec import load_config
 from jrl.trainer.roles.actor import ActorLoss
 from jrl.trainer.update.dynamic_batching import TokenBudget, plan_micro_batches, token_minibatches
 from jrl.trainer.update.learner import Learner, UpdatePlan, verl_row_order

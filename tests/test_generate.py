@@ -11,8 +11,8 @@ from helpers import generate_args
 from jrl.assets import prepare_digits
 from jrl.config import ConfigError, generation_config
 from jrl.config.entry import load_entry_config
-from jrl.config.eval_defaults import validate_generation
 from jrl.generate import main
+from jrl.runspec.eval_checks import validate_generation
 
 ROWS = 6
 

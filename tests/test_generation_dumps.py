@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from jrl import train
-from jrl.config import load_config
 from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import load_tokenizer
+from jrl.runspec import load_config
 from jrl.trainer.io.generations import write_generations
 from jrl.trainer.ppo.trainer import PPOSpec
 

@@ -1,8 +1,9 @@
 """The house's shape: imports point one way only, and tests share helpers instead of importing
 each other.
 
-Layers, lowest first: kernels and the batch type <- parallel <- models <- data <-
-algos / rollout / reward <- assets <- config <- trainer <- what the entry points share (plots,
+Layers, lowest first: kernels, the batch type and the key tree (config) <- parallel <- models <-
+data <- algos / rollout / reward <- assets <- the resolver (runspec) <- trainer <- what the entry
+points share (plots,
 the compilation cache, the TPU planner) <- entry points (the ``python -m`` commands); inside
 the trainer, update <- io / roles <- loop <- ppo / sft. A module may import its own package and
 the layers below it, never a sibling of its layer or anything above.
@@ -11,19 +12,21 @@ the layers below it, never a sibling of its layer or anything above.
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = (
-    ("jrl_kernels", "jrl.batch"),
+    ("jrl_kernels", "jrl.batch", "jrl.config"),
     ("jrl.parallel",),
     ("jrl.models",),
     ("jrl.data",),
     ("jrl.algos", "jrl.rollout", "jrl.reward"),
     ("jrl.assets",),
-    ("jrl.config",),
+    ("jrl.runspec",),
     ("jrl.trainer",),
     ("jrl.plot", "jrl.compile_cache", "jrl.plan"),
     (
@@ -144,3 +147,18 @@ def test_no_test_imports_another_test_module():
                 if name.split(".")[-1].startswith("test_"):
                     offenders.append(f"{path.name} imports {name}")
     assert offenders == []
+
+
+def test_the_key_tree_imports_no_jax_and_no_other_jrl_package():
+    """`import jrl.config` is the light door: keys, cards and overrides, nothing that computes."""
+    probe = (
+        "import sys, time; t = time.perf_counter(); import jrl.config; "
+        "t = time.perf_counter() - t; "
+        "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax', "
+        "'numpy', 'jrl_kernels') or (m.startswith('jrl.') and not m.startswith('jrl.config'))); "
+        "print(heavy, t)"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    heavy, seconds = out.stdout.rsplit(" ", 1)
+    assert heavy == "[]", heavy
+    assert float(seconds) < 0.3, f"import jrl.config took {float(seconds):.2f} s"

@@ -17,7 +17,6 @@ from safetensors.numpy import load_file
 from jrl import train
 from jrl.assets import prepare_for
 from jrl.batch import Batch
-from jrl.config import load_config
 from jrl.models import (
     LoRAParam,
     ModelConfig,
@@ -29,6 +28,7 @@ from jrl.models import (
 )
 from jrl.models.lora import adapted_modules, lora_targets
 from jrl.parallel import make_mesh
+from jrl.runspec import load_config
 from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.reference import Reference
 from jrl.trainer.update.learner import Learner, build_update

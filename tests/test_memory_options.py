@@ -17,10 +17,10 @@ from flax import nnx
 from helpers import one_tiny_ppo_step, padded_rows, policy_log_probs, tiny_gemma2
 
 from jrl.batch import Batch
-from jrl.config import load_config
 from jrl.models import init_random
 from jrl.models.decoder import host_offload_supported, set_memory_options
 from jrl.parallel import make_mesh, shard_batch
+from jrl.runspec import load_config
 from jrl.trainer.roles.critic import response_values
 from jrl.trainer.roles.log_probs import response_log_probs
 from jrl.trainer.roles.specs import ModelSpec

@@ -15,9 +15,9 @@ from safetensors.numpy import load_file, save_file
 
 from jrl import merge
 from jrl.assets import prepare_for
-from jrl.config import load_config
 from jrl.models import init_random
 from jrl.parallel import make_mesh
+from jrl.runspec import load_config
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.io.checksums import file_digest, sealed
 from jrl.trainer.ppo.trainer import PPOTrainer

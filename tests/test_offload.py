@@ -16,10 +16,10 @@ import pytest
 from helpers import tiny_llama
 
 from jrl.assets import prepare_for
-from jrl.config import load_config
 from jrl.models import init_random
 from jrl.parallel import ON_DEVICE, Offload, make_mesh, memory_bytes
 from jrl.parallel.offload import HOST_MEMORY, host_memory_kind
+from jrl.runspec import load_config
 from jrl.trainer.ppo.trainer import PPOTrainer
 from jrl.trainer.update.learner import Learner, UpdatePlan
 

@@ -99,7 +99,7 @@ PPO_CARD = "configs/gsm8k_ppo.py:tiny"
     ids=["default", "torch", "triton", "actor-off"],
 )
 def test_logprob_impl_follows_use_fused_kernels(overrides, actor, ref):
-    from jrl.config import load_config
+    from jrl.runspec import load_config
     from jrl.trainer.roles.log_probs import logprob_impl
 
     config, _ = load_config([f"--config={PPO_CARD}", *overrides])
@@ -108,7 +108,8 @@ def test_logprob_impl_follows_use_fused_kernels(overrides, actor, ref):
 
 
 def test_unknown_impl_backend_is_a_config_error():
-    from jrl.config import ConfigError, load_config
+    from jrl.config import ConfigError
+    from jrl.runspec import load_config
 
     overrides = [
         "actor_rollout_ref.model.use_fused_kernels=True",

@@ -49,8 +49,8 @@ def test_reward_model_scores_drive_training(reward_model_dir, input_tokenizer, t
 
 
 def _scorer(reward_model_dir, *overrides: str):
-    from jrl.config import load_config
     from jrl.parallel import make_mesh
+    from jrl.runspec import load_config
     from jrl.trainer.roles.reward_model import RewardModel
 
     config = load_config(

@@ -14,7 +14,8 @@ from reference import MASK, B, close, rand, ref_agg
 from jrl import algos
 from jrl.algos import rollout_correction as rc
 from jrl.batch import Batch
-from jrl.config import ConfigError, frozen, load_config
+from jrl.config import ConfigError, frozen
+from jrl.runspec import load_config
 from jrl.trainer.ppo.experience import rollout_correction
 from jrl.trainer.roles.actor import ActorLoss
 

@@ -15,10 +15,10 @@ from helpers import tiny_llama
 
 from jrl.assets import prepare_for
 from jrl.batch import Batch
-from jrl.config import load_config
 from jrl.models import init_random
 from jrl.models.attention import check_sequence_heads
 from jrl.parallel import batch_sharding, make_mesh, shard_params
+from jrl.runspec import load_config
 from jrl.trainer.roles.actor import Actor
 
 ACTOR = "actor_rollout_ref.actor"

@@ -36,11 +36,11 @@ from jrl.config import (
 )
 from jrl.config.entry import load_entry_config
 from jrl.config.tree import key_paths, lookup
-from jrl.config.validate import validate_sft
 from jrl.data.sft_dataset import SFTDataset, create_sft_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam, init_random
 from jrl.models.lora import adapted_modules, linear_layers
+from jrl.runspec.validate import validate_sft
 from jrl.trainer.sft.loss import SFTLoss, row_nll
 from jrl.trainer.update.optim import (
     make_sft_optimizer,

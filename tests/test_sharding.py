@@ -141,7 +141,7 @@ def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):
     2-way tensor, its attention and MLP kernels split over both, and the batch rules count 4
     data-parallel ranks (a mini-batch that 8 ranks could not split is fine)."""
     from jrl.assets import prepare_for
-    from jrl.config import load_config
+    from jrl.runspec import load_config
     from jrl.trainer.roles.actor import Actor
 
     actor_key = "actor_rollout_ref.actor"

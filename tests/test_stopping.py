@@ -11,9 +11,9 @@ from helpers import WatchedRun
 
 from jrl import train
 from jrl.assets import prepare_tiny, tiny_paths
-from jrl.config import load_config
 from jrl.models import from_pretrained
 from jrl.parallel import make_mesh
+from jrl.runspec import load_config
 from jrl.trainer.io.checkpoint import problems, read_tracker, restore_role
 from jrl.trainer.loop.stopping import NonFiniteLossError, StopRequest
 from jrl.trainer.update.learner import Learner

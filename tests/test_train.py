@@ -15,7 +15,7 @@ import pytest
 from jrl import train
 from jrl.assets import prepare_for
 from jrl.batch import Batch
-from jrl.config import load_config
+from jrl.runspec import load_config
 from jrl.trainer.ppo.experience import compute_advantage
 from jrl.trainer.ppo.trainer import PPOTrainer
 

@@ -9,10 +9,10 @@ import re
 import pytest
 
 from jrl.assets import prepare_for
-from jrl.config import load_config
 from jrl.parallel.topology import open_slice
 from jrl.plan.programs import step_programs
 from jrl.plan.roles import build_roles
+from jrl.runspec import load_config
 
 # 8 prompts x 2 answers in one mini-batch: two micro-batches of one row per device.
 CARD = [

@@ -270,7 +270,7 @@ def test_vllm_version_floor():
 )
 def test_config_refuses_sampling_that_an_engine_would_change_or_refuse(changes, message):
     from jrl.config import ConfigError, default_config
-    from jrl.config.sampling_checks import sampling_problems
+    from jrl.runspec.sampling_checks import sampling_problems
 
     config = resolve(default_config())
     for key, value in changes.items():
@@ -285,7 +285,7 @@ def test_config_refuses_sampling_that_an_engine_would_change_or_refuse(changes, 
         config.actor_rollout_ref.rollout.name = "jax"  # jrl's sampler takes any temperature
         assert list(sampling_problems(config)) == []
     with pytest.raises(ConfigError):
-        from jrl.config.validate import validate
+        from jrl.runspec.validate import validate
 
         validate(config)
 

@@ -13,7 +13,7 @@ This is the verl v0.6 spelling mapped onto `jrl.algos.rollout_correction` (curre
 `algorithm.rollout_correction`): the log-weights, the weight statistics and the off-policy metrics
 are that module's; the geometric level, mask mode, veto, percentiles and the `mismatch/` names are
 v0.6's. The actor-level copies (`actor_rollout_ref.actor.rollout_is*`) are merged into these keys by
-`jrl.config.rollout_correction_checks.legacy_rollout_is`.
+`jrl.runspec.rollout_correction_checks.legacy_rollout_is`.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every key of offline generation (``python -m jrl.generate``) and evaluation
 (``python -m jrl.evaluate``) with its default: verl's generation and evaluation configs, same
-names and meaning, and their cross-key checks.
+names and meaning (their cross-key checks: `jrl.runspec.eval_checks`).
 
 The evaluation keys and values are those of verl's configuration document. jrl adds
 ``custom_reward_function.reward_kwargs`` (as in the PPO tree) and ``pass_at_k`` (which k to report
@@ -10,14 +10,10 @@ and the score a response needs to count as correct); generation adds ``data.trun
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 from ml_collections import ConfigDict
 from ml_collections.config_dict import placeholder
 
 from jrl.config.defaults import custom_reward_function, ray_kwargs, section
-from jrl.config.errors import ConfigError
-from jrl.config.validate import ROLLOUT_NAMES, TRUNCATIONS
 
 
 def generation_config() -> ConfigDict:
@@ -84,42 +80,3 @@ def evaluation_config() -> ConfigDict:
         ray_kwargs=ray_kwargs(),
     )
     return config.lock()
-
-
-def _generation_problems(config: ConfigDict) -> Iterator[str]:
-    rollout, data = config.rollout, config.data
-    if rollout.name not in ROLLOUT_NAMES:
-        yield f"rollout.name={rollout.name!r} is not one of {', '.join(ROLLOUT_NAMES)}"
-    if data.truncation not in TRUNCATIONS:
-        yield f"data.truncation={data.truncation!r} is not one of {', '.join(TRUNCATIONS)}"
-    if rollout.n != 1:
-        yield (
-            f"rollout.n={rollout.n}: responses per prompt are set by data.n_samples; "
-            "keep rollout.n=1"
-        )
-    if data.n_samples < 1 or data.batch_size < 1:
-        yield f"data.n_samples={data.n_samples} and data.batch_size={data.batch_size} must be >= 1"
-    if data.n_samples > 1 and (rollout.temperature == 0 or not rollout.do_sample):
-        yield (
-            f"data.n_samples={data.n_samples} with greedy decoding (rollout.temperature="
-            f"{rollout.temperature}, rollout.do_sample={rollout.do_sample}) gives identical "
-            "responses; set data.n_samples=1 or sample (temperature > 0, do_sample=true)"
-        )
-    if rollout.prompt_length < 1 or rollout.response_length < 1:
-        yield "rollout.prompt_length and rollout.response_length must be >= 1"
-    if config.trainer.nnodes * config.trainer.n_gpus_per_node <= 0:
-        yield "trainer.nnodes * trainer.n_gpus_per_node must be positive"
-
-
-def validate_generation(config: ConfigDict) -> None:
-    """Raise ConfigError listing every broken generation rule."""
-    problems = list(_generation_problems(config))
-    if problems:
-        raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
-
-
-def validate_evaluation(config: ConfigDict) -> None:
-    """Raise ConfigError when ``pass_at_k.k`` holds anything but positive integers."""
-    ks = config.pass_at_k.k
-    if ks is not None and not all(isinstance(k, int) and k > 0 for k in ks):
-        raise ConfigError(f"pass_at_k.k={ks!r} must be a list of positive integers (or null)")

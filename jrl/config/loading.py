@@ -1,4 +1,5 @@
-"""From a command line to a checked config: file -> overrides -> resolve -> validate."""
+"""From a command line to a resolved config: card file -> overrides -> interpolation (the checks
+run above, in `jrl.runspec`)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from jrl.config.defaults import default_config
 from jrl.config.errors import ConfigError
 from jrl.config.interpolation import resolve
 from jrl.config.overrides import apply_overrides, parse_command_line
-from jrl.config.validate import validate
 
 
 def load_config_file(spec: str) -> tuple[ConfigDict, ModuleType]:
@@ -45,19 +45,13 @@ def load_config_file(spec: str) -> tuple[ConfigDict, ModuleType]:
     return config, module
 
 
-def load_config(
-    argv: Sequence[str], num_devices: int | None = None
-) -> tuple[ConfigDict, ModuleType | None]:
-    """The checked, resolved config of a command line (without the program name).
-
-    Without `--config` the defaults are used (and the module is None). `num_devices`, when given,
-    is the number of visible devices the run must fit in.
-    """
+def read_config(argv: Sequence[str]) -> tuple[ConfigDict, ModuleType | None]:
+    """The resolved, not yet checked config of a command line (without the program name): the
+    card of ``--config=FILE.py[:preset]`` (else the defaults, and the module is None), then the
+    overrides."""
     spec, overrides = parse_command_line(argv)
     config, module = load_config_file(spec) if spec else (default_config(), None)
-    config = resolve(apply_overrides(config, overrides))
-    validate(config, num_devices)
-    return config, module
+    return resolve(apply_overrides(config, overrides)), module
 
 
 def to_yaml(config: ConfigDict) -> str:

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from jrl.config import uses_critic
 from jrl.plan.memory import Plan
+from jrl.runspec import uses_critic
 
 ARR = "actor_rollout_ref"
 

@@ -14,12 +14,12 @@ from typing import Any
 
 from jax.sharding import Mesh
 
-from jrl.config import n_gpus, uses_critic, uses_reference
 from jrl.parallel import make_mesh
 from jrl.parallel.topology import Slice
 from jrl.rollout.build import build_rollout, sampling_params
 from jrl.rollout.jax_rollout import JaxRollout
 from jrl.rollout.sampling import SamplingParams
+from jrl.runspec import n_gpus, uses_critic, uses_reference
 from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.critic import Critic
 from jrl.trainer.roles.reference import Reference

@@ -40,10 +40,10 @@ import orbax.checkpoint as ocp
 from etils import epath
 from flax import traverse_util
 
-from jrl.config.validate import CHECKPOINT_ITEMS as ITEMS
 from jrl.models import save_pretrained
 from jrl.models.safetensors_io import replace_directory
 from jrl.parallel.distributed import shared_token
+from jrl.runspec.validate import CHECKPOINT_ITEMS as ITEMS
 from jrl.trainer.io.checksums import (
     file_entries,
     file_problems,

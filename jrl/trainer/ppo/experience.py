@@ -11,7 +11,7 @@ import numpy as np
 from jrl import algos
 from jrl.algos.rollout_correction import rollout_correction_step
 from jrl.batch import Batch
-from jrl.config.rollout_correction_checks import legacy_rollout_is
+from jrl.runspec.rollout_correction_checks import legacy_rollout_is
 
 
 def compute_advantage(

@@ -21,7 +21,7 @@ import numpy as np
 
 from jrl import algos
 from jrl.batch import Batch
-from jrl.config import frozen, n_gpus, to_yaml, uses_critic, uses_reference
+from jrl.config import frozen, to_yaml
 from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import load_tokenizer
@@ -38,6 +38,7 @@ from jrl.parallel.devices import check_device
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
+from jrl.runspec import n_gpus, uses_critic, uses_reference
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.io.generations import write_generations
 from jrl.trainer.io.metrics import (

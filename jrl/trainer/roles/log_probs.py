@@ -1,6 +1,6 @@
 """Per-token log-probs (and entropy) of the responses under a causal LM, by the log-prob kernel a
 config selects: verl's ``use_fused_kernels`` / ``fused_kernel_options.impl_backend`` mapped onto
-`jrl_kernels.logprob_entropy`'s implementations (`jrl.config.validate.FUSED_KERNEL_IMPLS`). Used
+`jrl_kernels.logprob_entropy`'s implementations (`jrl.runspec.validate.FUSED_KERNEL_IMPLS`). Used
 by the policy roles (`LogProbForward`, the actor's loss) and by SFT.
 
 Log-probs and entropy of response token t come from the logits at position ``-R-1+t`` divided by
@@ -16,9 +16,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jrl.batch import Batch
-from jrl.config.validate import FUSED_KERNEL_IMPLS
 from jrl.models import CausalLM
 from jrl.parallel import batch_sharding, on_mesh
+from jrl.runspec.validate import FUSED_KERNEL_IMPLS
 from jrl.trainer.roles.specs import ForwardSpec
 from jrl.trainer.update.packing import PackLayout, response_window
 from jrl_kernels import logprob_entropy

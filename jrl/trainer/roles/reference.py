@@ -112,7 +112,7 @@ class Reference:
     @classmethod
     def from_actor(cls, config: Any, actor: Actor) -> Reference:
         """With LoRA: `actor`'s frozen base model without its adapters, on the actor's mesh
-        (`jrl.config.validate` made sure the reference asks for the same sequence parallelism)."""
+        (`jrl.runspec.validate` made sure the reference asks for the same sequence parallelism)."""
         mesh = actor.mesh
         spec = ReferenceSpec.resolve(config, mesh)
         base = remove_adapters(nnx.merge(actor.learner.graphdef, actor.params))

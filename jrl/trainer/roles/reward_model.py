@@ -22,9 +22,9 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jrl.batch import Batch
-from jrl.config import n_gpus
 from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import Offload, batch_sharding, place
+from jrl.runspec import n_gpus
 from jrl.trainer.roles.specs import SCORE_KEYS, ForwardSpec, ModelSpec
 
 

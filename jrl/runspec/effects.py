@@ -5,7 +5,7 @@ A key acts in the module its section names (`HOMES`, longest prefix wins) unless
 lists it for this run: keys of torch, Ray or an engine that this run does not use, and keys of a
 part of the run that is switched off (a critic under GRPO, token budgets without dynamic batch
 sizes). Keys of features jrl does not implement are config errors instead
-(`jrl.config.unsupported`). The notice names only keys the user set to a value other than the
+(`jrl.runspec.unsupported`). The notice names only keys the user set to a value other than the
 default; untouched defaults say nothing.
 """
 
@@ -21,12 +21,13 @@ from ml_collections import ConfigDict
 
 from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
-from jrl.config.loading import load_config, load_config_file
+from jrl.config.loading import load_config_file
 from jrl.config.moved import follows, key_matches, leaves, moved_settings, value_at
 from jrl.config.overrides import parse_command_line
-from jrl.config.unsupported import unsupported_reason
-from jrl.config.validate import uses_critic, uses_reference
 from jrl.rollout.vllm_args import VLLM_PASS_THROUGH
+from jrl.runspec.loading import load_config
+from jrl.runspec.shape import uses_critic, uses_reference
+from jrl.runspec.unsupported import unsupported_reason
 
 _ROLLOUT = "actor_rollout_ref.rollout"
 _ACTOR = "actor_rollout_ref.actor"

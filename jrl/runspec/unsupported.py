@@ -9,16 +9,11 @@ from collections.abc import Callable, Iterator
 from ml_collections import ConfigDict
 
 from jrl.config.moved import key_matches, moved_settings, resolved_defaults, value_at
+from jrl.runspec.shape import uses_critic
 
 
 def _always(config: ConfigDict) -> bool:
     return True
-
-
-def _critic_trained(config: ConfigDict) -> bool:
-    from jrl.config.validate import uses_critic
-
-    return uses_critic(config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +38,7 @@ UNSUPPORTED = (
         "actor_rollout_ref.model.lora_adapter_path",
         "loading a saved LoRA adapter is not implemented",
     ),
-    Unsupported("critic.model.lora_rank", "LoRA on the critic is not implemented", _critic_trained),
+    Unsupported("critic.model.lora_rank", "LoRA on the critic is not implemented", uses_critic),
     Unsupported("actor_rollout_ref.model.hf_config_path", "jrl reads config.json from model.path"),
     Unsupported("actor_rollout_ref.model.mtp.*", "multi-token prediction is not implemented"),
     Unsupported(

@@ -11,9 +11,10 @@ from ml_collections import ConfigDict
 
 from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 from jrl.config.errors import ConfigError
-from jrl.config.rollout_correction_checks import rollout_correction_problems
-from jrl.config.sampling_checks import sampling_problems
-from jrl.config.unsupported import unsupported_settings
+from jrl.runspec.rollout_correction_checks import rollout_correction_problems
+from jrl.runspec.sampling_checks import sampling_problems
+from jrl.runspec.shape import n_gpus, uses_critic, uses_reference
+from jrl.runspec.unsupported import unsupported_settings
 
 LOSS_AGG_MODES = (
     "token-mean",
@@ -33,23 +34,6 @@ SFT_TRUNCATIONS = ("error", "left", "right")
 SFT_STRATEGIES = ("fsdp", "fsdp2")
 _GPUS = "trainer.nnodes * trainer.n_gpus_per_node"
 _N = "actor_rollout_ref.rollout.n"
-
-
-def n_gpus(config: ConfigDict) -> int:
-    """Devices the run asks for: trainer.nnodes * trainer.n_gpus_per_node."""
-    return config.trainer.nnodes * config.trainer.n_gpus_per_node
-
-
-def uses_reference(config: ConfigDict) -> bool:
-    """Whether a reference policy is needed (KL loss in the actor, or KL in the reward)."""
-    return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
-
-
-def uses_critic(config: ConfigDict) -> bool:
-    """Whether a critic is trained: critic.enable, or (when null) adv_estimator == 'gae'."""
-    if config.critic.enable is None:
-        return config.algorithm.adv_estimator == "gae"
-    return bool(config.critic.enable)
 
 
 def _positive(value: int | None) -> bool:
