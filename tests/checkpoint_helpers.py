@@ -9,12 +9,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 from jax.sharding import Mesh
-from ml_collections import ConfigDict
 
 from jrl import train
 from jrl.assets import prepare_tiny
 from jrl.models import from_pretrained
 from jrl.parallel.mesh import MESH_AXES
+from jrl.runspec.run import CheckpointSpec
 from jrl.trainer.io.checkpoint import RoleSnapshot
 from jrl.trainer.update.learner import Learner
 
@@ -29,9 +29,15 @@ def _ppo(run_dir: Path, *overrides: str) -> dict[str, float]:
     return train.main([PPO, f"trainer.default_local_dir={run_dir}", *no_validation, *overrides])
 
 
-def _trainer_cfg(root: Path, mode: str = "auto", path: str | None = None) -> ConfigDict:
-    return ConfigDict(
-        {"resume_mode": mode, "resume_from_path": path, "default_local_dir": str(root)}
+def _trainer_cfg(root: Path, mode: str = "auto", path: str | None = None) -> CheckpointSpec:
+    """Where a run resumes from: `mode` (auto / disable / resume_path) under `root`."""
+    return CheckpointSpec(
+        local_dir=str(root),
+        remote_dir=None,
+        roles={},
+        resume_mode=mode,
+        resume_from_path=path,
+        delete_after_load=False,
     )
 
 

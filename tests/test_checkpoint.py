@@ -33,6 +33,7 @@ from jrl.config import ConfigError
 from jrl.models import CausalLM, from_pretrained
 from jrl.parallel import make_mesh
 from jrl.runspec import load_config
+from jrl.runspec.spec import resolve_run
 from jrl.trainer.io.checkpoint import (
     TRACKER_FILE,
     CheckpointError,
@@ -43,7 +44,6 @@ from jrl.trainer.io.checkpoint import (
     restore_role,
     step_dir,
 )
-from jrl.trainer.ppo.trainer import retention
 from jrl.trainer.update.learner import Learner
 
 REPO = Path(__file__).resolve().parents[1]
@@ -424,7 +424,7 @@ def test_max_ckpt_to_keep_per_role(small_state, tmp_path):
 def test_remove_previous_ckpt_in_save_keeps_one_of_each(small_state, tmp_path):
     config, _ = load_config([PPO, "trainer.remove_previous_ckpt_in_save=true"])
     with pytest.warns(DeprecationWarning, match="max_actor_ckpt_to_keep"):
-        keep = retention(config.trainer)
+        keep = resolve_run(config).checkpoint.retention
     assert keep == {"actor": 1, "critic": 1}
     root = tmp_path / "ckpt"
     remote = f"memory://{tmp_path.name}/remote"
@@ -445,4 +445,4 @@ def test_remove_previous_ckpt_in_save_keeps_one_of_each(small_state, tmp_path):
 
 def test_retention_defaults_keep_everything():
     config, _ = load_config([PPO])
-    assert retention(config.trainer) == {"actor": None, "critic": None}
+    assert resolve_run(config).checkpoint.retention == {"actor": None, "critic": None}

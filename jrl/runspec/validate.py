@@ -12,6 +12,7 @@ from ml_collections import ConfigDict
 from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 from jrl.config.errors import ConfigError
 from jrl.runspec.rollout_correction_checks import rollout_correction_problems
+from jrl.runspec.run import CHECKPOINT_ITEMS
 from jrl.runspec.sampling_checks import sampling_problems
 from jrl.runspec.shape import n_gpus, uses_critic, uses_reference
 from jrl.runspec.unsupported import unsupported_settings
@@ -25,7 +26,6 @@ LOSS_AGG_MODES = (
 ROLLOUT_NAMES = ("jax", "vllm")
 TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
-CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
 # `jrl_kernels.logprob_entropy` implementation of each ``fused_kernel_options.impl_backend``:
 # triton -> the Pallas kernel of the backend (auto: Pallas TPU / GPU where it runs, else chunked),
 # torch -> the chunked XLA loop (portable).

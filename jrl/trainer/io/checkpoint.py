@@ -43,7 +43,8 @@ from flax import traverse_util
 from jrl.models import save_pretrained
 from jrl.models.safetensors_io import replace_directory
 from jrl.parallel.distributed import shared_token
-from jrl.runspec.validate import CHECKPOINT_ITEMS as ITEMS
+from jrl.runspec.run import CHECKPOINT_ITEMS as ITEMS
+from jrl.runspec.run import CheckpointSpec
 from jrl.trainer.io.checksums import (
     file_entries,
     file_problems,
@@ -219,7 +220,7 @@ def step_folders(path: str | os.PathLike) -> list[Path]:
     return [step_dir(path, step) for step in _steps(path)]
 
 
-def find_resume_dir(trainer_cfg: Any, roles: Sequence[str]) -> Path | None:
+def find_resume_dir(spec: CheckpointSpec, roles: Sequence[str]) -> Path | None:
     """The checkpoint to resume from under verl's ``trainer.resume_mode``, or None.
 
     ``disable``: none. ``resume_path``: ``resume_from_path`` (relative to the working directory),
@@ -228,12 +229,12 @@ def find_resume_dir(trainer_cfg: Any, roles: Sequence[str]) -> Path | None:
     damaged (or the tracker is missing or unreadable), the newest intact step, with a warning
     naming what is wrong; None when there is no intact step.
     """
-    mode = trainer_cfg.resume_mode
+    mode = spec.resume_mode
     if mode == "disable":
         return None
     if mode == "resume_path":
-        return _given_step(trainer_cfg.get("resume_from_path"), roles)
-    root = Path(trainer_cfg.default_local_dir).absolute()
+        return _given_step(spec.resume_from_path, roles)
+    root = Path(spec.local_dir).absolute()
     try:
         tracked = read_tracker(root)
     except CheckpointError as err:

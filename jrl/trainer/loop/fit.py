@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from jrl.batch import Batch
 from jrl.data.loader import DataLoader
 from jrl.parallel import any_process
+from jrl.runspec.run import CadenceSpec, LoggingSpec
 from jrl.trainer.io.checkpoint import CheckpointManager
 from jrl.trainer.io.metrics import timer
 from jrl.trainer.io.tracking import Tracking
@@ -41,6 +42,18 @@ class Cadence:
     after_last: bool = False
     val_before_train: bool = False
     val_only: bool = False
+
+    @classmethod
+    def of(cls, spec: CadenceSpec, batches_per_epoch: int, *, after_last: bool = False) -> Cadence:
+        """The cadence of `spec` over a loader of `batches_per_epoch` batches."""
+        return cls(
+            total_steps=spec.total_steps(batches_per_epoch),
+            test_freq=spec.test_freq,
+            save_freq=spec.save_freq,
+            after_last=after_last,
+            val_before_train=spec.val_before_train,
+            val_only=spec.val_only,
+        )
 
     def validates_at(self, step: int) -> bool:
         """Whether validation runs after `step`."""
@@ -152,18 +165,17 @@ def log(algorithm: Algorithm, tracking: Tracking, metrics: dict[str, float], ste
     algorithm.val_generations = []
 
 
-def fit(algorithm: Algorithm, config: Any, created_at: float) -> dict[str, float]:
-    """Train `algorithm` to its last step; returns the last step's metrics. `config` gives the
-    loggers (``trainer.logger``, project, experiment, ``default_local_dir``); `created_at`
-    (`time.perf_counter`) starts the time to the first step."""
-    trainer = config.trainer
+def fit(algorithm: Algorithm, logging: LoggingSpec, created_at: float) -> dict[str, float]:
+    """Train `algorithm` to its last step; returns the last step's metrics. `logging` gives the
+    loggers, project, experiment and run folder; `created_at` (`time.perf_counter`) starts the
+    time to the first step."""
     cadence = algorithm.cadence
     tracking = Tracking(
-        trainer.logger,
-        project=trainer.project_name,
-        experiment=trainer.experiment_name,
-        run_dir=Path(trainer.default_local_dir),
-        config=config.to_dict(),
+        list(logging.loggers),
+        project=logging.project,
+        experiment=logging.experiment,
+        run_dir=Path(logging.run_dir),
+        config=dict(logging.tree),
     )
     last: dict[str, float] = {}
     try:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from jrl.data.loader import DataLoader
+from jrl.runspec.run import CheckpointSpec
 from jrl.trainer.io.checkpoint import (
     DamagedCheckpoint,
     RoleRead,
@@ -32,16 +33,16 @@ class Resumed(NamedTuple):
 
 
 def resume(
-    trainer_cfg: Any,
+    spec: CheckpointSpec,
     roles: Mapping[str, tuple[Learner, Sequence[str]]],
     loader: DataLoader,
 ) -> Resumed:
     """Loads the checkpoint that ``trainer.resume_mode`` selects into `roles` (name ->
     (learner, ``checkpoint.load_contents``); the first role holds ``extra``) and sets `loader`'s
     position: from ``extra`` when it was loaded, else from the step (one batch per step)."""
-    folder, reads = find_resume_dir(trainer_cfg, list(roles)), None
+    folder, reads = find_resume_dir(spec, list(roles)), None
     while folder is not None:
-        reads = _read_all(folder, roles, trainer_cfg)
+        reads = _read_all(folder, roles, spec)
         if reads is not None:
             break
         folder = _older_intact(folder, list(roles))  # a damaged step under resume_mode=auto
@@ -66,7 +67,7 @@ def resume(
 
 
 def _read_all(
-    folder: Path, roles: Mapping[str, tuple[Learner, Sequence[str]]], trainer_cfg: Any
+    folder: Path, roles: Mapping[str, tuple[Learner, Sequence[str]]], spec: CheckpointSpec
 ) -> list[RoleRead] | None:
     """Every role's items read from `folder` before any is loaded, so that a damaged step
     leaves every learner as it was; None for a damaged step under ``resume_mode=auto`` (a
@@ -76,7 +77,7 @@ def _read_all(
             read_role(folder / name, learner, items) for name, (learner, items) in roles.items()
         ]
     except DamagedCheckpoint as err:
-        if trainer_cfg.resume_mode != "auto":
+        if spec.resume_mode != "auto":
             raise
         log.warning("%s; not resuming from %s", err, folder.name)
         return None

@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import shutil
 import time
-import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
@@ -38,7 +37,8 @@ from jrl.parallel.devices import check_device
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
-from jrl.runspec import n_gpus, uses_critic, uses_reference
+from jrl.runspec import n_gpus
+from jrl.runspec.spec import resolve_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.io.generations import write_generations
 from jrl.trainer.io.metrics import (
@@ -97,20 +97,6 @@ class PPOSpec:
         )
 
 
-def retention(trainer: Any) -> dict[str, int | None]:
-    """Checkpoints to keep per role: ``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep``
-    (None: all), or 1 each with the deprecated ``remove_previous_ckpt_in_save``."""
-    if trainer.remove_previous_ckpt_in_save:
-        warnings.warn(
-            "trainer.remove_previous_ckpt_in_save is deprecated; set "
-            "trainer.max_actor_ckpt_to_keep=1 and trainer.max_critic_ckpt_to_keep=1 instead",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return {"actor": 1, "critic": 1}
-    return {"actor": trainer.max_actor_ckpt_to_keep, "critic": trainer.max_critic_ckpt_to_keep}
-
-
 class PPOTrainer:
     """Builds every role from the config; supplies the fit loop with verl's PPO step."""
 
@@ -121,13 +107,13 @@ class PPOTrainer:
         check_device(config)
         self.config = config
         self.spec = spec = PPOSpec.resolve(config)
+        self.run = run = resolve_run(config)
         actor_cfg = config.actor_rollout_ref
-        fsdp = actor_cfg.actor.fsdp_config
         self.mesh = make_mesh(
-            spec.n_gpus,
-            fsdp_size=fsdp.fsdp_size,
-            sequence_parallel=actor_cfg.actor.ulysses_sequence_parallel_size,
-            tensor_parallel=int(fsdp.get("tensor_parallel_size") or 1),
+            run.mesh.devices,
+            fsdp_size=run.mesh.fsdp_size,
+            sequence_parallel=run.mesh.sequence_parallel,
+            tensor_parallel=run.mesh.tensor_parallel,
         )
         tokenizer_key = "tokenizer_path" if actor_cfg.model.get("tokenizer_path") else "path"
         try:
@@ -152,20 +138,13 @@ class PPOTrainer:
         self.train_loader = DataLoader(
             self.train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=spec.seed
         )
-        trainer = config.trainer
-        total = int(trainer.total_training_steps or len(self.train_loader) * trainer.total_epochs)
-        self.cadence = Cadence(
-            total_steps=total,
-            test_freq=int(trainer.test_freq),
-            save_freq=int(trainer.save_freq),
-            val_before_train=bool(trainer.val_before_train),
-            val_only=bool(trainer.val_only),
-        )
+        self.cadence = Cadence.of(run.cadence, len(self.train_loader))
+        total = self.cadence.total_steps
         self.actor = Actor.from_config(config, self.mesh, total)
         self.ref = (
-            Reference.from_config(config, self.mesh, self.actor) if uses_reference(config) else None
+            Reference.from_config(config, self.mesh, self.actor) if run.has_reference else None
         )
-        self.critic = Critic.from_config(config, self.mesh, total) if uses_critic(config) else None
+        self.critic = Critic.from_config(config, self.mesh, total) if run.trains_critic else None
         self.model_configs = {"actor": self.actor.learner.model().config}
         if self.critic is not None:
             self.model_configs["critic"] = self.critic.learner.model().config
@@ -186,9 +165,9 @@ class PPOTrainer:
         self.rng = jax.random.key(spec.seed)
         self.val_generations: list[dict[str, Any]] = []
         self.checkpoints = CheckpointManager(
-            trainer.default_local_dir,
-            max_to_keep=retention(trainer),
-            remote_dir=trainer.get("default_hdfs_dir"),
+            run.checkpoint.local_dir,
+            max_to_keep=run.checkpoint.retention,
+            remote_dir=run.checkpoint.remote_dir,
             tokenizer=self.tokenizer,
         )
 
@@ -392,7 +371,7 @@ class PPOTrainer:
     # -- checkpoints ------------------------------------------------------------------------------
     def save_checkpoint(self, step: int) -> None:
         """Starts writing ``global_step_<step>`` (actor, critic) in the background."""
-        config = self.config
+        contents = self.run.checkpoint.roles
         actor_extra = {
             "global_step": step,
             "lr_step": step,
@@ -403,7 +382,7 @@ class PPOTrainer:
         roles = {
             "actor": RoleSnapshot(
                 self.actor.learner,
-                list(config.actor_rollout_ref.actor.checkpoint.save_contents),
+                list(contents["actor"].save_contents),
                 actor_extra,
                 lora=self.actor.spec.model.lora,
             )
@@ -411,7 +390,7 @@ class PPOTrainer:
         if self.critic is not None:
             roles["critic"] = RoleSnapshot(
                 self.critic.learner,
-                list(config.critic.checkpoint.save_contents),
+                list(contents["critic"].save_contents),
                 {"global_step": step, "lr_step": step},
                 kind="value",
             )
@@ -420,13 +399,15 @@ class PPOTrainer:
     def resume(self) -> int:
         """Restores the checkpoint that ``trainer.resume_mode`` selects (actor, critic, RNG,
         data position, KL coefficient); returns its global step (0 from scratch)."""
-        config = self.config
-        roles = {
-            "actor": (self.actor.learner, config.actor_rollout_ref.actor.checkpoint.load_contents)
-        }
+        checkpoint = self.run.checkpoint
+        learners = {"actor": self.actor.learner}
         if self.critic is not None:
-            roles["critic"] = (self.critic.learner, config.critic.checkpoint.load_contents)
-        step, folder, extra = resume(config.trainer, roles, self.train_loader)
+            learners["critic"] = self.critic.learner
+        roles = {
+            name: (learner, checkpoint.roles[name].load_contents)
+            for name, learner in learners.items()
+        }
+        step, folder, extra = resume(checkpoint, roles, self.train_loader)
         if folder is None:
             return 0
         if extra:
@@ -434,9 +415,9 @@ class PPOTrainer:
             if self.kl_ctrl is not None and extra.get("kl_coef") is not None:
                 self.kl_ctrl.value = float(extra["kl_coef"])
         if self.ref is not None and self.actor.spec.model.lora is not None:
-            self.ref = Reference.from_actor(config, self.actor)
+            self.ref = Reference.from_actor(self.config, self.actor)
         self.rollout.update_weights(self.actor.params)
-        if config.trainer.del_local_ckpt_after_load:
+        if checkpoint.delete_after_load:
             barrier("jrl.restored")
             if is_primary():
                 shutil.rmtree(folder)
@@ -450,7 +431,7 @@ class PPOTrainer:
 
     def fit(self) -> dict[str, float]:
         """Train to the last step (`Cadence.total_steps`); returns its metrics."""
-        return fit(self, self.config, self.created_at)
+        return fit(self, self.run.logging, self.created_at)
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""

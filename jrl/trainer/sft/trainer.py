@@ -36,6 +36,7 @@ from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam
 from jrl.parallel import batch_sharding, gather_batch, make_mesh
 from jrl.parallel.devices import check_device
+from jrl.runspec.spec import resolve_sft_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
@@ -133,13 +134,9 @@ class SFTTrainer:
         self.train_loader = DataLoader(
             self.train_dataset, data.train_batch_size, shuffle=True, seed=int(trainer.seed)
         )
-        total = int(trainer.total_training_steps or len(self.train_loader) * trainer.total_epochs)
-        self.cadence = Cadence(
-            total_steps=total,
-            test_freq=int(trainer.test_freq),
-            save_freq=int(trainer.save_freq),
-            after_last=True,
-        )
+        self.run = run = resolve_sft_run(config, ROLE)
+        self.cadence = Cadence.of(run.cadence, len(self.train_loader), after_last=True)
+        total = self.cadence.total_steps
         self.spec = SFTSpec.resolve(config, self.mesh, total)
         model = self.spec.model.load(self.mesh)
         trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
@@ -154,9 +151,9 @@ class SFTTrainer:
             out_shardings=rows,
         )
         self.checkpoints = CheckpointManager(
-            trainer.default_local_dir,
-            max_to_keep={ROLE: trainer.max_ckpt_to_keep},
-            remote_dir=trainer.default_hdfs_dir,
+            run.checkpoint.local_dir,
+            max_to_keep=run.checkpoint.retention,
+            remote_dir=run.checkpoint.remote_dir,
             tokenizer=self.tokenizer,
         )
 
@@ -210,7 +207,7 @@ class SFTTrainer:
         extra = {"global_step": step, "lr_step": step, "data_loader": self.train_loader.get_state()}
         snapshot = RoleSnapshot(
             self.learner,
-            list(self.config.trainer.checkpoint.save_contents),
+            list(self.run.checkpoint.roles[ROLE].save_contents),
             extra,
             lora=self.spec.model.lora,
         )
@@ -218,10 +215,9 @@ class SFTTrainer:
 
     def resume(self) -> int:
         """Restores the checkpoint that ``trainer.resume_mode`` selects; returns its step."""
-        items = self.config.trainer.checkpoint.load_contents
-        step, folder, _ = resume(
-            self.config.trainer, {ROLE: (self.learner, items)}, self.train_loader
-        )
+        checkpoint = self.run.checkpoint
+        items = checkpoint.roles[ROLE].load_contents
+        step, folder, _ = resume(checkpoint, {ROLE: (self.learner, items)}, self.train_loader)
         if folder is not None:
             print(f"jrl: resumed from {folder} at global step {step}", flush=True)
         return step
@@ -234,7 +230,7 @@ class SFTTrainer:
 
     def fit(self) -> dict[str, float]:
         """Train for the configured steps; returns the last step's metrics."""
-        return fit(self, self.config, self.created_at)
+        return fit(self, self.run.logging, self.created_at)
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""

@@ -1,0 +1,179 @@
+"""The run-level parts of the RunSpec: what a run's ``trainer`` section (and the roles'
+``checkpoint`` sections) become, for the PPO family and SFT alike.
+
+- `MeshSpec`: the training mesh's sizes (``trainer.nnodes * n_gpus_per_node`` devices; the
+  actor's ``fsdp_size``, ``ulysses_sequence_parallel_size`` and ``tensor_parallel_size``).
+- `CadenceSpec`: steps, epochs, validation and save frequencies.
+- `CheckpointSpec`: where checkpoints go, what each role saves and loads, how many are kept,
+  and which one a run resumes from.
+- `LoggingSpec`: the loggers, project and experiment names, and the run's folder.
+
+Each resolver reads verl's keys through a `KeyReads` view, so the keys it used are recorded.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+from collections.abc import Mapping
+from types import MappingProxyType
+from typing import Any
+
+from jrl.runspec.reads import KeyReads
+
+# What a role's ``checkpoint.save_contents`` / ``load_contents`` may name.
+CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshSpec:
+    """The training mesh: `devices` = data x fsdp x sequence x tensor (None or -1 `fsdp_size`:
+    every device that is not sequence- or tensor-parallel)."""
+
+    devices: int
+    fsdp_size: int | None
+    sequence_parallel: int
+    tensor_parallel: int
+
+
+@dataclasses.dataclass(frozen=True)
+class CadenceSpec:
+    """Steps and cadence: `total_training_steps` (None: `total_epochs` passes over the data),
+    validation every `test_freq` and a checkpoint every `save_freq` steps (verl's rules)."""
+
+    total_training_steps: int | None
+    total_epochs: int
+    test_freq: int
+    save_freq: int
+    val_before_train: bool
+    val_only: bool
+
+    def total_steps(self, batches_per_epoch: int) -> int:
+        """`total_training_steps`, else `total_epochs` * `batches_per_epoch`."""
+        return int(self.total_training_steps or batches_per_epoch * self.total_epochs)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleCheckpoint:
+    """What one role writes (`save_contents`) and reads back (`load_contents`): model,
+    optimizer, extra, hf_model; `keep`: checkpoints kept (None: all)."""
+
+    save_contents: tuple[str, ...]
+    load_contents: tuple[str, ...]
+    keep: int | None
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointSpec:
+    """Checkpoints under `local_dir` (copied to `remote_dir` when set), per role; resumed from
+    by `resume_mode` (auto / disable / resume_path with `resume_from_path`), the local copy
+    deleted after loading when `delete_after_load`."""
+
+    local_dir: str
+    remote_dir: str | None
+    roles: Mapping[str, RoleCheckpoint]
+    resume_mode: str
+    resume_from_path: str | None
+    delete_after_load: bool
+
+    @property
+    def retention(self) -> dict[str, int | None]:
+        """Checkpoints to keep per role (None: all)."""
+        return {name: role.keep for name, role in self.roles.items()}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoggingSpec:
+    """The trackers of ``trainer.logger`` with the project and experiment names; metrics also
+    go to ``<run_dir>/metrics.jsonl``. `tree` is the whole config, which trackers record."""
+
+    loggers: tuple[str, ...]
+    project: str
+    experiment: str
+    run_dir: str
+    tree: Mapping[str, Any]
+
+
+def mesh_spec(config: KeyReads) -> MeshSpec:
+    """The PPO family's mesh: the devices of ``trainer`` and the actor's parallel sizes."""
+    actor = config.actor_rollout_ref.actor
+    fsdp = actor.fsdp_config
+    return MeshSpec(
+        devices=int(config.trainer.nnodes * config.trainer.n_gpus_per_node),
+        fsdp_size=fsdp.fsdp_size,
+        sequence_parallel=int(actor.ulysses_sequence_parallel_size),
+        tensor_parallel=int(fsdp.get("tensor_parallel_size") or 1),
+    )
+
+
+def cadence_spec(trainer: KeyReads) -> CadenceSpec:
+    """The cadence of a ``trainer`` section (PPO family or SFT)."""
+    return CadenceSpec(
+        total_training_steps=trainer.total_training_steps,
+        total_epochs=int(trainer.total_epochs),
+        test_freq=int(trainer.test_freq),
+        save_freq=int(trainer.save_freq),
+        val_before_train=bool(trainer.get("val_before_train", False)),
+        val_only=bool(trainer.get("val_only", False)),
+    )
+
+
+def _role_checkpoint(section: KeyReads, keep: int | None) -> RoleCheckpoint:
+    return RoleCheckpoint(
+        save_contents=tuple(section.save_contents),
+        load_contents=tuple(section.load_contents),
+        keep=keep,
+    )
+
+
+def _resumption(trainer: KeyReads) -> dict[str, Any]:
+    return dict(
+        local_dir=str(trainer.default_local_dir),
+        remote_dir=trainer.get("default_hdfs_dir"),
+        resume_mode=str(trainer.resume_mode),
+        resume_from_path=trainer.get("resume_from_path"),
+        delete_after_load=bool(trainer.get("del_local_ckpt_after_load", False)),
+    )
+
+
+def ppo_checkpoint_spec(config: KeyReads, trains_critic: bool) -> CheckpointSpec:
+    """The actor's (and, with a critic, the critic's) checkpoints. Retention: the
+    ``max_actor_ckpt_to_keep`` / ``max_critic_ckpt_to_keep`` keys, or 1 each with the
+    deprecated ``remove_previous_ckpt_in_save`` (with a DeprecationWarning)."""
+    trainer = config.trainer
+    if trainer.remove_previous_ckpt_in_save:
+        warnings.warn(
+            "trainer.remove_previous_ckpt_in_save is deprecated; set "
+            "trainer.max_actor_ckpt_to_keep=1 and trainer.max_critic_ckpt_to_keep=1 instead",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        keep = {"actor": 1, "critic": 1}
+    else:
+        keep = {"actor": trainer.max_actor_ckpt_to_keep}
+        if trains_critic:
+            keep["critic"] = trainer.max_critic_ckpt_to_keep
+    roles = {"actor": _role_checkpoint(config.actor_rollout_ref.actor.checkpoint, keep["actor"])}
+    if trains_critic:
+        roles["critic"] = _role_checkpoint(config.critic.checkpoint, keep["critic"])
+    return CheckpointSpec(roles=MappingProxyType(roles), **_resumption(trainer))
+
+
+def sft_checkpoint_spec(config: KeyReads, role: str) -> CheckpointSpec:
+    """SFT's one `role`: ``trainer.checkpoint`` contents, ``trainer.max_ckpt_to_keep``."""
+    trainer = config.trainer
+    roles = {role: _role_checkpoint(trainer.checkpoint, trainer.max_ckpt_to_keep)}
+    return CheckpointSpec(roles=MappingProxyType(roles), **_resumption(trainer))
+
+
+def logging_spec(config: KeyReads) -> LoggingSpec:
+    """The loggers of a ``trainer`` section; the run's folder is ``default_local_dir``."""
+    trainer = config.trainer
+    loggers = trainer.logger
+    return LoggingSpec(
+        loggers=(loggers,) if isinstance(loggers, str) else tuple(loggers),
+        project=str(trainer.project_name),
+        experiment=str(trainer.experiment_name),
+        run_dir=str(trainer.default_local_dir),
+        tree=MappingProxyType(config.record()),
+    )

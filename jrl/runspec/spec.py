@@ -1,0 +1,79 @@
+"""`RunSpec`: the one frozen tree a run is built from, resolved once from verl's keys.
+
+`resolve_run(config)` reads the checked ConfigDict through a `KeyReads` view and returns the
+parts resolved so far (mesh, cadence, checkpoints, logging, the run's shape) with `reads`, every
+key it read; `resolve_sft_run` does the same for SFT's tree. Hot paths read the spec, never the
+config tree.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ml_collections import ConfigDict
+
+from jrl.runspec.reads import KeyReads
+from jrl.runspec.run import (
+    CadenceSpec,
+    CheckpointSpec,
+    LoggingSpec,
+    MeshSpec,
+    cadence_spec,
+    logging_spec,
+    mesh_spec,
+    ppo_checkpoint_spec,
+    sft_checkpoint_spec,
+)
+from jrl.runspec.shape import uses_critic, uses_reference
+
+
+@dataclasses.dataclass(frozen=True)
+class RunSpec:
+    """A PPO-family run: its mesh, cadence, checkpoints and loggers; whether it trains a critic
+    (`trains_critic`: ``critic.enable``, or gae's) and needs a reference policy
+    (`has_reference`: a KL loss or KL in the reward); `reads`: every key resolved."""
+
+    mesh: MeshSpec
+    cadence: CadenceSpec
+    checkpoint: CheckpointSpec
+    logging: LoggingSpec
+    trains_critic: bool
+    has_reference: bool
+    reads: frozenset[str]
+
+
+def resolve_run(config: ConfigDict) -> RunSpec:
+    """The RunSpec of a checked PPO-family config (`jrl.runspec.load_config`)."""
+    view = KeyReads(config)
+    trains_critic = uses_critic(view)
+    return RunSpec(
+        mesh=mesh_spec(view),
+        cadence=cadence_spec(view.trainer),
+        checkpoint=ppo_checkpoint_spec(view, trains_critic),
+        logging=logging_spec(view),
+        trains_critic=trains_critic,
+        has_reference=uses_reference(view),
+        reads=frozenset(view.reads),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class SFTRunSpec:
+    """An SFT run's cadence (validation and a checkpoint also after the last step), its one
+    role's checkpoints, its loggers, and `reads`."""
+
+    cadence: CadenceSpec
+    checkpoint: CheckpointSpec
+    logging: LoggingSpec
+    reads: frozenset[str]
+
+
+def resolve_sft_run(config: ConfigDict, role: str) -> SFTRunSpec:
+    """The SFTRunSpec of a checked SFT config whose trained model is saved as `role`."""
+    view = KeyReads(config)
+    return SFTRunSpec(
+        cadence=cadence_spec(view.trainer),
+        checkpoint=sft_checkpoint_spec(view, role),
+        logging=logging_spec(view),
+        reads=frozenset(view.reads),
+    )
