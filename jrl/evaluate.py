@@ -38,6 +38,9 @@ from ml_collections import ConfigDict
 
 from jrl.config.entry import INPUT_ERRORS, load_entry_config, run_entry
 from jrl.config.eval_defaults import evaluation_config
+from jrl.data.files import local_path, read_parquet
+from jrl.reward import default_compute_score, load_custom_reward_fn
+from jrl.reward.base import call_scorer, scored
 from jrl.runspec.eval_checks import validate_evaluation
 
 
@@ -67,8 +70,6 @@ def _column(rows: Sequence[Mapping[str, Any]], key: str, config_key: str, path: 
 
 def score_rows(config: ConfigDict, rows: Sequence[Mapping[str, Any]], score_fn: Callable) -> list:
     """Per row (data source, scores of its responses)."""
-    from jrl.reward.base import call_scorer, scored
-
     data, path = config.data, config.data.path
     _column(rows, data.prompt_key, "data.prompt_key", path)  # read, as verl reads it
     responses = _column(rows, data.response_key, "data.response_key", path)
@@ -138,9 +139,6 @@ def summarise(scored_rows: Sequence[tuple[str, list[float]]], pass_cfg: Any) -> 
 
 def evaluate(config: ConfigDict) -> dict[str, float]:
     """The metrics of the responses in ``data.path`` (see the module docstring)."""
-    from jrl.data.files import local_path, read_parquet
-    from jrl.reward import default_compute_score, load_custom_reward_fn
-
     table = read_parquet(
         local_path(config.data.path, None, "data.path"), config.data.path, "data.path"
     )

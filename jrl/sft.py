@@ -62,6 +62,7 @@ from jrl.config.sft_defaults import sft_config
 from jrl.parallel import distributed
 from jrl.runspec.validate import validate_sft
 from jrl.trainer.loop.stopping import NonFiniteLossError
+from jrl.trainer.sft.trainer import SFTTrainer
 
 # How long the processes of a multi-process run wait for each other to join (verl's SFT trainer
 # has no key for it; the RL trainer's trainer.ray_wait_register_center_timeout default).
@@ -77,7 +78,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     config = load_entry_config(argv, sft_config, validate_sft)
     distributed.start(config.trainer.nnodes, config.trainer.n_gpus_per_node, JOIN_TIMEOUT_S)
     enable_compilation_cache()
-    from jrl.trainer.sft.trainer import SFTTrainer
 
     start = time.perf_counter()
     trainer = SFTTrainer(config)
