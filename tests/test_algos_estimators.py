@@ -2,7 +2,6 @@
 
 import statistics
 
-import ml_collections
 import numpy as np
 import pytest
 from reference import MASK, UIDS, B, R, close, outcome_rewards, rand, ref_gae, ref_grpo, ref_whiten
@@ -143,7 +142,7 @@ def ref_for(name, rewards, inputs, cfg):
 
 def algorithm_config(**overrides):
     values = {"gamma": 0.9, "lam": 0.95, "norm_adv_by_std_in_grpo": True, **overrides}
-    return ml_collections.ConfigDict(values)
+    return algos.EstimatorOptions(**values)
 
 
 def all_inputs(name):
@@ -177,7 +176,7 @@ NAMES = [
 
 
 def test_every_estimator_is_registered():
-    registered = adv_module.ADV_ESTIMATORS.names()
+    registered = algos.ADV_ESTIMATORS.names()
     assert sorted(NAMES) == registered
 
 
@@ -185,7 +184,7 @@ def test_every_estimator_is_registered():
 def test_compute_advantage_dispatch_matches_reference(name):
     rewards, inputs, cfg = make_rewards(), all_inputs(name), algorithm_config()
     advantages, returns = algos.compute_advantage(
-        name, token_level_rewards=rewards, response_mask=MASK, config=cfg, **inputs
+        name, token_level_rewards=rewards, response_mask=MASK, options=cfg, **inputs
     )
     ref_adv, ref_ret = ref_for(name, rewards, inputs, cfg)
     close(advantages, ref_adv, 1e-4)
@@ -211,7 +210,7 @@ def test_norm_flag_off_from_config(name):
     rewards, inputs = make_rewards(), all_inputs(name)
     cfg = algorithm_config(norm_adv_by_std_in_grpo=False)
     advantages, _ = algos.compute_advantage(
-        name, token_level_rewards=rewards, response_mask=MASK, config=cfg, **inputs
+        name, token_level_rewards=rewards, response_mask=MASK, options=cfg, **inputs
     )
     close(advantages, ref_for(name, rewards, inputs, cfg)[0], 1e-4)
 
@@ -286,7 +285,7 @@ def test_missing_inputs_and_unknown_name_fail_clearly():
     with pytest.raises(ValueError, match=r"one value per row, shape \(8,\)"):
         algos.compute_remax_outcome_advantage(rewards, MASK, reward_baselines=np.zeros(3))
     with pytest.raises(ValueError, match="'gae' needs `values`.*critic"):
-        algos.compute_advantage("gae", **common, config=algorithm_config())
+        algos.compute_advantage("gae", **common, options=algorithm_config())
     with pytest.raises(ValueError, match="'rloo' needs `index`.*uid"):
         algos.compute_advantage("rloo", **common)
     with pytest.raises(ValueError, match="needs `lam`: the GAE"):

@@ -7,13 +7,10 @@ every estimator and policy loss.
 
 from jrl.algos.advantage_dispatch import compute_advantage
 from jrl.algos.advantages import (
-    ADV_ESTIMATORS,
     compute_gae_advantage_return,
     compute_grpo_outcome_advantage,
     compute_grpo_passk_outcome_advantage,
     compute_grpo_vectorized_outcome_advantage,
-    get_adv_estimator_fn,
-    register_adv_est,
 )
 from jrl.algos.aggregation import (
     LOSS_AGG_MODES,
@@ -29,6 +26,14 @@ from jrl.algos.covariance_losses import (
     compute_policy_loss_kl_cov,
     policy_loss_terms_clip_cov,
     policy_loss_terms_kl_cov,
+)
+from jrl.algos.estimator import (
+    ADV_ESTIMATORS,
+    Estimator,
+    EstimatorOptions,
+    get_adv_estimator,
+    get_adv_estimator_fn,
+    register_adv_est,
 )
 from jrl.algos.group_baselines import (
     compute_gpg_outcome_advantage,
@@ -86,6 +91,8 @@ __all__ = [
     "POLICY_LOSS_TERMS",
     "LOSS_AGG_MODES",
     "AdaptiveKLController",
+    "Estimator",
+    "EstimatorOptions",
     "FixedKLController",
     "LossTerms",
     "agg_loss",
@@ -119,6 +126,7 @@ __all__ = [
     "compute_rollout_importance_weights",
     "compute_value_loss",
     "entropy_from_logits",
+    "get_adv_estimator",
     "get_adv_estimator_fn",
     "get_kl_controller",
     "get_policy_loss_fn",

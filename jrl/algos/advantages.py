@@ -1,14 +1,14 @@
-"""Advantage estimators (`algorithm.adv_estimator`): the registry, GAE and the GRPO family.
+"""Advantage estimators (`algorithm.adv_estimator`): GAE and the GRPO family.
 
-Estimators return (advantages, returns), both [B, R] float32, and carry no gradient. Every
-registered estimator accepts the keyword arguments it needs and ignores the rest (`**kwargs`), so
-`jrl.algos.compute_advantage` can hand each of them the same inputs. Group ids (`index`, the
-prompts' `uid`) are mapped to segment ids on the host; the numeric cores are jitted.
+Estimators return (advantages, returns), both [B, R] float32, and carry no gradient. Each is
+registered with what it needs and reads (`jrl.algos.estimator`) and ignores extra keyword
+arguments (`**kwargs`). Group ids (`index`, the prompts' `uid`) are mapped to segment ids on the
+host; the numeric cores are jitted.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from functools import partial
 from typing import Any
 
@@ -16,15 +16,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jrl.algos.estimator import register_adv_est
 from jrl.algos.groups import group_max, group_mean, group_std, segments_for
 from jrl.algos.numerics import masked_whiten
-from jrl.algos.options import config_option
-from jrl.algos.registry import Registry
 
-AdvantageFn = Callable[..., tuple[jax.Array, jax.Array]]
-ADV_ESTIMATORS: Registry[AdvantageFn] = Registry("advantage estimator", "algorithm.adv_estimator")
-register_adv_est = ADV_ESTIMATORS.register
-get_adv_estimator_fn = ADV_ESTIMATORS.get
 GRPO_EPSILON = 1e-6
 
 
@@ -38,7 +33,7 @@ def broadcast_masked(per_row: jax.Array, mask: jax.Array) -> jax.Array:
     return per_row[:, None] * jax.lax.stop_gradient(mask).astype(jnp.float32)
 
 
-@register_adv_est("gae")
+@register_adv_est("gae", inputs=("values",), options=("gamma", "lam"))
 def compute_gae_advantage_return(
     token_level_rewards: jax.Array,
     values: jax.Array,
@@ -80,7 +75,7 @@ def _gae(
     return masked_whiten(advantages, mask), advantages + values
 
 
-@register_adv_est("grpo")
+@register_adv_est("grpo", inputs=("index",), options=("norm_adv_by_std_in_grpo",))
 def compute_grpo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -99,7 +94,7 @@ def compute_grpo_outcome_advantage(
     return _grpo(token_level_rewards, response_mask, segment_ids, epsilon, norm_adv_by_std_in_grpo)
 
 
-@register_adv_est("grpo_vectorized")
+@register_adv_est("grpo_vectorized", inputs=("index",), options=("norm_adv_by_std_in_grpo",))
 def compute_grpo_vectorized_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -135,21 +130,20 @@ def _grpo(
     return advantages, advantages
 
 
-@register_adv_est("grpo_passk")
+@register_adv_est("grpo_passk", inputs=("index",), options=("norm_adv_by_std_in_grpo",))
 def compute_grpo_passk_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
     index: Sequence | np.ndarray,
     epsilon: float = GRPO_EPSILON,
     norm_adv_by_std_in_grpo: bool = True,
-    config: Any = None,
     **kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
     """Pass@k advantage: only each group's best row learns, from its margin over the runner-up.
 
     In every group (at least 2 rows) the first row with the highest score s gets
-    s_max - s_second (÷ (unbiased group std + epsilon) when `algorithm.norm_adv_by_std_in_grpo`,
-    read from `config` when given, else from the argument); every other row gets 0.
+    s_max - s_second (÷ (unbiased group std + epsilon) when `norm_adv_by_std_in_grpo`); every
+    other row gets 0.
     Broadcast over tokens and masked; returns = advantages.
     """
     rows = token_level_rewards.shape[0]
@@ -161,7 +155,7 @@ def compute_grpo_passk_outcome_advantage(
             f"grpo_passk needs at least 2 responses per prompt, but group {group!r} has 1; "
             "set actor_rollout_ref.rollout.n >= 2"
         )
-    norm = bool(config_option(config, "norm_adv_by_std_in_grpo", norm_adv_by_std_in_grpo))
+    norm = bool(norm_adv_by_std_in_grpo)
     return _passk(token_level_rewards, response_mask, segment_ids, epsilon, norm)
 
 

@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jrl.algos.advantages import broadcast_masked, outcome_scores, register_adv_est
+from jrl.algos.advantages import broadcast_masked, outcome_scores
+from jrl.algos.estimator import register_adv_est
 from jrl.algos.groups import group_mean, group_sum, segments_for
 from jrl.algos.numerics import masked_whiten, safe_divide
 
@@ -26,7 +27,7 @@ OPO = "opo"
 GPG = "gpg"
 
 
-@register_adv_est(RLOO)
+@register_adv_est(RLOO, inputs=("index",))
 def compute_rloo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -40,7 +41,7 @@ def compute_rloo_outcome_advantage(
     return _baseline(token_level_rewards, response_mask, index, RLOO)
 
 
-@register_adv_est(RLOO_VECTORIZED)
+@register_adv_est(RLOO_VECTORIZED, inputs=("index",))
 def compute_rloo_vectorized_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -51,7 +52,7 @@ def compute_rloo_vectorized_outcome_advantage(
     return _baseline(token_level_rewards, response_mask, index, RLOO_VECTORIZED)
 
 
-@register_adv_est(REINFORCE_PLUS_PLUS_BASELINE)
+@register_adv_est(REINFORCE_PLUS_PLUS_BASELINE, inputs=("index",))
 def compute_reinforce_plus_plus_baseline_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -63,7 +64,7 @@ def compute_reinforce_plus_plus_baseline_outcome_advantage(
     return _baseline(token_level_rewards, response_mask, index, REINFORCE_PLUS_PLUS_BASELINE)
 
 
-@register_adv_est(OPO)
+@register_adv_est(OPO, inputs=("index",))
 def compute_opo_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -76,7 +77,7 @@ def compute_opo_outcome_advantage(
     return _baseline(token_level_rewards, response_mask, index, OPO)
 
 
-@register_adv_est(GPG)
+@register_adv_est(GPG, inputs=("index",))
 def compute_gpg_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,

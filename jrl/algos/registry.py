@@ -1,57 +1,76 @@
-"""Name -> function registries for advantage estimators and policy losses."""
+"""Name -> entry registries: policy losses (entries are the functions) and advantage estimators
+(entries are descriptors holding the function, `jrl.algos.estimator`)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
+E = TypeVar("E")
 F = TypeVar("F", bound=Callable)
 
 
-class Registry(Generic[F]):
-    """Functions looked up by the name a config uses (e.g. `algorithm.adv_estimator`)."""
+def _itself(entry: Callable) -> Callable:
+    return entry
 
-    def __init__(self, kind: str, config_key: str) -> None:
+
+class Registry(Generic[E]):
+    """Entries looked up by the name a config uses (e.g. `algorithm.adv_estimator`);
+    `function_of` gives an entry's function (the entry itself for a registry of functions)."""
+
+    def __init__(
+        self, kind: str, config_key: str, function_of: Callable[[E], Callable] = _itself
+    ) -> None:
         self.kind = kind
         self.config_key = config_key
-        self._entries: dict[str, F] = {}
+        self._function_of = function_of
+        self._entries: dict[str, E] = {}
 
-    def register(self, name: str) -> Callable[[F], F]:
-        """Decorator adding a function under `name`; a different function may not reuse a name."""
-        key = _name(name)
+    def add(self, name: object, entry: E) -> E:
+        """Adds `entry` under `name`; a different function may not reuse a name."""
+        key = entry_name(name)
+        existing = self._entries.get(key)
+        if existing is not None and self._function_of(existing) is not self._function_of(entry):
+            raise ValueError(
+                f"{self.kind} {key!r} is already registered "
+                f"({self._function_of(existing).__qualname__}); choose another name"
+            )
+        self._entries[key] = entry
+        return entry
+
+    def register(self, name: object) -> Callable[[F], F]:
+        """Decorator adding a function under `name` (a registry whose entries are functions)."""
 
         def decorator(fn: F) -> F:
-            existing = self._entries.get(key)
-            if existing is not None and existing is not fn:
-                raise ValueError(
-                    f"{self.kind} {key!r} is already registered ({existing.__qualname__}); "
-                    "choose another name"
-                )
-            self._entries[key] = fn
+            self.add(name, fn)
             return fn
 
         return decorator
 
-    def get(self, name: str) -> F:
-        """The function registered under `name`; an unknown name lists the known ones."""
-        key = _name(name)
-        if key not in self._entries:
+    def find(self, name: object) -> E | None:
+        """The entry registered under `name`, or None."""
+        return self._entries.get(entry_name(name))
+
+    def get(self, name: object) -> E:
+        """The entry registered under `name`; an unknown name lists the known ones."""
+        entry = self.find(name)
+        if entry is None:
             raise ValueError(
-                f"Unknown {self.kind} {key!r} (set by {self.config_key}); "
+                f"Unknown {self.kind} {entry_name(name)!r} (set by {self.config_key}); "
                 f"registered: {', '.join(sorted(self._entries))}"
             )
-        return self._entries[key]
+        return entry
 
-    def is_built_in(self, name: str) -> bool:
+    def is_built_in(self, name: object) -> bool:
         """Whether `name` is registered by jrl itself (not by a user's module)."""
-        fn = self._entries.get(_name(name))
-        return fn is not None and fn.__module__.split(".")[0] == "jrl"
+        entry = self.find(name)
+        return entry is not None and self._function_of(entry).__module__.split(".")[0] == "jrl"
 
     def names(self) -> list[str]:
         """Registered names, sorted."""
         return sorted(self._entries)
 
 
-def _name(name: object) -> str:
-    """Accept plain strings and string enums alike."""
+def entry_name(name: object) -> str:
+    """The registry key of `name`: plain strings and string enums alike."""
     return str(getattr(name, "value", name))

@@ -11,9 +11,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
-from jrl.algos.advantages import register_adv_est
+from jrl.algos.estimator import register_adv_est
 from jrl.algos.numerics import masked_whiten
-from jrl.algos.options import config_option
 
 
 def _inputs(rewards: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -26,11 +25,10 @@ def reward_to_go(rewards: jax.Array, mask: jax.Array) -> jax.Array:
     return jax.lax.cumsum(rewards * mask, axis=rewards.ndim - 1, reverse=True)
 
 
-@register_adv_est("reinforce_plus_plus")
+@register_adv_est("reinforce_plus_plus", options=("gamma",))
 def compute_reinforce_plus_plus_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
     gamma: float | None = None,
     **kwargs: Any,
 ) -> tuple[jax.Array, jax.Array]:
@@ -38,16 +36,11 @@ def compute_reinforce_plus_plus_outcome_advantage(
 
     Reverse scan G_t = r_t + γ·G_{t+1}, where the running return is multiplied by mask_t after
     each step (so it restarts after EOS and at masked tokens). returns = G;
-    advantages = masked_whiten(G, mask)·mask. γ is `config.gamma` (verl reads the algorithm
-    section), else the `gamma` argument.
+    advantages = masked_whiten(G, mask)·mask. γ is `gamma` (``algorithm.gamma``).
     """
-    discount = config_option(config, "gamma", gamma)
-    if discount is None:
-        raise ValueError(
-            "reinforce_plus_plus needs the discount algorithm.gamma: pass config=<algorithm "
-            "section> or gamma=..."
-        )
-    return _reinforce_pp(token_level_rewards, response_mask, discount)
+    if gamma is None:
+        raise ValueError("reinforce_plus_plus needs the discount algorithm.gamma: pass gamma=...")
+    return _reinforce_pp(token_level_rewards, response_mask, gamma)
 
 
 @jax.jit
@@ -67,7 +60,7 @@ def _reinforce_pp(
     return masked_whiten(returns, mask) * mask, returns
 
 
-@register_adv_est("remax")
+@register_adv_est("remax", inputs=("reward_baselines",))
 def compute_remax_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -101,7 +94,7 @@ def _remax(
     return returns - baselines[:, None] * mask, returns
 
 
-@register_adv_est("reward")
+@register_adv_est("reward", inputs=())
 def compute_reward_advantage(
     token_level_rewards: jax.Array, response_mask: jax.Array, **kwargs: Any
 ) -> tuple[jax.Array, jax.Array]:
@@ -117,7 +110,7 @@ def _reward(rewards: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
     return returns, returns
 
 
-@register_adv_est("none")
+@register_adv_est("none", inputs=())
 def compute_no_advantage(
     token_level_rewards: jax.Array, response_mask: jax.Array, **kwargs: Any
 ) -> tuple[jax.Array, jax.Array]:

@@ -19,6 +19,8 @@ from pathlib import Path
 
 from ml_collections import ConfigDict
 
+from jrl.algos.estimator import ADV_ESTIMATORS
+from jrl.algos.estimator import OPTIONS as ESTIMATOR_OPTIONS
 from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
 from jrl.config.loading import load_config_file
@@ -26,7 +28,7 @@ from jrl.config.moved import follows, key_matches, leaves, moved_settings, value
 from jrl.config.overrides import parse_command_line
 from jrl.rollout.vllm_args import VLLM_PASS_THROUGH
 from jrl.runspec.loading import load_config
-from jrl.runspec.shape import uses_critic, uses_reference
+from jrl.runspec.shape import estimator_needs_critic, uses_critic, uses_reference
 from jrl.runspec.unsupported import unsupported_reason
 
 _ROLLOUT = "actor_rollout_ref.rollout"
@@ -90,7 +92,10 @@ _SHM = "copying files to /dev/shm first: jrl reads them where they are"
 _WEIGHT_TRANSFER = "verl's weight transfer between Ray workers: jrl hands weights over in process"
 _RAY = "Ray's placement: jrl runs every role in one process per host, on the trainer's devices"
 _REWARD_LOOP = "verl's asynchronous reward workers: jrl scores in process (the same scores)"
-_NO_CRITIC = "no critic in this run (critic.enable, or algorithm.adv_estimator=gae, starts one)"
+_NO_CRITIC = (
+    "no critic in this run (critic.enable, or an estimator that reads the critic's values such "
+    "as gae, starts one)"
+)
 _NO_REFERENCE = "no reference model in this run (actor.use_kl_loss or algorithm.use_kl_in_reward)"
 _NO_REWARD_MODEL = "reward_model.enable is False"
 _STATIC_BATCHES = "token budgets apply with dynamic batch sizes only"
@@ -151,17 +156,25 @@ def _loss_mode_is_not(mode: str) -> Applies:
     return lambda config, engine: config[f"{_ACTOR}.policy_loss.loss_mode"] != mode
 
 
-def _estimator_not_in(users: tuple[str, ...]) -> Applies:
-    """Applies under one of jrl's advantage estimators other than `users` (an estimator a user
-    registers may read any algorithm key)."""
+def _estimator_ignores(option: str) -> Applies:
+    """Applies while the run's advantage estimator does not read ``algorithm.<option>`` (its
+    descriptor says; one registered with verl's plain decorator may read any)."""
 
     def applies(config: ConfigDict, engine: str) -> bool:
-        from jrl.algos.advantages import ADV_ESTIMATORS
-
-        estimator = config.algorithm.adv_estimator
-        return ADV_ESTIMATORS.is_built_in(estimator) and estimator not in users
+        estimator = ADV_ESTIMATORS.find(config.algorithm.adv_estimator)
+        return estimator is not None and not estimator.reads(option)
 
     return applies
+
+
+def _estimator_entries() -> tuple[NoEffect, ...]:
+    """The estimators' options (`EstimatorOptions`) while the run's estimator ignores them."""
+    entries = []
+    for option in ESTIMATOR_OPTIONS:
+        readers = [n for n in ADV_ESTIMATORS.names() if ADV_ESTIMATORS.get(n).reads(option)]
+        reason = f"the advantage estimator ignores it: only {', '.join(readers)} read it"
+        entries.append(NoEffect(f"algorithm.{option}", reason, _estimator_ignores(option)))
+    return tuple(entries)
 
 
 def _constant_schedule(role: str) -> Applies:
@@ -264,7 +277,7 @@ def _optim_entries() -> tuple[NoEffect, ...]:
 
 
 def _loss_entries() -> tuple[NoEffect, ...]:
-    """Options of choices the run did not make: of other policy losses and estimators, of
+    """Options of choices the run did not make: of other policy losses, of
     sampled validation, of the rollout's log-probs, of batch fields for a reward model or
     manager the run does not have, of validating before training."""
     mode_options = (
@@ -281,12 +294,6 @@ def _loss_entries() -> tuple[NoEffect, ...]:
                 and config[f"{_ACTOR}.clip_ratio_high"] is not None
             ),
         ),
-        NoEffect(
-            "algorithm.gamma",
-            "the advantage estimator does not discount: only gae and reinforce_plus_plus do",
-            _estimator_not_in(("gae", "reinforce_plus_plus")),
-        ),
-        NoEffect("algorithm.lam", "only the gae estimator uses λ", _estimator_not_in(("gae",))),
         NoEffect(
             f"{_ROLLOUT}.val_kwargs.top_*",
             "validation is greedy: val_kwargs.do_sample is False or val_kwargs.temperature is 0",
@@ -440,11 +447,6 @@ NO_EFFECT = (
         "one process: there are no other processes to wait for",
         _single_process,
     ),
-    NoEffect(
-        "algorithm.norm_adv_by_std_in_grpo",
-        "only the grpo estimators (grpo, grpo_vectorized, grpo_passk) divide by the group's std",
-        _estimator_not_in(("grpo", "grpo_vectorized", "grpo_passk")),
-    ),
     *(
         NoEffect(f"{role}.rollout_n", "verl's copy of actor_rollout_ref.rollout.n, which jrl reads")
         for role in (_ACTOR, _REF, "critic")
@@ -503,9 +505,9 @@ NO_EFFECT = (
     ),
     NoEffect(
         "critic.enable",
-        "algorithm.adv_estimator=gae starts the critic whatever critic.enable says (False is an "
-        "error)",
-        lambda config, engine: config.algorithm.adv_estimator == "gae",
+        "the advantage estimator (e.g. gae) reads the critic's values, so it starts the critic "
+        "whatever critic.enable says (False is an error)",
+        lambda config, engine: estimator_needs_critic(config),
     ),
     NoEffect(
         "trainer.critic_warmup",
@@ -558,6 +560,7 @@ NO_EFFECT = (
     *_token_budgets(),
     *_optim_entries(),
     *_loss_entries(),
+    *_estimator_entries(),
     NoEffect(
         "reward_model.overlong_buffer.*",
         "the dapo reward manager's option (reward_manager.name / reward_model.reward_manager)",

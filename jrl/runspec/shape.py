@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from ml_collections import ConfigDict
 
+from jrl.algos.estimator import ADV_ESTIMATORS
+
 
 def n_gpus(config: ConfigDict) -> int:
     """Devices the run asks for: trainer.nnodes * trainer.n_gpus_per_node."""
@@ -16,8 +18,16 @@ def uses_reference(config: ConfigDict) -> bool:
     return bool(config.actor_rollout_ref.actor.use_kl_loss or config.algorithm.use_kl_in_reward)
 
 
+def estimator_needs_critic(config: ConfigDict) -> bool:
+    """Whether ``algorithm.adv_estimator`` (its descriptor) reads the critic's values, as gae
+    does (False for an unknown name, which validation reports)."""
+    estimator = ADV_ESTIMATORS.find(config.algorithm.adv_estimator)
+    return estimator is not None and estimator.needs_critic
+
+
 def uses_critic(config: ConfigDict) -> bool:
-    """Whether a critic is trained: critic.enable, or (when null) adv_estimator == 'gae'."""
+    """Whether a critic is trained: critic.enable, or (when null) whether the estimator needs
+    the critic's values."""
     if config.critic.enable is None:
-        return config.algorithm.adv_estimator == "gae"
+        return estimator_needs_critic(config)
     return bool(config.critic.enable)

@@ -9,12 +9,14 @@ from collections.abc import Iterator, Sequence
 
 from ml_collections import ConfigDict
 
+from jrl.algos.estimator import ADV_ESTIMATORS
+from jrl.algos.policy_loss import POLICY_LOSS_TERMS
 from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 from jrl.config.errors import ConfigError
 from jrl.runspec.rollout_correction_checks import rollout_correction_problems
 from jrl.runspec.run import CHECKPOINT_ITEMS
 from jrl.runspec.sampling_checks import sampling_problems
-from jrl.runspec.shape import n_gpus, uses_critic, uses_reference
+from jrl.runspec.shape import estimator_needs_critic, n_gpus, uses_critic, uses_reference
 from jrl.runspec.unsupported import unsupported_settings
 
 LOSS_AGG_MODES = (
@@ -45,7 +47,6 @@ def _not_one_of(key: str, value: object, allowed: Sequence[str], note: str = "")
 
 
 def _choices(config: ConfigDict) -> Iterator[str]:
-    from jrl.algos import ADV_ESTIMATORS, POLICY_LOSS_TERMS  # the registries decide
     from jrl.parallel.devices import BACKENDS
 
     rules = [
@@ -343,17 +344,18 @@ def _kl(config: ConfigDict) -> Iterator[str]:
 
 def _losses(config: ConfigDict) -> Iterator[str]:
     """The actor's ``loss_scale_factor`` (the divisor of seq-mean-token-sum-norm: positive, or
-    null for the response length) and GAE's need of a critic."""
+    null for the response length) and the estimator's need of a critic (gae's)."""
     factor = config.actor_rollout_ref.actor.get("loss_scale_factor")
     if factor is not None and not factor > 0:
         yield (
             f"actor_rollout_ref.actor.loss_scale_factor={factor!r} must be positive, or null "
             "for the padded response length"
         )
-    if config.algorithm.adv_estimator == "gae" and not uses_critic(config):
+    if estimator_needs_critic(config) and not uses_critic(config):
         yield (
-            "algorithm.adv_estimator='gae' needs the critic's values, but critic.enable=False: "
-            "set critic.enable=True (or null) or choose an estimator without a critic (e.g. grpo)"
+            f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} needs the critic's "
+            "values, but critic.enable=False: set critic.enable=True (or null) or choose an "
+            "estimator without a critic (e.g. grpo)"
         )
 
 

@@ -190,7 +190,7 @@ class PPOTrainer:
         with timer("gen", timing):
             batch = host_batch(self.generate(prompts, step))
         metrics.update(self.rollout.stats)
-        if spec.algorithm["adv_estimator"] == "remax":
+        if algos.get_adv_estimator(spec.algorithm["adv_estimator"]).needs_greedy_baseline:
             with timer("gen_max", timing):
                 baselines = self.greedy_baselines(prompts)
                 batch = batch.union(Batch({"reward_baselines": baselines}))
@@ -273,7 +273,8 @@ class PPOTrainer:
         write_generations(folder, step, *texts, gts, scores, reward_extra_infos)
 
     def greedy_baselines(self, prompts: Batch) -> np.ndarray:
-        """ReMax's baseline: the score of one greedy answer per prompt, repeated for its n rows."""
+        """The baseline of an estimator that needs a greedy rollout (ReMax's): the score of one
+        greedy answer per prompt, repeated for its n rows."""
         greedy = dataclasses.replace(self.sampling, do_sample=False, n=1)
         batch = host_batch(self.rollout.generate(prompts, greedy, self.rng))
         scores = score_per_process(self.reward_fn, batch)["reward_tensor"].sum(-1)
