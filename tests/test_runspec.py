@@ -42,6 +42,9 @@ def test_a_ppo_run_resolves_its_shape_cadence_checkpoints_and_loggers():
     assert run.cadence.total_steps(10) == 10 * config.trainer.total_epochs
     assert {"trainer.max_actor_ckpt_to_keep", "trainer.test_freq", "critic.enable"} <= run.reads
     assert "trainer.max_critic_ckpt_to_keep" in run.reads
+    assert run.key_fields["trainer.max_actor_ckpt_to_keep"] == ("checkpoint",)
+    assert run.key_fields["trainer.nnodes"] == ("mesh",)
+    assert run.key_fields["critic.enable"] == ("trains_critic",)
 
 
 def test_grpo_keeps_no_critic_checkpoints_and_reads_no_critic_keys():

@@ -1,15 +1,18 @@
 """A read-only view of a config that records which keys the resolver read.
 
 The resolver reads verl's keys through `KeyReads` only, so a run says itself which keys it used:
-`reads` holds the dotted path of every value read (a section read whole, as a mapping handed to a
-user's function, counts for each key under it). A key the user set away from its default and
-that no resolver read is a key this run ignores.
+its `Ledger` holds the dotted path of every value read (a section read whole, as a mapping handed
+to a user's function, counts for each key under it) and the RunSpec field each read went into
+(`Ledger.into`). A key the user set away from its default and that no resolver read is a key this
+run ignores.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+import contextlib
+from collections.abc import Callable, Iterator, Mapping
+from types import MappingProxyType
+from typing import Any, TypeVar
 
 from ml_collections import ConfigDict
 
@@ -23,16 +26,61 @@ def plain(value: Any) -> Any:
     return value
 
 
+T = TypeVar("T")
+
+
+class Ledger:
+    """Which keys were read, and into which RunSpec field (the innermost `into` at the time)."""
+
+    def __init__(self) -> None:
+        self._fields: dict[str, set[str]] = {}
+        self._into: list[str] = []
+
+    @contextlib.contextmanager
+    def into(self, field: str) -> Iterator[None]:
+        """Reads inside the block go into `field` (dotted, from the RunSpec's root)."""
+        self._into.append(field)
+        try:
+            yield
+        finally:
+            self._into.pop()
+
+    def add(self, key: str) -> None:
+        """Record that `key` was read (into the current field, if any)."""
+        found = self._fields.setdefault(key, set())
+        if self._into:
+            found.add(self._into[-1])
+
+    @property
+    def keys(self) -> frozenset[str]:
+        """Every key read."""
+        return frozenset(self._fields)
+
+    def fields(self) -> Mapping[str, tuple[str, ...]]:
+        """Key -> the RunSpec fields it went into (sorted)."""
+        return MappingProxyType({k: tuple(sorted(v)) for k, v in sorted(self._fields.items())})
+
+
 class KeyReads:
     """`tree` (a ConfigDict section at `prefix`) read by attribute, item or `get`; each leaf read
-    is added to the shared set `reads`. Sections come back as views of their own."""
+    goes into the shared `ledger`. Sections come back as views of their own."""
 
-    __slots__ = ("_tree", "_prefix", "reads")
+    __slots__ = ("_tree", "_prefix", "ledger")
 
-    def __init__(self, tree: ConfigDict, prefix: str = "", reads: set[str] | None = None):
+    def __init__(self, tree: ConfigDict, prefix: str = "", ledger: Ledger | None = None):
         self._tree = tree
         self._prefix = prefix
-        self.reads = set() if reads is None else reads
+        self.ledger = Ledger() if ledger is None else ledger
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """Every key read so far, through this view or any view sharing its ledger."""
+        return self.ledger.keys
+
+    def resolve(self, field: str, build: Callable[..., T], *args: Any) -> T:
+        """`build(*args)`, its reads recorded as going into the RunSpec field `field`."""
+        with self.ledger.into(field):
+            return build(*args)
 
     def _path(self, key: str) -> str:
         return f"{self._prefix}.{key}" if self._prefix else key
@@ -44,8 +92,8 @@ class KeyReads:
         value = self._tree[head]
         path = self._path(head)
         if isinstance(value, ConfigDict):
-            return KeyReads(value, path, self.reads)
-        self.reads.add(path)
+            return KeyReads(value, path, self.ledger)
+        self.ledger.add(path)
         return value
 
     def __getattr__(self, key: str) -> Any:
@@ -75,7 +123,7 @@ class KeyReads:
     def whole(self) -> dict[str, Any]:
         """This section as a plain dict, every key under it counted as read (for the borders
         where verl's convention hands a user's function a whole section)."""
-        self.reads.add(self._prefix)
+        self.ledger.add(self._prefix)
         return plain(self._tree)
 
     def record(self) -> dict[str, Any]:

@@ -9,6 +9,7 @@ config tree.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from ml_collections import ConfigDict
 
@@ -31,7 +32,8 @@ from jrl.runspec.shape import uses_critic, uses_reference
 class RunSpec:
     """A PPO-family run: its mesh, cadence, checkpoints and loggers; whether it trains a critic
     (`trains_critic`: ``critic.enable``, or gae's) and needs a reference policy
-    (`has_reference`: a KL loss or KL in the reward); `reads`: every key resolved."""
+    (`has_reference`: a KL loss or KL in the reward); `key_fields`: each key resolved -> the
+    fields it became."""
 
     mesh: MeshSpec
     cadence: CadenceSpec
@@ -39,41 +41,46 @@ class RunSpec:
     logging: LoggingSpec
     trains_critic: bool
     has_reference: bool
-    reads: frozenset[str]
+    key_fields: Mapping[str, tuple[str, ...]]
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """Every key the resolver read."""
+        return frozenset(self.key_fields)
 
 
 def resolve_run(config: ConfigDict) -> RunSpec:
     """The RunSpec of a checked PPO-family config (`jrl.runspec.load_config`)."""
     view = KeyReads(config)
-    trains_critic = uses_critic(view)
+    trains_critic = view.resolve("trains_critic", uses_critic, view)
     return RunSpec(
-        mesh=mesh_spec(view),
-        cadence=cadence_spec(view.trainer),
-        checkpoint=ppo_checkpoint_spec(view, trains_critic),
-        logging=logging_spec(view),
+        mesh=view.resolve("mesh", mesh_spec, view),
+        cadence=view.resolve("cadence", cadence_spec, view.trainer),
+        checkpoint=view.resolve("checkpoint", ppo_checkpoint_spec, view, trains_critic),
+        logging=view.resolve("logging", logging_spec, view),
         trains_critic=trains_critic,
-        has_reference=uses_reference(view),
-        reads=frozenset(view.reads),
+        has_reference=view.resolve("has_reference", uses_reference, view),
+        key_fields=view.ledger.fields(),
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTRunSpec:
     """An SFT run's cadence (validation and a checkpoint also after the last step), its one
-    role's checkpoints, its loggers, and `reads`."""
+    role's checkpoints, its loggers, and `key_fields` (key -> the fields it became)."""
 
     cadence: CadenceSpec
     checkpoint: CheckpointSpec
     logging: LoggingSpec
-    reads: frozenset[str]
+    key_fields: Mapping[str, tuple[str, ...]]
 
 
 def resolve_sft_run(config: ConfigDict, role: str) -> SFTRunSpec:
     """The SFTRunSpec of a checked SFT config whose trained model is saved as `role`."""
     view = KeyReads(config)
     return SFTRunSpec(
-        cadence=cadence_spec(view.trainer),
-        checkpoint=sft_checkpoint_spec(view, role),
-        logging=logging_spec(view),
-        reads=frozenset(view.reads),
+        cadence=view.resolve("cadence", cadence_spec, view.trainer),
+        checkpoint=view.resolve("checkpoint", sft_checkpoint_spec, view, role),
+        logging=view.resolve("logging", logging_spec, view),
+        key_fields=view.ledger.fields(),
     )
