@@ -42,6 +42,8 @@ from jrl.data.files import local_path, read_parquet
 from jrl.reward import default_compute_score, load_custom_reward_fn
 from jrl.reward.base import call_scorer, scored
 from jrl.runspec.eval_checks import validate_evaluation
+from jrl.runspec.reads import KeyReads
+from jrl.runspec.reward import custom_reward_function
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -142,7 +144,8 @@ def evaluate(config: ConfigDict) -> dict[str, float]:
     table = read_parquet(
         local_path(config.data.path, None, "data.path"), config.data.path, "data.path"
     )
-    score_fn = load_custom_reward_fn(config) or default_compute_score
+    custom = custom_reward_function(KeyReads(config).custom_reward_function)
+    score_fn = load_custom_reward_fn(custom) or default_compute_score
     return summarise(score_rows(config, table.to_pylist(), score_fn), config.pass_at_k)
 
 

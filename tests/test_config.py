@@ -474,7 +474,7 @@ def _enumerated_cases() -> list:
     from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS
     from jrl.models.dtypes import DTYPES
     from jrl.parallel.devices import BACKENDS
-    from jrl.reward.manager import REWARD_MANAGERS, SOURCES
+    from jrl.reward.settings import REWARD_MANAGERS, SOURCES
 
     kl_in_reward = "algorithm.use_kl_in_reward=true"
     estimators = f"use one of {_valid(KL_ESTIMATORS)} (each optionally with a '+' suffix)"

@@ -1,13 +1,15 @@
 """Rewards: GSM8K scorer, default_compute_score dispatch, NaiveRewardManager, custom functions."""
 
-import ml_collections
 import numpy as np
 import pytest
 
 from jrl.batch import Batch
+from jrl.config import default_config
 from jrl.data.gsm8k import make_offline_rows
 from jrl.reward import NaiveRewardManager, default_compute_score, load_reward_manager
 from jrl.reward.gsm8k import compute_score, extract_solution
+from jrl.runspec.reads import KeyReads
+from jrl.runspec.reward import reward_settings
 
 
 @pytest.fixture(scope="session")
@@ -155,17 +157,14 @@ def test_existing_rm_scores_pass_through(tokenizer):
 
 
 def config(path=None, name="compute_score", reward_kwargs=None, manager="naive"):
-    return ml_collections.ConfigDict(
-        {
-            "reward_model": {"reward_manager": manager},
-            "custom_reward_function": {
-                "path": path,
-                "name": name,
-                "reward_kwargs": reward_kwargs or {},
-            },
-            "data": {"reward_fn_key": "source"},
-        }
-    )
+    """The RewardSettings of the default tree with these reward keys."""
+    cfg = default_config()
+    with cfg.unlocked():
+        cfg.reward_model.reward_manager = manager
+        cfg.custom_reward_function.update(path=path, name=name)
+        cfg.custom_reward_function.reward_kwargs = reward_kwargs or {}
+        cfg.data.reward_fn_key = "source"
+    return reward_settings(KeyReads(cfg))
 
 
 def test_load_reward_manager_with_custom_function(tokenizer, tmp_path):

@@ -2,11 +2,11 @@
 
 import time
 
-import ml_collections
 import numpy as np
 import pytest
 
 from jrl.batch import Batch
+from jrl.config import default_config
 from jrl.reward import (
     BatchRewardManager,
     DAPORewardManager,
@@ -15,6 +15,9 @@ from jrl.reward import (
     default_compute_score,
     load_reward_manager,
 )
+from jrl.reward.settings import DAPOOptions, OverlongBuffer, PrimeOptions
+from jrl.runspec.reads import KeyReads
+from jrl.runspec.reward import reward_settings
 
 PRIME_SCORERS = """
 import os
@@ -99,15 +102,21 @@ def row_scores(out):
 
 
 def config(manager="naive", path=None, name="compute_score", reward_kwargs=None, **sections):
-    base = {
-        "data": {"reward_fn_key": "data_source", "max_response_length": 8},
-        "reward_model": {"reward_manager": manager, "reward_kwargs": reward_kwargs or {}},
-        "custom_reward_function": {"path": path, "name": name, "reward_kwargs": {}},
-    }
-    for key, value in sections.items():
-        section, field = key.split("__")
-        base.setdefault(section, {})[field] = value
-    return ml_collections.ConfigDict(base)
+    """The RewardSettings of the default tree with these reward keys (``section__field=value``;
+    a dict value updates that section)."""
+    cfg = default_config()
+    with cfg.unlocked():
+        cfg.data.max_response_length = 8
+        cfg.reward_model.reward_manager = manager
+        cfg.reward_model.reward_kwargs = reward_kwargs or {}
+        cfg.custom_reward_function.update(path=path, name=name)
+        for key, value in sections.items():
+            section, field = key.split("__")
+            if isinstance(value, dict):
+                cfg[section][field].update(value)
+            else:
+                cfg[section][field] = value
+    return reward_settings(KeyReads(cfg))
 
 
 # ---------------------------------------------------------------- prime
@@ -153,16 +162,18 @@ def test_prime_survives_a_hanging_a_raising_and_a_dying_scorer(tokenizer, scorer
 
 
 def test_prime_default_scorer_and_bad_functions(tokenizer):
-    manager = PrimeRewardManager(tokenizer, 0, num_processes=1)
+    manager = PrimeRewardManager(tokenizer, 0, options=PrimeOptions(num_processes=1))
     try:
         assert manager.compute_score is default_compute_score
         assert row_scores(manager(text_batch(tokenizer, ["#### 7", "#### 8"]), True)) == [1, 0]
     finally:
         manager.close()
     with pytest.raises(TypeError, match="cannot be sent to a worker process"):
-        PrimeRewardManager(tokenizer, 0, compute_score=lambda *a: 1.0, num_processes=1)
+        PrimeRewardManager(
+            tokenizer, 0, compute_score=lambda *a: 1.0, options=PrimeOptions(num_processes=1)
+        )
     with pytest.raises(ValueError, match="timeout must be positive"):
-        PrimeRewardManager(tokenizer, 0, timeout=0, num_processes=1)
+        PrimeOptions(timeout=0, num_processes=1)
 
 
 # ---------------------------------------------------------------- batch
@@ -213,7 +224,7 @@ def test_dapo_overlong_penalty(tokenizer, scorer_files):
     buffer = {"enable": True, "len": 4, "penalty_factor": 0.5, "log": True}
     cfg = config("dapo", path=path, name="always_one", reward_model__overlong_buffer=buffer)
     manager = load_reward_manager(cfg, tokenizer, 0)
-    assert isinstance(manager, DAPORewardManager) and manager.max_resp_len == 8
+    assert isinstance(manager, DAPORewardManager) and manager.options.max_resp_len == 8
     out = manager(length_batch([2, 4, 6, 8], width=8), return_dict=True)
     # Threshold 8 - 4 = 4 tokens; the penalty grows by 0.5 / 4 per token past it.
     assert row_scores(out) == [1.0, 1.0, 0.75, 0.5]
@@ -234,7 +245,7 @@ def test_dapo_overlong_penalty(tokenizer, scorer_files):
         cfg = config("dapo", reward_model__overlong_buffer={"enable": True, "len": 0})
         load_reward_manager(cfg, tokenizer, 0)
     with pytest.raises(ValueError, match="needs the maximum response length"):
-        DAPORewardManager(tokenizer, 0, overlong_buffer={"enable": True, "len": 2})
+        DAPOOptions(overlong_buffer=OverlongBuffer(enable=True, len=2))
 
 
 # ---------------------------------------------------------------- loading
@@ -261,6 +272,5 @@ def test_reward_manager_class_from_a_file(tokenizer, scorer_files):
     manager = load_reward_manager(cfg, tokenizer, 0)
     assert type(manager).__name__ == "EchoManager" and manager.width == 3
     assert manager.compute_score is default_compute_score
-    cfg = config(reward_manager__source="elsewhere")
     with pytest.raises(ValueError, match="reward_manager.source='elsewhere'.*importlib"):
-        load_reward_manager(cfg, tokenizer, 0)
+        load_reward_manager(config(reward_manager__source="elsewhere"), tokenizer, 0)

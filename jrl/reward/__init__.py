@@ -14,7 +14,8 @@ _EXPORTS = {
     "PrimeRewardManager": "jrl.reward.prime",
     "BatchRewardManager": "jrl.reward.batch",
     "DAPORewardManager": "jrl.reward.dapo",
-    "REWARD_MANAGERS": "jrl.reward.manager",
+    "REWARD_MANAGERS": "jrl.reward.settings",
+    "RewardSettings": "jrl.reward.settings",
     "load_reward_manager": "jrl.reward.manager",
     "load_custom_reward_fn": "jrl.reward.custom",
 }

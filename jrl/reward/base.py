@@ -9,13 +9,14 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from jrl.batch import Batch
 from jrl.reward.rows import ScoringRows, decode_rows
+from jrl.reward.settings import ManagerOptions, NaiveOptions
 
 ScoreFn = Callable[..., Any]
 
@@ -58,7 +59,10 @@ class RewardManager:
       num_examine: how many decoded examples to print per data source on each call.
       compute_score: the scoring function (None: the manager's default).
       reward_fn_key: the meta field holding each row's data source (data.reward_fn_key).
+      options: the manager's own options (None: `Options`' defaults).
     """
+
+    Options: ClassVar[type[ManagerOptions]] = NaiveOptions
 
     def __init__(
         self,
@@ -66,11 +70,13 @@ class RewardManager:
         num_examine: int,
         compute_score: ScoreFn | None = None,
         reward_fn_key: str = "data_source",
+        options: ManagerOptions | None = None,
     ):
         self.tokenizer = tokenizer
         self.num_examine = num_examine
         self.compute_score = compute_score or self.default_compute_score()
         self.reward_fn_key = reward_fn_key
+        self.options = self.Options() if options is None else options
 
     @staticmethod
     def default_compute_score() -> ScoreFn:
@@ -78,20 +84,6 @@ class RewardManager:
         from jrl.reward.default import default_compute_score
 
         return default_compute_score
-
-    @classmethod
-    def from_config(
-        cls,
-        config: Any,
-        tokenizer: PreTrainedTokenizerBase,
-        num_examine: int,
-        compute_score: ScoreFn | None,
-        reward_fn_key: str,
-        **kwargs: Any,
-    ) -> RewardManager:
-        """The manager for a full config; `kwargs` are reward_model.reward_kwargs."""
-        del config
-        return cls(tokenizer, num_examine, compute_score, reward_fn_key, **kwargs)
 
     def score(self, rows: ScoringRows) -> list[Scored]:
         """One `Scored` per row."""

@@ -8,6 +8,7 @@ from typing import Any
 from jrl.reward.base import RewardManager, Scored, ScoreFn, scored
 from jrl.reward.default import default_compute_score
 from jrl.reward.rows import ScoringRows
+from jrl.reward.settings import BatchOptions
 
 
 def score_each(
@@ -30,19 +31,11 @@ class BatchRewardManager(RewardManager):
     """Calls ``compute_score(data_sources=, solution_strs=, ground_truths=, extra_infos=,
     **reward_kwargs)`` once; it returns one float or dict (with "score") per row.
 
-    `reward_kwargs` are reward_model.reward_kwargs, passed to every call.
+    Its options (`BatchOptions`): reward_model.reward_kwargs, passed to every call.
     """
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int,
-        compute_score: ScoreFn | None = None,
-        reward_fn_key: str = "data_source",
-        **reward_kwargs: Any,
-    ):
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
-        self.reward_kwargs = reward_kwargs
+    Options = BatchOptions
+    options: BatchOptions
 
     @staticmethod
     def default_compute_score() -> ScoreFn:
@@ -58,7 +51,7 @@ class BatchRewardManager(RewardManager):
                     solution_strs=rows.responses,
                     ground_truths=rows.ground_truths,
                     extra_infos=rows.extra_infos,
-                    **self.reward_kwargs,
+                    **self.options.scorer_kwargs,
                 )
             )
         except Exception as err:

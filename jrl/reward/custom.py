@@ -1,4 +1,5 @@
-"""Custom reward functions: ``custom_reward_function.path`` / ``.name`` (+ ``.reward_kwargs``)."""
+"""Custom reward functions: ``custom_reward_function.path`` / ``.name`` (+ ``.reward_kwargs``),
+resolved into `CustomRewardFunction`."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from jrl.data.extern import PKG_PREFIX, load_object
+from jrl.reward.settings import CustomRewardFunction
 
 ScoreFn = Callable[..., Any]
 CONFIG_KEY = "custom_reward_function"
@@ -52,16 +54,11 @@ class FileFunction:
         return f"FileFunction({self.location!r}, {self.name!r})"
 
 
-def load_custom_reward_fn(config: Any) -> FileFunction | None:
-    """The function named by custom_reward_function.path / .name, or None when no path is set.
-
-    custom_reward_function.reward_kwargs are passed to every call (they win over the caller's).
-    """
-    section = getattr(config, CONFIG_KEY, None)
-    path = getattr(section, "path", None)
-    if not path:
+def load_custom_reward_fn(settings: CustomRewardFunction | None) -> FileFunction | None:
+    """The custom_reward_function `settings`' function (None: none is set); its kwargs are
+    passed to every call (they win over the caller's)."""
+    if settings is None:
         return None
-    name = getattr(section, "name", None) or "compute_score"
-    fn = FileFunction(path, name, getattr(section, "reward_kwargs", None))
-    print(f"jrl: reward function {name!r} from {fn.location}")
+    fn = FileFunction(settings.path, settings.name, settings.kwargs)
+    print(f"jrl: reward function {settings.name!r} from {fn.location}")
     return fn

@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import importlib.util
 import threading
+from collections.abc import Callable
 
 from jrl.data.boxed import last_boxed
 
@@ -22,33 +23,44 @@ _DELETE_PERCENT = ("\\\\%", "\\%")
 _MATH_VERIFY_TIMEOUT_S = 5
 
 
-def _fix_fracs(s: str) -> str:
-    r"""``\frac12`` -> ``\frac{1}{2}``, ``\frac1{2}`` -> ``\frac{1}{2}``; braced ones unchanged."""
-    head, *tails = s.split("\\frac")
+def _rewrite_arguments(s: str, command: str, rewrite: Callable[[str], str | None]) -> str:
+    """`s` with the text after each `command` replaced by `rewrite(text)`, or `s` unchanged when
+    `rewrite` gives None for one; a `command` with nothing after it raises ValueError."""
+    head, *tails = s.split(command)
     parts = [head]
     for tail in tails:
         if not tail:
-            raise ValueError("\\frac without arguments")
-        if tail[0] == "{":
-            parts.append("\\frac" + tail)
-            continue
-        if len(tail) < 2:
+            raise ValueError(f"{command} without an argument")
+        rewritten = rewrite(tail)
+        if rewritten is None:
             return s
-        numerator, second, rest = tail[0], tail[1], tail[2:]
-        denominator = second + rest if second == "{" else "{" + second + "}" + rest
-        parts.append("\\frac{" + numerator + "}" + denominator)
+        parts.append(command + rewritten)
     return "".join(parts)
+
+
+def _frac_arguments(tail: str) -> str | None:
+    r"""``12`` -> ``{1}{2}``, ``1{2}`` -> ``{1}{2}``; braced ones unchanged; None: one character."""
+    if tail[0] == "{":
+        return tail
+    if len(tail) < 2:
+        return None
+    numerator, second, rest = tail[0], tail[1], tail[2:]
+    return "{" + numerator + "}" + (second + rest if second == "{" else "{" + second + "}" + rest)
+
+
+def _fix_fracs(s: str) -> str:
+    r"""``\frac12`` -> ``\frac{1}{2}``, ``\frac1{2}`` -> ``\frac{1}{2}``; braced ones unchanged
+    (a lone ``\frac1`` leaves `s` as it is)."""
+    return _rewrite_arguments(s, "\\frac", _frac_arguments)
+
+
+def _sqrt_argument(tail: str) -> str:
+    return tail if tail[0] == "{" else "{" + tail[0] + "}" + tail[1:]
 
 
 def _fix_sqrt(s: str) -> str:
     r"""``\sqrt3`` -> ``\sqrt{3}`` (one character is taken as the radicand)."""
-    head, *tails = s.split("\\sqrt")
-    parts = [head]
-    for tail in tails:
-        if not tail:
-            raise ValueError("\\sqrt without an argument")
-        parts.append("\\sqrt" + (tail if tail[0] == "{" else "{" + tail[0] + "}" + tail[1:]))
-    return "".join(parts)
+    return _rewrite_arguments(s, "\\sqrt", _sqrt_argument)
 
 
 def _fix_slash(s: str) -> str:

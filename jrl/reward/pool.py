@@ -92,13 +92,12 @@ def _stop_all(workers: list[_Worker]) -> None:
 
 
 class ScoringPool:
-    """`num_workers` spawned processes calling `fn(*item)`, at most `timeout` seconds per item."""
+    """`num_workers` spawned processes calling `fn(*item)`, at most `timeout` seconds per item
+    (positive: `PrimeOptions` checks it)."""
 
     def __init__(self, fn: Callable[..., Any], num_workers: int, timeout: float):
         if num_workers < 1:
             raise ValueError(f"a scoring pool needs at least one worker, got {num_workers}")
-        if not timeout > 0:
-            raise ValueError(f"the per-item timeout must be positive, got {timeout}")
         self.fn = fn
         self.num_workers = num_workers
         self.timeout = float(timeout)

@@ -12,11 +12,11 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any
 
-from jrl.reward.base import RewardManager, Scored, ScoreFn
+from jrl.reward.base import RewardManager, Scored
 from jrl.reward.pool import Outcome, ScoringPool
 from jrl.reward.rows import ScoringRows
+from jrl.reward.settings import PrimeOptions
 
-DEFAULT_TIMEOUT_S = 300.0
 MAX_PROCESSES = 64
 
 
@@ -33,23 +33,20 @@ class PrimeRewardManager(RewardManager):
     """Calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` (positional)
     for every row in a pool of spawned processes; each row's score is also reported as "acc".
 
-    Options (reward_model.reward_kwargs): `timeout` seconds per row (default 300) and
-    `num_processes` (default: the CPU count, at most 64). The function must be importable in a
+    Its options (`PrimeOptions`, from reward_model.reward_kwargs): `timeout` seconds per row and
+    `num_processes` (None or 0: the CPU count, at most 64). The function must be importable in a
     fresh process: a module-level function, or a custom_reward_function file.
     """
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        num_examine: int,
-        compute_score: ScoreFn | None = None,
-        reward_fn_key: str = "data_source",
-        timeout: float = DEFAULT_TIMEOUT_S,
-        num_processes: int | None = None,
-    ):
-        super().__init__(tokenizer, num_examine, compute_score, reward_fn_key)
-        workers = num_processes or min(MAX_PROCESSES, os.cpu_count() or 1)
-        self.pool = ScoringPool(self.compute_score, int(workers), float(timeout))
+    Options = PrimeOptions
+    options: PrimeOptions
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        """`RewardManager`'s arguments; starts the pool (which checks that the function can be
+        sent to a worker process)."""
+        super().__init__(*args, **kwargs)
+        workers = self.options.num_processes or min(MAX_PROCESSES, os.cpu_count() or 1)
+        self.pool = ScoringPool(self.compute_score, int(workers), float(self.options.timeout))
 
     def score(self, rows: ScoringRows) -> list[Scored]:
         """All rows through the pool; failures score 0.0."""

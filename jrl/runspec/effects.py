@@ -28,6 +28,7 @@ from jrl.config.moved import follows, key_matches, leaves, moved_settings, value
 from jrl.config.overrides import parse_command_line
 from jrl.rollout.vllm_args import VLLM_PASS_THROUGH
 from jrl.runspec.loading import load_config
+from jrl.runspec.reward import manager_name
 from jrl.runspec.shape import estimator_needs_critic, uses_critic, uses_reference
 from jrl.runspec.unsupported import unsupported_reason
 
@@ -121,8 +122,6 @@ _LORA_KEYS = {
 
 
 def _not_dapo(config: ConfigDict, engine: str) -> bool:
-    from jrl.reward.manager import manager_name
-
     return manager_name(config)[1] != "dapo"
 
 

@@ -13,6 +13,7 @@ from jrl.algos.estimator import ADV_ESTIMATORS
 from jrl.algos.policy_loss import POLICY_LOSS_TERMS
 from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 from jrl.config.errors import ConfigError
+from jrl.runspec.reward import reward_manager_problems
 from jrl.runspec.rollout_correction_checks import rollout_correction_problems
 from jrl.runspec.run import CHECKPOINT_ITEMS
 from jrl.runspec.sampling_checks import sampling_problems
@@ -359,23 +360,6 @@ def _losses(config: ConfigDict) -> Iterator[str]:
         )
 
 
-def _reward_manager(config: ConfigDict) -> Iterator[str]:
-    """``reward_manager.source`` and the built-in manager it selects (`manager_name`)."""
-    from jrl.reward.manager import REWARD_MANAGERS, SOURCES, manager_name
-
-    source = config.reward_manager.source or "register"
-    key, name = manager_name(config)
-    if source not in SOURCES:
-        yield _not_one_of("reward_manager.source", source, SOURCES)
-    elif source == "register" and name not in REWARD_MANAGERS:
-        yield _not_one_of(key, name, tuple(REWARD_MANAGERS))
-    elif source == "importlib" and not config.reward_manager.module.path:
-        yield (
-            "reward_manager.source=importlib loads the manager from reward_manager.module.path, "
-            f"which is not set; give the file that defines {config.reward_manager.module.name!r}"
-        )
-
-
 def _custom_dataset(config: ConfigDict) -> Iterator[str]:
     """``data.custom_cls``: a path and a class name, both or neither."""
     path, name = config.data.custom_cls.path, config.data.custom_cls.name
@@ -404,7 +388,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config, sections)]
     problems += [*unsupported_settings(config), *_optimizers(config, sections)]
     problems += _lora_reference(config)
-    problems += [*_kl(config), *_losses(config), *_reward_manager(config), *_dtypes(config)]
+    problems += [*_kl(config), *_losses(config), *reward_manager_problems(config), *_dtypes(config)]
     problems += _custom_dataset(config)
     problems += _response_length(config)
     problems += rollout_correction_problems(config)

@@ -155,8 +155,8 @@ class PPOTrainer:
         self.sampling = sampling_params(actor_cfg.rollout, self.rollout)
         self.val_sampling = sampling_params(actor_cfg.rollout, self.rollout, validate=True)
         self.reward_model = RewardModel(config, self.mesh) if config.reward_model.enable else None
-        self.reward_fn = load_reward_manager(config, self.tokenizer, num_examine=0)
-        self.val_reward_fn = load_reward_manager(config, self.tokenizer, num_examine=1)
+        self.reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=0)
+        self.val_reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=1)
         self.kl_ctrl = (
             algos.get_kl_controller(config.algorithm.kl_ctrl)
             if config.algorithm.use_kl_in_reward
