@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from jrl.config.entry import load_entry_config
-from jrl.config.sft_defaults import sft_config
+from jrl.config.trees import SFT
 from jrl.runspec import load_config, validate_sft
 
 FIXTURE = Path(__file__).resolve().parent.parent / "tests" / "data" / "verl_v060_examples.json"
@@ -46,7 +46,7 @@ def load(entry: str, argv: Sequence[str]) -> None:
     if entry == "ppo":
         load_config(args)
     else:
-        load_entry_config(args, sft_config, validate_sft)
+        load_entry_config(args, SFT, validate_sft)
 
 
 def first_problem(err: BaseException) -> str:

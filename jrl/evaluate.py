@@ -37,7 +37,7 @@ import numpy as np
 from ml_collections import ConfigDict
 
 from jrl.config.entry import INPUT_ERRORS, load_entry_config, run_entry
-from jrl.config.eval_defaults import evaluation_config
+from jrl.config.trees import EVALUATION
 from jrl.data.files import local_path, read_parquet
 from jrl.reward import default_compute_score, load_custom_reward_fn
 from jrl.reward.base import call_scorer, scored
@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return {}
-    metrics = evaluate(load_entry_config(argv, evaluation_config, validate_evaluation))
+    metrics = evaluate(load_entry_config(argv, EVALUATION, validate_evaluation))
     print(json.dumps(metrics, sort_keys=True), flush=True)
     return metrics
 

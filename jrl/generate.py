@@ -36,7 +36,7 @@ from ml_collections import ConfigDict
 
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config.entry import load_entry_config, run_entry
-from jrl.config.eval_defaults import generation_config
+from jrl.config.trees import GENERATION
 from jrl.data.atomic import atomic_file
 from jrl.runspec.eval_checks import validate_generation
 
@@ -153,7 +153,7 @@ def main(argv: list[str] | None = None) -> Path | None:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return None
-    config = load_entry_config(argv, generation_config, validate_generation)
+    config = load_entry_config(argv, GENERATION, validate_generation)
     enable_compilation_cache()
     target = write_output(config, generate_responses(config))
     print(f"jrl: wrote {target}", flush=True)

@@ -58,7 +58,7 @@ import time
 
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config.entry import INPUT_ERRORS, load_entry_config, run_entry
-from jrl.config.sft_defaults import sft_config
+from jrl.config.trees import SFT
 from jrl.parallel import distributed
 from jrl.runspec.validate import validate_sft
 from jrl.trainer.loop.stopping import NonFiniteLossError
@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     if {"-h", "--help"} & set(argv):
         print(__doc__)
         return {}
-    config = load_entry_config(argv, sft_config, validate_sft)
+    config = load_entry_config(argv, SFT, validate_sft)
     distributed.start(config.trainer.nnodes, config.trainer.n_gpus_per_node, JOIN_TIMEOUT_S)
     enable_compilation_cache()
 

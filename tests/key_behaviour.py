@@ -83,8 +83,8 @@ def fingerprint(argv: list[str], folder: Path, changes: Changes) -> dict[str, li
         return compile_program(backend, computation, *args, **kwargs)
 
     def parsing(args):
-        spec, overrides = parse(args)
-        return spec, [*overrides, *changes]
+        command = parse(args)
+        return command._replace(overrides=[*command.overrides, *changes])
 
     resident: dict[str, int] = {}
     fit = PPOTrainer.fit
@@ -197,7 +197,7 @@ def outcome(prober: Prober, raw, base, key: str, bases: dict[str, dict]) -> str:
         return f"acts: {OWN_KEYS[key]}"
     context = [*every_key.CONTEXTS.get(key, {}).items()]
     context += [(k, None) for k in every_key._companion(key)]
-    run = [*parse_command_line(RUN)[1], ("trainer.default_local_dir", str(prober.root))]
+    run = [*parse_command_line(RUN).overrides, ("trainer.default_local_dir", str(prober.root))]
     config = every_key._load(raw, [*run, *context, (key, value)])
     if no_effect_reason(key, config, "jax", {key, *(k for k, _ in context)}):
         return "announced"

@@ -199,7 +199,7 @@ def test_malformed_values_fail(text):
 
 
 def test_parse_command_line_forms():
-    spec, overrides = parse_command_line(
+    spec, overrides, name = parse_command_line(
         [
             "--config",
             "configs/gsm8k_ppo.py:tiny",
@@ -210,14 +210,14 @@ def test_parse_command_line_forms():
             "+actor_rollout_ref.model.override_config.attention_dropout=0.1",
         ]
     )
-    assert spec == "configs/gsm8k_ppo.py:tiny"
+    assert (spec, name) == ("configs/gsm8k_ppo.py:tiny", None)
     assert overrides == [
         ("trainer.total_epochs", 3),
         ("data.seed", 7),
         ("trainer.logger", ["console"]),
         ("+actor_rollout_ref.model.override_config.attention_dropout", 0.1),
     ]
-    assert parse_command_line(["--config=a.py"]) == ("a.py", [])
+    assert parse_command_line(["--config=a.py"]) == ("a.py", [], None)
     for bad in (["trainer"], ["--help"], ["a..b=1"], ["--config"]):
         with pytest.raises(ConfigError):
             parse_command_line(bad)
@@ -240,7 +240,7 @@ def test_wrong_types_fail_and_safe_conversions_apply():
         (f"{AR}.actor.ppo_epochs", 1.5),
         (f"{AR}.actor.ppo_epochs", True),
         (f"{AR}.actor.use_kl_loss", 1),
-        ("trainer.logger", "console"),
+        (f"{AR}.actor.optim.betas", "abc"),
         (f"{AR}.actor.ppo_micro_batch_size", "abc"),
     ]:
         with pytest.raises(ConfigError, match=f"{re.escape(key)} expects"):
@@ -302,7 +302,7 @@ def _tiny(path: str, *overrides: str, num_devices: int | None = None):
         (PPO, ["trainer.n_gpus_per_node=8", "trainer.nnodes=1"], "= 4 must be divisible by"),
         (
             PPO,
-            [f"{AR}.actor.ppo_micro_batch_size=4"],
+            [f"{AR}.actor.ppo_micro_batch_size=4", f"{AR}.actor.ppo_micro_batch_size_per_gpu=2"],
             f"{AR}.actor.ppo_micro_batch_size (deprecated); both are set",
         ),
         (PPO, [f"{AR}.actor.ppo_micro_batch_size_per_gpu=null"], "neither is set"),
@@ -332,7 +332,14 @@ def _tiny(path: str, *overrides: str, num_devices: int | None = None):
             "ppo_micro_batch_size // 1 ranks (3)",
         ),
         (PPO, [f"{AR}.actor.ulysses_sequence_parallel_size=2"], "(2) must divide"),
-        (GRPO, [f"{AR}.ref.log_prob_micro_batch_size=4"], f"{AR}.ref.log_prob_micro_batch_size"),
+        (
+            GRPO,
+            [
+                f"{AR}.ref.log_prob_micro_batch_size=4",
+                f"{AR}.ref.log_prob_micro_batch_size_per_gpu=2",
+            ],
+            f"{AR}.ref.log_prob_micro_batch_size",
+        ),
         (PPO, [f"{AR}.rollout.log_prob_micro_batch_size_per_gpu=null"], "rollout.log_prob"),
         (PPO, ["critic.ppo_micro_batch_size_per_gpu=null"], "critic.ppo_micro_batch_size_per_gpu"),
         (
@@ -342,7 +349,11 @@ def _tiny(path: str, *overrides: str, num_devices: int | None = None):
         ),
         (
             PPO,
-            ["reward_model.enable=true", "reward_model.micro_batch_size=4"],
+            [
+                "reward_model.enable=true",
+                "reward_model.micro_batch_size=4",
+                "reward_model.micro_batch_size_per_gpu=2",
+            ],
             "reward_model.micro_batch_size (deprecated); both are set",
         ),
         (

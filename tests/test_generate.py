@@ -9,8 +9,9 @@ import pytest
 from helpers import generate_args
 
 from jrl.assets import prepare_digits
-from jrl.config import ConfigError, generation_config
+from jrl.config import ConfigError
 from jrl.config.entry import load_entry_config
+from jrl.config.trees import GENERATION
 from jrl.generate import main
 from jrl.runspec.eval_checks import validate_generation
 
@@ -69,6 +70,6 @@ def test_bad_settings_fail_clearly(prompts, tmp_path, overrides, error, message)
 
 
 def test_defaults_are_verls_generation_config():
-    config = load_entry_config([], generation_config, validate_generation)
+    config = load_entry_config([], GENERATION, validate_generation)
     assert (config.data.n_samples, config.data.batch_size, config.rollout.top_k) == (5, 128, 50)
     assert (config.rollout.top_p, config.rollout.prompt_length) == (0.7, 1536)

@@ -36,6 +36,7 @@ from jrl.config import (
 )
 from jrl.config.entry import load_entry_config
 from jrl.config.tree import key_paths, lookup
+from jrl.config.trees import SFT
 from jrl.data.sft_dataset import SFTDataset, create_sft_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam, init_random
@@ -136,20 +137,20 @@ def test_every_null_default_is_typed(make):
 )
 def test_config_rules_name_the_keys(overrides, message):
     with pytest.raises(ConfigError, match=message):
-        load_entry_config(overrides, sft_config, validate_sft)
+        load_entry_config(overrides, SFT, validate_sft)
 
 
 def test_deprecated_global_micro_batch_size_is_divided_by_the_devices():
     config = load_entry_config(
         ["data.micro_batch_size=64", "data.micro_batch_size_per_gpu=null"],
-        sft_config,
+        SFT,
         validate_sft,
     )
     assert config.data.micro_batch_size == 64
     with pytest.raises(ConfigError, match="multiple of the devices"):
         load_entry_config(
             ["data.micro_batch_size=96", "data.micro_batch_size_per_gpu=null"],
-            sft_config,
+            SFT,
             validate_sft,
         )
 
@@ -468,9 +469,7 @@ def _trainer(run_dir: Path, *overrides: str):
     from jrl.trainer.sft.trainer import SFTTrainer
 
     enable_compilation_cache()
-    return SFTTrainer(
-        load_entry_config(digits_sft_args(run_dir, *overrides), sft_config, validate_sft)
-    )
+    return SFTTrainer(load_entry_config(digits_sft_args(run_dir, *overrides), SFT, validate_sft))
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:

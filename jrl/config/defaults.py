@@ -16,14 +16,12 @@ from ml_collections import ConfigDict, FieldReference
 from ml_collections.config_dict import placeholder
 
 from jrl.config.interpolation import link
+from jrl.config.megatron import megatron_section
+from jrl.config.tree import section
 
 ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
 MODEL = "actor_rollout_ref.model"
-
-
-def section(**fields: Any) -> ConfigDict:
-    """A section whose keys keep the order written here."""
-    return ConfigDict(fields, sort_keys=False)
 
 
 def either(default: Any, *types: type) -> FieldReference:
@@ -140,7 +138,8 @@ def _optim(lr: float) -> ConfigDict:
     )
 
 
-def _fsdp(**changes: Any) -> ConfigDict:
+def _fsdp(role: str, **changes: Any) -> ConfigDict:
+    """The ``fsdp_config`` of the role whose section (with its ``megatron``) is at `role`."""
     fields = dict(
         wrap_policy=section(min_num_params=0),
         param_offload=False,
@@ -149,8 +148,9 @@ def _fsdp(**changes: Any) -> ConfigDict:
         reshard_after_forward=True,
         fsdp_size=-1,
         # jrl's own: devices that split each parameter tensor-parallel (the mesh's `tensor`
-        # axis, `jrl.parallel.TRAINING_RULES`: heads, MLP and vocabulary); 1 turns it off.
-        tensor_parallel_size=1,
+        # axis, `jrl.parallel.TRAINING_RULES`: heads, MLP and vocabulary); 1 turns it off. It
+        # follows Megatron's tensor parallel size, which means the same (`jrl.config.megatron`).
+        tensor_parallel_size=f"${{{role}.megatron.tensor_model_parallel_size}}",
         forward_prefetch=False,
         model_dtype="fp32",
         use_orig_params=False,
@@ -310,7 +310,8 @@ def _actor() -> ConfigDict:
         shuffle=False,
         ulysses_sequence_parallel_size=1,
         optim=_optim(lr=1e-6),
-        fsdp_config=_fsdp(),
+        fsdp_config=_fsdp(ACTOR),
+        megatron=megatron_section(ACTOR),
         checkpoint=_checkpoint(),
         use_fused_kernels=f"${{{MODEL}.use_fused_kernels}}",
         router_replay=_router_replay(),
@@ -328,7 +329,8 @@ def _ref() -> ConfigDict:
         strategy=f"${{{ACTOR}.strategy}}",
         rollout_n="${actor_rollout_ref.rollout.n}",
         use_torch_compile=f"${{{ACTOR}.use_torch_compile}}",
-        fsdp_config=_fsdp(forward_only=True),
+        fsdp_config=_fsdp(REF, forward_only=True),
+        megatron=megatron_section(REF),
         **_log_prob_keys(),
         ulysses_sequence_parallel_size=f"${{{ACTOR}.ulysses_sequence_parallel_size}}",
         entropy_from_logits_with_chunking=False,
@@ -443,8 +445,9 @@ def _critic() -> ConfigDict:
             use_remove_padding=False,
             **lora_keys(),
             tiled_mlp=section(enabled=False, num_shards=4),
-            fsdp_config=_fsdp(),
+            fsdp_config=_fsdp("critic"),
         ),
+        megatron=megatron_section("critic"),
         ppo_mini_batch_size=f"${{{ACTOR}.ppo_mini_batch_size}}",
         ppo_micro_batch_size=placeholder(int),
         ppo_micro_batch_size_per_gpu=placeholder(int),
@@ -482,8 +485,9 @@ def _reward_model() -> ConfigDict:
             use_shm=False,
             use_remove_padding=False,
             use_fused_kernels=f"${{{MODEL}.use_fused_kernels}}",
-            fsdp_config=_fsdp(min_num_params=0, forward_only=True),
+            fsdp_config=_fsdp("reward_model", min_num_params=0, forward_only=True),
         ),
+        megatron=megatron_section("reward_model"),
         micro_batch_size=placeholder(int),
         micro_batch_size_per_gpu=16,
         max_length=placeholder(int),

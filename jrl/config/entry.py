@@ -11,9 +11,8 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from jrl.config.errors import ConfigError
-from jrl.config.interpolation import resolve
-from jrl.config.loading import load_config_file
-from jrl.config.overrides import apply_overrides, parse_command_line
+from jrl.config.loading import read_config
+from jrl.config.trees import KeyTree
 
 # Errors that bad configs, files or data raise: reported in one line, exit status 2.
 INPUT_ERRORS = (
@@ -28,15 +27,11 @@ INPUT_ERRORS = (
 
 
 def load_entry_config(
-    argv: Sequence[str],
-    defaults: Callable[[], ConfigDict],
-    validate: Callable[[ConfigDict], None],
+    argv: Sequence[str], tree: KeyTree, validate: Callable[[ConfigDict], None]
 ) -> ConfigDict:
     """The checked, resolved config of a command line (without the program name): the file of
-    ``--config=FILE.py[:preset]`` (else `defaults()`), then the overrides."""
-    spec, overrides = parse_command_line(argv)
-    config = load_config_file(spec)[0] if spec else defaults()
-    config = resolve(apply_overrides(config, overrides))
+    ``--config=FILE.py[:preset]`` (else `tree`'s defaults), then the overrides."""
+    config = read_config(argv, tree)[0]
     validate(config)
     return config
 

@@ -1,5 +1,5 @@
-"""From a command line to a resolved config: card file -> overrides -> interpolation (the checks
-run above, in `jrl.runspec`)."""
+"""From a command line to a resolved config: card file (or the program's defaults) -> overrides ->
+interpolation (the checks run above, in `jrl.runspec`)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from types import ModuleType
 import yaml
 from ml_collections import ConfigDict
 
-from jrl.config.defaults import default_config
 from jrl.config.errors import ConfigError
 from jrl.config.interpolation import resolve
 from jrl.config.overrides import apply_overrides, parse_command_line
+from jrl.config.replaced import settle_card
+from jrl.config.trees import PPO, KeyTree, check_config_name
 
 
 def load_config_file(spec: str) -> tuple[ConfigDict, ModuleType]:
@@ -45,13 +46,22 @@ def load_config_file(spec: str) -> tuple[ConfigDict, ModuleType]:
     return config, module
 
 
-def read_config(argv: Sequence[str]) -> tuple[ConfigDict, ModuleType | None]:
-    """The resolved, not yet checked config of a command line (without the program name): the
-    card of ``--config=FILE.py[:preset]`` (else the defaults, and the module is None), then the
-    overrides."""
-    spec, overrides = parse_command_line(argv)
-    config, module = load_config_file(spec) if spec else (default_config(), None)
-    return resolve(apply_overrides(config, overrides)), module
+def read_config(argv: Sequence[str], tree: KeyTree = PPO) -> tuple[ConfigDict, ModuleType | None]:
+    """The resolved, not yet checked config of a command line (without the program name) of
+    `tree`'s program: the card of ``--config=FILE.py[:preset]`` (else the tree's defaults, and the
+    module is None), then the overrides. A ``--config-name`` must name a config of `tree`."""
+    command = parse_command_line(argv)
+    check_config_name(command.config_name, tree)
+    config, module = load_card(command.spec, tree) if command.spec else (tree.defaults(), None)
+    return resolve(apply_overrides(config, command.overrides, tree.templates)), module
+
+
+def load_card(spec: str, tree: KeyTree = PPO) -> tuple[ConfigDict, ModuleType]:
+    """`load_config_file(spec)` as the card's layer of a run of `tree`'s program: of each replaced
+    pair, the key it moved from its default wins (`jrl.config.replaced`)."""
+    config, module = load_config_file(spec)
+    settle_card(config, tree.defaults())
+    return config, module
 
 
 def to_yaml(config: ConfigDict) -> str:

@@ -104,7 +104,12 @@ def _trainer() -> ConfigDict:
 
 def sft_config() -> ConfigDict:
     """A fresh, locked config holding every SFT key with its default (interpolations live)."""
-    config = section(
+    return link(sft_templates()).lock()
+
+
+def sft_templates() -> ConfigDict:
+    """Every SFT key with its default, interpolations still as their ``${...}`` template strings."""
+    return section(
         data=_data(),
         model=_model(),
         optim=_optim(),
@@ -112,4 +117,3 @@ def sft_config() -> ConfigDict:
         use_remove_padding=False,
         trainer=_trainer(),
     )
-    return link(config).lock()

@@ -13,6 +13,11 @@ from ml_collections.config_dict import MutabilityError, placeholder
 from jrl.config.errors import ConfigError
 
 
+def section(**fields: Any) -> ConfigDict:
+    """A section whose keys keep the order written here."""
+    return ConfigDict(fields, sort_keys=False)
+
+
 def raw_field(section: ConfigDict, key: str) -> Any:
     """The stored entry of `key` (a FieldReference stays a reference, unlike `section[key]`)."""
     return dict(section.items(preserve_field_references=True))[key]
@@ -47,7 +52,8 @@ def unknown_key(config: ConfigDict, path: str, hint: str = "") -> ConfigError:
 
 
 def section_at(config: ConfigDict, path: str, create: bool = False) -> ConfigDict:
-    """The section at dotted `path` ('' is the root); `create` adds missing sections."""
+    """The section at dotted `path` ('' is the root); `create` adds missing sections and makes
+    null dict keys sections."""
     node = config
     walked = []
     for name in path.split(".") if path else []:
@@ -56,6 +62,9 @@ def section_at(config: ConfigDict, path: str, create: bool = False) -> ConfigDic
             if not create:
                 raise unknown_key(config, ".".join(walked))
             with node.unlocked():
+                node[name] = ConfigDict(sort_keys=False)
+        elif create and node[name] is None and node.get_type(name) in (dict, ConfigDict):
+            with node.ignore_type():  # a null dict (Hydra's `+a.b=v` under a null `a`)
                 node[name] = ConfigDict(sort_keys=False)
         node = node[name]
         if not isinstance(node, ConfigDict):

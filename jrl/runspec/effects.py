@@ -23,9 +23,10 @@ from jrl.algos.estimator import ADV_ESTIMATORS
 from jrl.algos.estimator import OPTIONS as ESTIMATOR_OPTIONS
 from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
-from jrl.config.loading import load_config_file
+from jrl.config.loading import load_card
+from jrl.config.megatron import MEGATRON_ROLES
 from jrl.config.moved import follows, key_matches, leaves, moved_settings, value_at
-from jrl.config.overrides import parse_command_line
+from jrl.config.overrides import parse_command_line, split_key
 from jrl.rollout.vllm_args import VLLM_PASS_THROUGH
 from jrl.runspec.loading import load_config
 from jrl.runspec.reward import manager_name
@@ -105,8 +106,13 @@ _OWN_DECODER = (
     "jrl builds its own decoder from config.json, so no repository code runs (the tokenizer "
     "follows data.trust_remote_code)"
 )
+_MEGATRON = (
+    "a Megatron-Core engine option: jrl trains with JAX (of the megatron keys, "
+    "tensor_model_parallel_size acts, as the role's fsdp_config.tensor_parallel_size)"
+)
 _RM_MODEL_KEYS = (
     "model.*",
+    "megatron.*",
     "micro_batch_size*",
     "max_length",
     "use_dynamic_bsz",
@@ -379,6 +385,19 @@ NO_EFFECT = (
     NoEffect(
         "reward_model.model.fsdp_config.optimizer_offload", "the reward model has no optimizer"
     ),
+    NoEffect(
+        "*.megatron.*_offload",
+        "Megatron's offload: jrl's is the role's fsdp_config.param_offload and optimizer_offload",
+    ),
+    NoEffect(
+        "*.megatron.*dist_checkpointing*",
+        "Megatron-Core's copy of the model's weights: jrl reads the HF weights at model.path",
+    ),
+    NoEffect(
+        "*.megatron.*",
+        _MEGATRON,
+        unless=tuple(f"{role}.megatron.tensor_model_parallel_size" for role in MEGATRON_ROLES),
+    ),
     NoEffect("*.entropy_from_logits_with_chunking", _ENTROPY),
     NoEffect("*.entropy_checkpointing", _ENTROPY),
     NoEffect("*.moe_config.freeze_moe_router", _MOE),
@@ -589,6 +608,10 @@ HOMES = {
     "actor_rollout_ref.actor.optim": "jrl.trainer.update.optim (optimizer, schedule)",
     "actor_rollout_ref.actor.policy_loss": "jrl.algos.policy_loss",
     "actor_rollout_ref.actor.fsdp_config": "jrl.parallel (mesh, offload)",
+    **{
+        f"{role}.megatron.tensor_model_parallel_size": "jrl.parallel (the role's tensor axis)"
+        for role in MEGATRON_ROLES
+    },
     "actor_rollout_ref.ref": "jrl.trainer.roles.reference",
     "actor_rollout_ref.rollout": "jrl.rollout (engine, sampling, limits)",
     "critic": "jrl.trainer.roles.critic",
@@ -628,8 +651,8 @@ def no_effect_reason(
 
 
 def command_line_keys(argv: Sequence[str]) -> frozenset[str]:
-    """The keys a command line sets (``+`` dropped)."""
-    return frozenset(key.lstrip("+") for key, _ in parse_command_line(argv)[1])
+    """The keys a command line sets or resets (``+``, ``++`` and ``~`` dropped)."""
+    return frozenset(split_key(key)[1] for key, _ in parse_command_line(argv).overrides)
 
 
 def ignored_settings(
@@ -661,12 +684,12 @@ def explain(argv: Sequence[str], engine: Callable[[ConfigDict], str]) -> str:
     """The resolved config of a command line, one key a line: value, source (default / card /
     override) and where it acts (or why it has no effect) with the rollout engine that
     `engine(config)` says generates."""
-    spec, overrides = parse_command_line(argv)
+    spec = parse_command_line(argv).spec
     config = load_config(argv)[0]
     generating = engine(config)
     defaults = resolve(default_config())
-    card = resolve(load_config_file(spec)[0]) if spec else defaults
-    overridden = [key.lstrip("+") for key, _ in overrides]
+    card = resolve(load_card(spec)[0]) if spec else defaults
+    overridden = command_line_keys(argv)
     lines = []
     for key, value in leaves(config):
         if any(key == o or key.startswith(f"{o}.") for o in overridden):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterator
+from dataclasses import MISSING
 
 from ml_collections import ConfigDict
 
@@ -33,6 +34,10 @@ class Unsupported:
 _ROLLOUT = "actor_rollout_ref.rollout"
 _MULTI_TURN = "multi-turn (tool-calling) rollouts are not implemented"
 _PROFILERS = "verl's profilers (nsys, torch, npu) are not implemented"
+_PIPELINE = (
+    "pipeline parallelism is not implemented: jrl splits a model over devices by FSDP and tensor "
+    "parallelism (megatron.tensor_model_parallel_size or fsdp_config.tensor_parallel_size)"
+)
 UNSUPPORTED = (
     Unsupported(
         "actor_rollout_ref.model.lora_adapter_path",
@@ -64,7 +69,7 @@ UNSUPPORTED = (
     ),
     Unsupported(
         "*.optim.override_optimizer_config",
-        "extra torch optimizer arguments: jrl's optimizers are optax's",
+        "extra torch or Megatron optimizer arguments: jrl's optimizers are optax's",
     ),
     Unsupported("reward_model.sandbox_fusion.*", "sandbox-fusion code scoring is not implemented"),
     Unsupported("reward_model.rollout.*", "a generative reward model is not implemented"),
@@ -78,6 +83,16 @@ UNSUPPORTED = (
     Unsupported(
         "actor_rollout_ref.ref.model",
         "a reference model of its own is not implemented: the reference is the actor at step 0",
+    ),
+    Unsupported("*.megatron.pipeline_model_parallel_size", _PIPELINE),
+    Unsupported("*.megatron.virtual_pipeline_model_parallel_size", _PIPELINE),
+    Unsupported(
+        "*.megatron.context_parallel_size",
+        "context parallelism is not implemented; ulysses_sequence_parallel_size splits sequences",
+    ),
+    Unsupported(
+        "*.megatron.expert_model_parallel_size",
+        "expert parallelism is not implemented: jrl has no mixture-of-experts model family",
     ),
 )
 
@@ -94,4 +109,5 @@ def unsupported_settings(config: ConfigDict) -> Iterator[str]:
         config, lambda key: unsupported_reason(key, config) is not None
     ):
         reason, default = unsupported_reason(key, config), value_at(defaults, key)
-        yield f"{key}={value!r}: {reason}; reset it to its default ({default!r})"
+        fix = "remove it" if default is MISSING else f"reset it to its default ({default!r})"
+        yield f"{key}={value!r}: {reason}; {fix}"
