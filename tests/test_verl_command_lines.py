@@ -1,0 +1,322 @@
+"""verl's own command lines run unchanged: every example command line of verl v0.6.0's PPO family
+and SFT (`data/verl_v060_examples.json`, the argument vectors of its scripts) loads, or is refused
+with the key of a feature jrl does not have named; and each rule of Hydra's grammar and verl's
+value forms that makes them load, one at a time."""
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from jrl.config import ConfigError, default_config, read_config
+from jrl.config.entry import load_entry_config
+from jrl.config.trees import SFT
+from jrl.runspec import load_config, validate_sft
+from jrl.runspec.effects import command_line_keys, no_effect_notice
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = json.loads((REPO / "tests" / "data" / "verl_v060_examples.json").read_text())
+PPO_CARD = str(REPO / "configs" / "gsm8k_ppo.py")
+SFT_CARD = str(REPO / "configs" / "gsm8k_sft.py")
+AR = "actor_rollout_ref"
+MEGATRON = f"{AR}.actor.megatron"
+_NPU = "trainer.device"
+_PIPELINE = f"{MEGATRON}.pipeline_model_parallel_size"
+_EXPERTS = f"{MEGATRON}.expert_model_parallel_size"
+_MEGATRON_OPTIMIZER = f"{AR}.actor.optim.override_optimizer_config"
+_EMPTY = "data.return_raw_chat"  # `data.return_raw_chat=$return_raw_chat` with the variable unset
+_SFT_ULYSSES = "ulysses_sequence_parallel_size"
+# Script (under examples/) -> the key its refusal names: features jrl does not have, and command
+# lines that verl's own Hydra refuses too (a `+` on a key that exists, a key verl lacks, a blank
+# argument left by `\ # comment`).
+REFUSED = {
+    "gpg_trainer/run_qwen2-7b_math_megatron.sh": _PIPELINE,
+    "grpo_trainer/run_deepseek671b_math_megatron_80gb.sh": _EXPERTS,
+    "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": _MEGATRON_OPTIMIZER,
+    "grpo_trainer/run_deepseek7b_llm_math_megatron.sh": _PIPELINE,
+    "grpo_trainer/run_gptoss_20b.sh": f"+{AR}.actor.fsdp_config.model_dtype",
+    "grpo_trainer/run_moonlight16b_math_megatron.sh": _EXPERTS,
+    "grpo_trainer/run_qwen2-7b_math_megatron.sh": _EMPTY,
+    "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": _PIPELINE,
+    "grpo_trainer/run_qwen2_5-7b_math_megatron_diff_tp.sh": _PIPELINE,
+    "grpo_trainer/run_qwen2_5_32b_grpo_npu.sh": _NPU,
+    "grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh": _NPU,
+    "grpo_trainer/run_qwen2_5_7b_grpo_e2e_prof_npu.sh": _NPU,
+    "grpo_trainer/run_qwen2_5_7b_grpo_npu.sh": _NPU,
+    "grpo_trainer/run_qwen2_5_vl_32b_npu.sh": _NPU,
+    "grpo_trainer/run_qwen2_5_vl_3b_npu.sh": _NPU,
+    "grpo_trainer/run_qwen2_5_vl_7b_npu.sh": _NPU,
+    "grpo_trainer/run_qwen3-235b_megatron_96gb.sh": _MEGATRON_OPTIMIZER,
+    "grpo_trainer/run_qwen3-32b_npu.sh": _NPU,
+    "grpo_trainer/run_qwen3-8b_npu.sh": _NPU,
+    "grpo_trainer/run_qwen3_vl-30b-megatron.sh": _MEGATRON_OPTIMIZER,
+    # Megatron's scheduler key: jrl's schedule is optim.lr_scheduler_type.
+    "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": f"{AR}.actor.optim.lr_decay_style",
+    "ppo_trainer/run_deepseek7b_llm_pfppo.sh": "' '",
+    "ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": "reward_model.sandbox_fusion.url",
+    "ppo_trainer/run_deepseek_full_hh_rlhf.sh": "reward_model.param_offload",
+    "ppo_trainer/run_deepseek_math_gsm8k_megatron.sh": _PIPELINE,
+    "ppo_trainer/run_deepseek_math_gsm8k_megatron_nsys.sh": _PIPELINE,
+    "ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": _EXPERTS,
+    "ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": _PIPELINE,
+    "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": _PIPELINE,
+    "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": f"{AR}.actor.profiler.enable",
+    "ppo_trainer/run_qwen2-7b_seq_balance.sh": _EMPTY,
+    "ppo_trainer/run_qwen3-8b_npu.sh": _NPU,
+    "sft/gsm8k/run_qwen3_8b_sft_peft_sp2_npu.sh": _SFT_ULYSSES,
+    "sft/gsm8k/run_qwen_05_sp2.sh": _SFT_ULYSSES,
+    "sft/gsm8k/run_qwen_05_sp2_liger.sh": _SFT_ULYSSES,
+    "sft/gsm8k/run_seed_oss_36b_sft.sh": _SFT_ULYSSES,
+    "sft/multiturn/run_qwen_05_sp2.sh": _SFT_ULYSSES,
+}
+# sglang is served by the JAX sampler once that lands; until then it is refused by name.
+SGLANG = f"{AR}.rollout.name"
+
+
+def _load(entry: str, argv: list[str]):
+    """The checked config of one example, as `jrl.train` (ppo) or `jrl.sft` (sft) loads it."""
+    if entry == "ppo":
+        return load_config([f"--config={PPO_CARD}", *argv])[0]
+    return load_entry_config([f"--config={SFT_CARD}", *argv], SFT, validate_sft)
+
+
+def _uses_sglang(argv: list[str]) -> bool:
+    return f"{SGLANG}=sglang" in argv
+
+
+def test_the_fixture_is_verls_ppo_family_and_sft_examples():
+    entries = {item["entry"] for item in EXAMPLES}
+    assert entries == {"ppo", "sft"} and len(EXAMPLES) == 92
+    scripts = {item["script"].removeprefix("examples/") for item in EXAMPLES}
+    assert set(REFUSED) <= scripts
+
+
+@pytest.mark.parametrize("item", EXAMPLES, ids=lambda item: item["script"])
+def test_each_example_loads_or_names_the_missing_feature(item):
+    script, entry, argv = item["script"].removeprefix("examples/"), item["entry"], item["argv"]
+    if script in REFUSED:
+        with pytest.raises(ConfigError, match=re.escape(REFUSED[script])):
+            _load(entry, argv)
+    elif _uses_sglang(argv):
+        try:
+            _load(entry, argv)
+        except ConfigError as error:
+            assert f"{SGLANG}='sglang'" in str(error)
+    else:
+        _load(entry, argv)
+
+
+# --- Hydra's --config-name and --config-path ----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--config-path=config", "--config-name=ppo_megatron_trainer"],
+        ["--config-path", "./config", "--config-name", "ppo_megatron_trainer.yaml"],
+        ["-cn", "ppo_trainer"],
+    ],
+)
+def test_config_name_selects_the_programs_tree(args):
+    config = read_config([*args, "data.train_batch_size=8"])[0]
+    assert config.data.train_batch_size == 8
+    assert config.trainer.total_epochs == default_config().trainer.total_epochs
+    sft = load_entry_config(["--config-name=sft_trainer", "trainer.n_gpus_per_node=1"], SFT, _ok)
+    assert sft.data.micro_batch_size_per_gpu == 4
+
+
+def _ok(config) -> None:
+    """A check that passes every config."""
+
+
+def test_with_a_card_the_card_is_the_base_and_the_name_is_checked():
+    config = read_config(
+        [f"--config={PPO_CARD}:tiny", "--config-name=ppo_megatron_trainer", "trainer.test_freq=3"]
+    )[0]
+    assert config.trainer.experiment_name == "ppo_tiny"  # the card's preset
+    assert config.trainer.test_freq == 3
+    with pytest.raises(ConfigError, match="--config-name=sft_trainer is verl's config of python "):
+        read_config([f"--config={PPO_CARD}:tiny", "--config-name=sft_trainer"])
+    with pytest.raises(ConfigError, match="python -m jrl.sft reads sft_trainer"):
+        load_entry_config(["--config-name=ppo_trainer"], SFT, _ok)
+
+
+def test_an_unknown_config_name_lists_the_names_jrl_knows():
+    with pytest.raises(ConfigError) as error:
+        read_config(["--config-path=config", "--config-name=dapo_trainer"])
+    message = str(error.value)
+    assert message.startswith("unknown --config-name=dapo_trainer")
+    for name in ("ppo_trainer", "ppo_megatron_trainer", "sft_trainer", "--config=FILE.py"):
+        assert name in message
+    with pytest.raises(ConfigError, match="--config-name needs a value"):
+        read_config(["--config-name"])
+
+
+# --- +, ++ and ~ --------------------------------------------------------------------------------
+
+
+def test_plus_adds_a_key_or_sets_a_null_one():
+    sft = read_config(["+data.response_dict_keys=[answer]", "+data.prompt_dict_keys=[q]"], SFT)[0]
+    assert (sft.data.response_dict_keys, sft.data.prompt_dict_keys) == (["answer"], ["q"])
+    config = read_config([f"+{AR}.actor.optim.override_optimizer_config.foreach=false"])[0]
+    assert config.actor_rollout_ref.actor.optim.override_optimizer_config.foreach is False
+    # As in Hydra, a list or a dict may also go onto a key that exists.
+    config = read_config(["+trainer.logger=[console]", f"+{AR}.rollout.val_kwargs={{n: 2}}"])[0]
+    assert (
+        config.trainer.logger == ["console"] and config.actor_rollout_ref.rollout.val_kwargs.n == 2
+    )
+    with pytest.raises(ConfigError, match=re.escape("it is 42); write data.seed=... or ++data.se")):
+        read_config(["+data.seed=1"])
+
+
+def test_plus_plus_sets_or_adds():
+    config = read_config(["++data.seed=7", f"++{AR}.model.override_config.rope_scaling_factor=2"])[
+        0
+    ]
+    assert config.data.seed == 7
+    assert config.actor_rollout_ref.model.override_config.rope_scaling_factor == 2
+
+
+def test_tilde_puts_a_key_back_to_its_default():
+    argv = [f"--config={PPO_CARD}:tiny", "~trainer.total_epochs", "~trainer.experiment_name"]
+    config = read_config(argv)[0]
+    defaults = default_config()
+    assert config.trainer.total_epochs == defaults.trainer.total_epochs
+    assert config.trainer.experiment_name == defaults.trainer.experiment_name
+    # A key that follows another by default follows it again; a null one is null again.
+    config = read_config(
+        [
+            "critic.ppo_mini_batch_size=3",
+            "trainer.total_training_steps=5",
+            "~critic.ppo_mini_batch_size",
+            "~trainer.total_training_steps",
+            f"{AR}.actor.ppo_mini_batch_size=64",
+        ]
+    )[0]
+    assert config.critic.ppo_mini_batch_size == 64
+    assert config.trainer.total_training_steps is None
+    # A section: each of its keys; a key added with + goes; ~key=value only while it holds value.
+    config = read_config(
+        [
+            f"{AR}.rollout.val_kwargs.n=4",
+            f"+{AR}.rollout.val_kwargs.extra=1",
+            f"~{AR}.rollout.val_kwargs",
+            "trainer.nnodes=2",
+            "~trainer.nnodes=2",
+        ]
+    )[0]
+    assert config.actor_rollout_ref.rollout.val_kwargs.n == 1
+    assert "extra" not in config.actor_rollout_ref.rollout.val_kwargs
+    assert config.trainer.nnodes == 1
+    with pytest.raises(ConfigError, match=re.escape("cannot reset 'trainer.nnodes'")):
+        read_config(["~trainer.nnodes=3"])
+    assert command_line_keys(["~trainer.nnodes", "++data.seed=1"]) == {
+        "trainer.nnodes",
+        "data.seed",
+    }
+
+
+# --- verl's value forms -------------------------------------------------------------------------
+
+
+def test_a_logger_given_as_one_name_is_a_one_logger_list():
+    assert read_config(["trainer.logger=console"])[0].trainer.logger == ["console"]
+    assert read_config(["trainer.logger=wandb"], SFT)[0].trainer.logger == ["wandb"]
+    with pytest.raises(ConfigError, match=re.escape(f"{AR}.actor.optim.betas expects list")):
+        read_config([f"{AR}.actor.optim.betas=0.9"])
+
+
+def test_empty_values_and_blank_arguments_are_named():
+    with pytest.raises(
+        ConfigError, match=r"data\.return_raw_chat expects bool, got an empty value"
+    ):
+        read_config(["data.return_raw_chat="])
+    with pytest.raises(ConfigError, match=r"cannot read argument ' ': it is blank"):
+        read_config(["algorithm.gamma=1.0", " "])
+
+
+# --- explicit beats default for the deprecated micro-batch sizes --------------------------------
+
+_DEPRECATED = f"{AR}.actor.ppo_micro_batch_size"
+_CARD = """
+from jrl.config import load_config_file
+
+def get_config():
+    config = load_config_file({card!r})[0]
+    {changes}
+    return config
+"""
+
+
+def _card(tmp_path: Path, *changes: str) -> str:
+    path = tmp_path / "card.py"
+    path.write_text(_CARD.format(card=f"{PPO_CARD}", changes="\n    ".join(changes)))
+    return str(path)
+
+
+def test_a_deprecated_size_on_the_command_line_wins_over_the_default_and_the_card():
+    # The defaults and the card hold ppo_micro_batch_size_per_gpu=8.
+    config = read_config([f"{_DEPRECATED}=64", f"{AR}.ref.log_prob_micro_batch_size=32"])[0]
+    assert config[_DEPRECATED] == 64 and config[f"{_DEPRECATED}_per_gpu"] is None
+    assert config.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu is None
+    config = load_config(
+        [f"--config={PPO_CARD}", f"{_DEPRECATED}=64", "critic.ppo_micro_batch_size=64"]
+    )[0]
+    assert config[f"{_DEPRECATED}_per_gpu"] is None
+    assert config.critic.ppo_micro_batch_size_per_gpu is None
+    assert config.critic.forward_micro_batch_size == 64  # follows critic.ppo_micro_batch_size
+    # Both on the command line: the pair is reported.
+    with pytest.raises(ConfigError, match="both are set"):
+        load_config([f"--config={PPO_CARD}", f"{_DEPRECATED}=64", f"{_DEPRECATED}_per_gpu=4"])
+
+
+def test_a_deprecated_size_in_the_card_wins_over_the_default(tmp_path):
+    card = _card(tmp_path, "config.actor_rollout_ref.actor.ppo_micro_batch_size = 64")
+    config = load_config([f"--config={card}"])[0]
+    assert config[_DEPRECATED] == 64 and config[f"{_DEPRECATED}_per_gpu"] is None
+    # The command line's per-device size wins over the card's deprecated one.
+    config = load_config([f"--config={card}", f"{_DEPRECATED}_per_gpu=4"])[0]
+    assert config[_DEPRECATED] is None and config[f"{_DEPRECATED}_per_gpu"] == 4
+    both = _card(
+        tmp_path,
+        "config.actor_rollout_ref.actor.ppo_micro_batch_size = 64",
+        "config.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu = 4",
+    )
+    with pytest.raises(ConfigError, match="both are set"):
+        load_config([f"--config={both}"])
+
+
+# --- Megatron's sections ------------------------------------------------------------------------
+
+
+def test_megatron_tensor_parallel_size_is_jrls_and_pipelines_are_refused():
+    config = read_config(
+        [f"{MEGATRON}.tensor_model_parallel_size=4", "critic.megatron.tensor_model_parallel_size=2"]
+    )[0]
+    assert config.actor_rollout_ref.actor.fsdp_config.tensor_parallel_size == 4
+    assert config.critic.model.fsdp_config.tensor_parallel_size == 2
+    assert config.actor_rollout_ref.ref.fsdp_config.tensor_parallel_size == 1  # verl's: its own
+    for key, value in [
+        ("pipeline_model_parallel_size", 2),
+        ("virtual_pipeline_model_parallel_size", 2),
+        ("context_parallel_size", 2),
+        ("expert_model_parallel_size", 8),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(f"{MEGATRON}.{key}={value}: ")):
+            load_config([f"--config={PPO_CARD}", f"{MEGATRON}.{key}={value}"])
+
+
+def test_other_megatron_keys_are_announced():
+    argv = [
+        f"--config={PPO_CARD}",
+        f"{MEGATRON}.param_offload=true",
+        f"{MEGATRON}.use_dist_checkpointing=true",
+        f"+{MEGATRON}.override_transformer_config.apply_rope_fusion=true",
+        f"{MEGATRON}.sequence_parallel=false",
+    ]
+    notice = no_effect_notice(load_config(argv)[0], "vllm", command_line_keys(argv))
+    assert f"{MEGATRON}.param_offload=True" in notice and "fsdp_config.param_offload" in notice
+    assert f"{MEGATRON}.use_dist_checkpointing=True" in notice
+    assert f"{MEGATRON}.override_transformer_config.apply_rope_fusion=True" in notice
+    assert f"{MEGATRON}.sequence_parallel=False" in notice
