@@ -181,8 +181,8 @@ def _set(config: ConfigDict, path: str, value: Any, plus: int, given: list[str])
 
 
 def _restore(config: ConfigDict, path: str, defaults: ConfigDict) -> None:
-    """`path` back to its value in `defaults` (templates: it follows again); a section, each of
-    its keys; a key that `defaults` lack goes."""
+    """`path` back to its value in `defaults` (a ``${...}`` template: it follows again when the
+    config is resolved); a section, each of its keys; a key that `defaults` lack goes."""
     parent, name = lookup(config, path)
     default, current = value_at(defaults, path), parent[name]
     if default is MISSING:
@@ -191,8 +191,6 @@ def _restore(config: ConfigDict, path: str, defaults: ConfigDict) -> None:
     elif isinstance(default, ConfigDict) and isinstance(current, ConfigDict):
         for key in list(current.keys()):
             _restore(config, f"{path}.{key}", defaults)
-    elif is_template(default):
-        assign(config, path, reference(config, default, path.rpartition(".")[0]))
     elif default is None and isinstance(current, ConfigDict):  # a null dict that `+` filled
         default_type = section_at(defaults, path.rpartition(".")[0]).get_type(name)
         with parent.ignore_type():
