@@ -38,13 +38,13 @@ def replaced_pairs(config: ConfigDict) -> Iterator[tuple[str, str]]:
 
 
 def settle_pairs(config: ConfigDict, given: Collection[str]) -> None:
-    """Clear (in place) the partner of each pair key that this layer `given` and set to a value,
-    unless `given` holds the partner too."""
+    """Clear (in place) the partner of each pair key that this layer `given` a value, unless the
+    layer gave the partner a value too."""
     for pair in replaced_pairs(config):
         chosen = [key for key in pair if key in given and config[key] is not None]
         if len(chosen) == 1:
             partner = pair[1 - pair.index(chosen[0])]
-            if partner not in given and config[partner] is not None:
+            if config[partner] is not None:
                 assign(config, partner, None)
 
 
