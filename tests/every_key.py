@@ -22,6 +22,7 @@ from ml_collections import ConfigDict, FieldReference
 
 from jrl.config import ConfigError, apply_overrides, default_config, load_config_file, resolve
 from jrl.config.moved import leaves, value_at
+from jrl.config.replaced import replaced_pairs
 from jrl.config.tree import key_paths
 from jrl.runspec.effects import ignored_settings, no_effect_reason
 from jrl.runspec.unsupported import unsupported_reason
@@ -31,12 +32,8 @@ CARDS = {"grpo": "configs/gsm8k_grpo.py:tiny", "ppo": "configs/gsm8k_ppo.py:tiny
 VERL_KEYS = Path(__file__).with_name("data") / "verl_v0.6.0_ppo_keys.txt"
 # Deprecated global sizes act only with their per-device spelling unset (verl's rule too).
 COMPANIONS = {
-    "actor_rollout_ref.actor.ppo_micro_batch_size": "ppo_micro_batch_size_per_gpu",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": "log_prob_micro_batch_size_per_gpu",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "log_prob_micro_batch_size_per_gpu",
-    "critic.ppo_micro_batch_size": "ppo_micro_batch_size_per_gpu",
-    "critic.forward_micro_batch_size": "forward_micro_batch_size_per_gpu",
-    "reward_model.micro_batch_size": "micro_batch_size_per_gpu",
+    deprecated: per_gpu.rpartition(".")[2]
+    for deprecated, per_gpu in replaced_pairs(default_config())
 }
 ACTOR, ROLLOUT = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
 _SMALL_MICRO = {
@@ -84,6 +81,10 @@ CONTEXTS = {
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _TWO_DEVICES,
     "actor_rollout_ref.ref.fsdp_config.tensor_parallel_size": _TWO_DEVICES,
     f"{ROLLOUT}.tensor_model_parallel_size": _TWO_DEVICES,
+    **{
+        f"{role}.megatron.tensor_model_parallel_size": _TWO_DEVICES
+        for role in (ACTOR, "actor_rollout_ref.ref", "critic")
+    },
     "actor_rollout_ref.model.lora_rank": _FRESH,
     "critic.model.path": _FRESH,  # a resumed critic takes the checkpoint's weights
     "critic.model.lora_rank": _FRESH,
