@@ -2,8 +2,9 @@
 cards, command-line overrides and interpolation. It knows keys only (no jax, no other jrl
 package); the checks and what each key becomes live above the mechanisms, in `jrl.runspec`.
 
-`read_config(argv)` reads ``--config=FILE.py[:preset]``, then ``a.b=v`` / ``--config.a.b=v``
-overrides, and resolves interpolations; `jrl.runspec.load_config` adds every check.
+`read_config(argv)` reads ``--config=FILE.py[:preset]`` (or Hydra's ``--config-name``), then
+``a.b=v`` / ``+a.b=v`` / ``++a.b=v`` / ``~a.b`` / ``--config.a.b=v`` overrides, and resolves
+interpolations; `jrl.runspec.load_config` adds every check.
 """
 
 from jrl.config.defaults import default_config
