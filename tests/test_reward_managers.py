@@ -1,5 +1,7 @@
 """Reward managers beyond `naive`: prime (process pool, timeouts), batch, dapo; manager loading."""
 
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -21,6 +23,8 @@ from jrl.runspec.reward import reward_settings
 
 PRIME_SCORERS = """
 import os
+import subprocess
+import sys
 import time
 
 
@@ -274,3 +278,13 @@ def test_reward_manager_class_from_a_file(tokenizer, scorer_files):
     assert manager.compute_score is default_compute_score
     with pytest.raises(ValueError, match="reward_manager.source='elsewhere'.*importlib"):
         load_reward_manager(config(reward_manager__source="elsewhere"), tokenizer, 0)
+
+
+def test_the_reward_settings_import_no_jax_and_no_manager():
+    """The resolver and the checks ask for the managers' names without building anything."""
+    probe = (
+        "import sys, jrl.reward.settings; print(sorted(m for m in sys.modules if "
+        "m.split('.')[0] in ('jax', 'transformers') or m == 'jrl.reward.base'))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
