@@ -47,13 +47,14 @@ from flax import nnx  # noqa: E402
 from bench.memory import SHAPES, memory_bytes, padded_batch  # noqa: E402
 from jrl.models import CausalLM, ModelConfig  # noqa: E402
 from jrl.models.decoder import set_memory_options  # noqa: E402
+from jrl.optim.optimizers import make_optimizer  # noqa: E402
 from jrl.parallel import make_mesh, param_shardings  # noqa: E402
 from jrl.runspec import load_config  # noqa: E402
+from jrl.runspec.optim import optimizer_settings  # noqa: E402
 from jrl.trainer.roles.actor import ActorLoss  # noqa: E402
 from jrl.trainer.roles.log_probs import logprob_impl  # noqa: E402
 from jrl.trainer.roles.specs import ModelSpec  # noqa: E402
 from jrl.trainer.update.learner import Learner, build_update, normalisers  # noqa: E402
-from jrl.trainer.update.optim import make_optimizer  # noqa: E402
 from jrl_kernels import resolve_impl  # noqa: E402
 
 CARD = str(ROOT / "configs" / "gsm8k_grpo.py")
@@ -79,7 +80,7 @@ def abstract_state(config: Any, model_config: ModelConfig) -> Learner:
     )
     set_memory_options(model, **spec.memory_options())
     graphdef, trainable, frozen = nnx.split(model, nnx.Param, ...)
-    tx = make_optimizer(arr.actor.optim)
+    tx = make_optimizer(optimizer_settings(arr.actor.optim, "actor_rollout_ref.actor.optim"))
     opt_state = jax.eval_shape(tx.init, trainable)
     mesh = make_mesh(1)
     shardings = [param_shardings(tree, mesh) for tree in (trainable, frozen, opt_state)]

@@ -55,10 +55,11 @@ for _path in (ROOT, ROOT / "bench"):
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from ml_collections import ConfigDict  # noqa: E402
 from train_step import BETAS, LR, SHAPES, WEIGHT_DECAY  # noqa: E402
 
 from jrl.models import ModelConfig, init_random  # noqa: E402
+from jrl.optim.optimizers import make_optimizer  # noqa: E402
+from jrl.optim.settings import OptimizerSettings, ScheduleSettings  # noqa: E402
 from jrl.parallel import make_mesh  # noqa: E402
 from jrl.trainer.io.checkpoint import (  # noqa: E402
     HF_FOLDER,
@@ -70,7 +71,6 @@ from jrl.trainer.io.checkpoint import (  # noqa: E402
 )
 from jrl.trainer.io.checksums import file_entries  # noqa: E402
 from jrl.trainer.update.learner import Learner  # noqa: E402
-from jrl.trainer.update.optim import make_optimizer  # noqa: E402
 
 STEP = 1
 ROLE = "actor"
@@ -81,7 +81,8 @@ def build_state(shape: str, devices: int, seed: int) -> Learner:
     """A random-init fp32 causal LM of the shape with AdamW state, FSDP-sharded on `devices`."""
     config = ModelConfig.from_hf(SHAPES[shape]["config"])
     model = init_random(config, seed=seed, dtype=jnp.float32, param_dtype=jnp.float32)
-    optim = ConfigDict({"lr": LR, "betas": BETAS, "weight_decay": WEIGHT_DECAY})
+    constant = ScheduleSettings("constant", None, 0.0)
+    optim = OptimizerSettings("AdamW", LR, BETAS, WEIGHT_DECAY, constant)
     return Learner.create(model, make_optimizer(optim), make_mesh(devices, fsdp_size=-1))
 
 

@@ -206,19 +206,20 @@ def run_jrl(args: argparse.Namespace) -> dict[str, Any]:
     """jrl's own jitted update (Learner + build_update) on one device."""
     import jax
     import jax.numpy as jnp
-    from ml_collections import ConfigDict
 
     from jrl.models import ModelConfig, init_random
+    from jrl.optim.optimizers import make_optimizer
+    from jrl.optim.settings import OptimizerSettings, ScheduleSettings
     from jrl.parallel import make_mesh
     from jrl.trainer.update.learner import Learner, build_update
-    from jrl.trainer.update.optim import make_optimizer
     from jrl_kernels import logprob_entropy
 
     base_rss = rss_bytes()
     hf = SHAPES[args.shape]["config"]
     compute = jnp.bfloat16 if args.dtype == "bf16" else jnp.float32
     model = init_random(ModelConfig.from_hf(hf), dtype=compute, param_dtype=jnp.float32)
-    optim = ConfigDict({"lr": LR, "betas": BETAS, "weight_decay": WEIGHT_DECAY})
+    constant = ScheduleSettings("constant", None, 0.0)
+    optim = OptimizerSettings("AdamW", LR, BETAS, WEIGHT_DECAY, constant)
     state = Learner.create(model, make_optimizer(optim), make_mesh(1))
     del model
 

@@ -48,7 +48,7 @@ from flax import nnx, traverse_util
 
 from jrl.models import ModelConfig, apply_lora, save_pretrained
 from jrl.models.decoder import model_class
-from jrl.models.lora import adapted_modules
+from jrl.models.lora import LoraSettings, adapted_modules
 from jrl.models.safetensors_io import SafetensorsCheckpoint, SafetensorsTensor
 from jrl.trainer.io.checkpoint import (
     HF_FOLDER,
@@ -112,7 +112,7 @@ def _abstract_model(config: ModelConfig, kind: str, lora: dict[str, Any] | None)
 
     def build() -> nnx.Module:
         model = cls(config, rngs=nnx.Rngs(0))
-        return apply_lora(model, **lora) if lora else model
+        return apply_lora(model, LoraSettings(**lora)) if lora else model
 
     return nnx.eval_shape(build)
 

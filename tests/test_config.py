@@ -482,8 +482,8 @@ def _valid(values) -> str:
 
 def _enumerated_cases() -> list:
     from jrl.algos.kl import KL_CONTROLLERS, KL_ESTIMATORS
-    from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS
     from jrl.models.dtypes import DTYPES
+    from jrl.optim.settings import LR_SCHEDULER_TYPES, RL_OPTIMIZERS
     from jrl.parallel.devices import BACKENDS
     from jrl.reward.settings import REWARD_MANAGERS, SOURCES
 

@@ -189,7 +189,7 @@ def test_explain_gives_value_source_and_where_each_key_acts():
         "False  [override]  no effect: torch.compile: XLA compiles every jrl program"
     )
     assert "= 8  [card]  jrl.trainer.roles.critic" in lines["critic.ppo_micro_batch_size_per_gpu"]
-    assert "[default]  jrl.trainer.update.optim" in lines["actor_rollout_ref.actor.optim.lr"]
+    assert "[default]  jrl.optim" in lines["actor_rollout_ref.actor.optim.lr"]
     assert "[default]  jrl.algos" in lines["algorithm.gamma"]
     assert "no effect: vLLM's option" in lines["actor_rollout_ref.rollout.enforce_eager"]
     assert len(lines) == len(list(leaves(load_config(argv)[0])))

@@ -12,10 +12,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import one_tiny_ppo_step
-from ml_collections import ConfigDict
 
 from jrl import train
-from jrl.trainer.update.optim import lr_multiplier, make_optimizer, set_learning_rate
+from jrl.optim.optimizers import make_optimizer, set_learning_rate
+from jrl.optim.schedule import Schedule
+from jrl.optim.settings import OptimizerSettings, ScheduleSettings
 
 
 def test_loop_keys_follow_verls_rules(tmp_path):
@@ -45,17 +46,9 @@ def test_loop_keys_follow_verls_rules(tmp_path):
     assert sorted(by_step) == [0, 1, 2, 3, 4, 5]
     assert [s for s in sorted(by_step) if val_key in by_step[s]] == [0, 2, 4, 5]
     assert "actor/pg_loss" not in by_step[1]  # critic_warmup=2: the actor waits one step
-    optim = ConfigDict(
-        dict(
-            lr_warmup_steps=-1,
-            lr_warmup_steps_ratio=0.4,
-            lr_scheduler_type="cosine",
-            min_lr_ratio=0.1,
-            num_cycles=0.5,
-        )
-    )
+    schedule = _schedule(ScheduleSettings("cosine", None, 0.4, min_lr_ratio=0.1), 5)
     for step in range(2, 6):
-        expected = lr * lr_multiplier(optim, step - 1, 5)
+        expected = lr * schedule.multiplier(step - 1)
         assert by_step[step]["actor/lr"] == pytest.approx(expected, rel=1e-6), step
     # warmup 2 steps over 5: factors 0.5 (step 2), then cosine from 1.0 down towards 0.1
     assert by_step[2]["actor/lr"] == pytest.approx(0.5 * lr)
@@ -67,21 +60,25 @@ def test_loop_keys_follow_verls_rules(tmp_path):
     assert (run_dir / "plots" / "reward.png").stat().st_size > 0
 
 
+def _schedule(schedule: ScheduleSettings, total: int, lr: float = 1.0) -> Schedule:
+    """The schedule of an AdamW at `lr` under `schedule` over `total` steps."""
+    settings = OptimizerSettings("AdamW", lr, (0.9, 0.999), 0.0, schedule)
+    return Schedule.from_settings(settings, total)
+
+
 def test_cosine_with_cycles_closed_form():
-    optim = ConfigDict(
-        dict(lr_warmup_steps=0, lr_scheduler_type="cosine", min_lr_ratio=0.0, num_cycles=1.0)
-    )
+    schedule = _schedule(ScheduleSettings("cosine", 0, 0.0, min_lr_ratio=0.0, num_cycles=1.0), 8)
     # one full cycle: down to 0 at the middle, back to 1 at the end
-    assert lr_multiplier(optim, 0, 8) == pytest.approx(1.0)
-    assert lr_multiplier(optim, 4, 8) == pytest.approx(0.0, abs=1e-12)
-    assert lr_multiplier(optim, 2, 8) == pytest.approx(0.5)
-    assert lr_multiplier(optim, 8, 8) == pytest.approx(1.0)
+    assert schedule.multiplier(0) == pytest.approx(1.0)
+    assert schedule.multiplier(4) == pytest.approx(0.0, abs=1e-12)
+    assert schedule.multiplier(2) == pytest.approx(0.5)
+    assert schedule.multiplier(8) == pytest.approx(1.0)
 
 
 @pytest.mark.parametrize("name", ["AdamW", "adam"])  # adam: Megatron's, decoupled decay too
 def test_adamw_betas_and_weight_decay_closed_form(name):
-    optim = ConfigDict(dict(lr=0.1, betas=(0.8, 0.9), weight_decay=0.5, optimizer=name))
-    tx = make_optimizer(optim)
+    constant = ScheduleSettings("constant", None, 0.0)
+    tx = make_optimizer(OptimizerSettings(name, 0.1, (0.8, 0.9), 0.5, constant))
     params = {"w": jnp.array([1.0, -2.0])}
     grads = [np.array([0.5, 0.25]), np.array([-1.0, 0.5])]
     state = tx.init(params)

@@ -2,11 +2,11 @@
 each other.
 
 Layers, lowest first: kernels, the batch type and the key tree (config) <- parallel <- models <-
-data <- algos / rollout / reward <- assets <- the resolver (runspec) <- trainer <- what the entry
-points share (plots,
-the compilation cache, the TPU planner) <- entry points (the ``python -m`` commands); inside
-the trainer, update <- io / roles <- loop <- ppo / sft. A module may import its own package and
-the layers below it, never a sibling of its layer or anything above.
+data <- algos / optim / rollout / reward <- assets <- the resolver (runspec) <- trainer <- what
+the entry points share (plots, the compilation cache, the TPU planner) <- entry points (the
+``python -m`` commands); inside the trainer, update <- io / roles <- loop <- ppo / sft. A module
+may import its own package and the layers below it, never a sibling of its layer or anything
+above.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ LAYERS = (
     ("jrl.parallel",),
     ("jrl.models",),
     ("jrl.data",),
-    ("jrl.algos", "jrl.rollout", "jrl.reward"),
+    ("jrl.algos", "jrl.optim", "jrl.rollout", "jrl.reward"),
     ("jrl.assets",),
     ("jrl.runspec",),
     ("jrl.trainer",),

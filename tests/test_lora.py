@@ -26,7 +26,7 @@ from jrl.models import (
     init_random,
     save_pretrained,
 )
-from jrl.models.lora import adapted_modules, lora_targets
+from jrl.models.lora import LoraSettings, adapted_modules, lora_targets
 from jrl.parallel import make_mesh
 from jrl.runspec import load_config
 from jrl.trainer.roles.actor import Actor
@@ -82,26 +82,26 @@ def _paths(*names: str, layers=(0, 1)) -> list[str]:
 def test_target_and_exclude_modules_select_layers(targets, exclude, expected):
     model = _model()
     assert sorted(lora_targets(model, targets, exclude)) == sorted(expected)
-    apply_lora(model, rank=4, alpha=8, target_modules=targets, exclude_modules=exclude)
+    apply_lora(model, LoraSettings(4, 8, target_modules=targets, exclude_modules=exclude))
     assert sorted(adapted_modules(model)) == sorted(expected)
     adapters = nnx.to_flat_state(nnx.state(model, LoRAParam))
     assert len(adapters) == 2 * len(expected)
 
 
 def test_adapter_shapes_init_and_errors():
-    model = apply_lora(_model(), rank=4, alpha=8, target_modules=["q_proj"], seed=3)
+    model = apply_lora(_model(), LoraSettings(4, 8, target_modules=["q_proj"]), seed=3)
     q = model.model.layers[0].self_attn.q_proj
     a, b = np.asarray(q.lora_a[...]), np.asarray(q.lora_b[...])
     assert a.shape == (64, 4) and b.shape == (4, 64) and q.lora_scale == 2.0
     assert not b.any() and 0 < np.abs(a).max() <= 1 / math.sqrt(64)  # kaiming-uniform bound
-    again = apply_lora(_model(), rank=4, alpha=8, target_modules=["q_proj"], seed=3)
+    again = apply_lora(_model(), LoraSettings(4, 8, target_modules=["q_proj"]), seed=3)
     np.testing.assert_array_equal(np.asarray(again.model.layers[0].self_attn.q_proj.lora_a[...]), a)
     with pytest.raises(ValueError, match="selects no linear layer.*q_proj"):
-        apply_lora(_model(), rank=4, alpha=8, target_modules=["qproj"])
+        apply_lora(_model(), LoraSettings(4, 8, target_modules=["qproj"]))
     with pytest.raises(ValueError, match="lora_rank must be a positive integer"):
-        apply_lora(_model(), rank=0, alpha=8)
+        apply_lora(_model(), LoraSettings(0, 8))
     with pytest.raises(ValueError, match="exclude_modules=.*regular expression"):
-        apply_lora(_model(), rank=4, alpha=8, exclude_modules="(q_proj")
+        apply_lora(_model(), LoraSettings(4, 8, exclude_modules="(q_proj"))
 
 
 def test_forward_equals_base_with_zero_b_and_follows_the_formula():
@@ -111,7 +111,7 @@ def test_forward_equals_base_with_zero_b_and_follows_the_formula():
     q = model.model.layers[0].self_attn.q_proj
     x = jnp.asarray(np.random.RandomState(1).normal(size=(2, 64)), jnp.float32)
     plain_q = np.asarray(q(x))
-    apply_lora(model, rank=4, alpha=8)
+    apply_lora(model, LoraSettings(4, 8))
     np.testing.assert_array_equal(np.asarray(model(ids, mask, pos)), base)
     randomise_adapters(model)
     a, b = np.asarray(q.lora_a[...]), np.asarray(q.lora_b[...])
@@ -127,7 +127,7 @@ def _next_token_loss(model, micro, normaliser):
 
 
 def test_update_trains_only_the_adapters():
-    model = apply_lora(_model(), rank=4, alpha=8, target_modules=["q_proj", "down_proj"])
+    model = apply_lora(_model(), LoraSettings(4, 8, target_modules=["q_proj", "down_proj"]))
     tx = optax.inject_hyperparams(optax.adamw)(learning_rate=1e-2, weight_decay=0.0)
     state = Learner.create(model, tx, make_mesh(8), trainable=LoRAParam)
     adapter_sizes = [x.size for x in jax.tree.leaves(state.trainable)]
@@ -206,7 +206,7 @@ def test_merged_export_loads_in_transformers(tmp_path):
     torch.manual_seed(0)
     hf_model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**hf_config))
     hf_model.save_pretrained(tmp_path / "base")
-    model = apply_lora(from_pretrained(tmp_path / "base"), rank=4, alpha=8)
+    model = apply_lora(from_pretrained(tmp_path / "base"), LoraSettings(4, 8))
     randomise_adapters(model)
     ids, mask, pos = _inputs()
     ours = np.asarray(model(ids, mask, pos))

@@ -15,8 +15,8 @@ from helpers import randomise_adapters, tiny_llama
 
 from jrl.batch import Batch
 from jrl.config import default_config, resolve
-from jrl.models import apply_lora, init_random, save_pretrained
-from jrl.models.lora import lora_settings, remove_adapters
+from jrl.models import LoraSettings, apply_lora, init_random, save_pretrained
+from jrl.models.lora import remove_adapters
 from jrl.parallel import make_mesh
 from jrl.rollout import (
     EngineLimits,
@@ -30,11 +30,11 @@ from jrl.rollout import (
 
 P, R, PAD = 6, 4, 0
 TOKENIZER = types.SimpleNamespace(eos_token_id=2, pad_token_id=PAD)  # what build_rollout reads
-LORA = {"lora_rank": 4, "lora_alpha": 8}
+ADAPTERS = LoraSettings(rank=4, alpha=8.0)  # the actor's LoRA adapters
 
 
 def _config():
-    """The default config for a tiny jax rollout of the LoRA actor, two-way tensor parallel."""
+    """The default config for a tiny jax rollout, two-way tensor parallel."""
     config = resolve(default_config())
     config.data.max_response_length = R
     rollout = config.actor_rollout_ref.rollout
@@ -43,14 +43,13 @@ def _config():
     rollout.update(
         {"max_num_seqs": 4, "max_num_batched_tokens": 2 * P, "calculate_log_probs": True}
     )
-    config.actor_rollout_ref.model.update(LORA)
     return config
 
 
 def _actor():
     """A tiny actor with LoRA adapters that change its outputs."""
     config = tiny_llama(pad_token_id=PAD, initializer_range=0.5)
-    model = apply_lora(init_random(config, seed=0), **lora_settings(LORA))
+    model = apply_lora(init_random(config, seed=0), ADAPTERS)
     randomise_adapters(model)
     return model
 
@@ -65,7 +64,7 @@ def _prompts() -> Batch:
 def test_the_jax_engine_built_from_the_config_is_a_rollout():
     config, model, mesh = _config(), _actor(), make_mesh(8)
     graphdef, params = nnx.split(model)
-    engine = build_rollout(config, graphdef, params, mesh, TOKENIZER)
+    engine = build_rollout(config, graphdef, params, mesh, TOKENIZER, lora=ADAPTERS)
     assert isinstance(engine, Rollout) and isinstance(engine, JaxRollout)
     assert (engine.response_length, engine.pad_token_id, engine.eos_token_ids) == (R, PAD, (1, 2))
     assert engine.mesh.shape["tensor"] == 2 and engine.stats == {}

@@ -41,14 +41,12 @@ from jrl.data.sft_dataset import SFTDataset, create_sft_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam, init_random
 from jrl.models.lora import adapted_modules, linear_layers
+from jrl.optim.optimizers import make_sft_optimizer
+from jrl.optim.schedule import Schedule, wsd_multiplier
+from jrl.optim.settings import optimizer_family
+from jrl.runspec.optim import sft_optimizer_settings
 from jrl.runspec.validate import validate_sft
 from jrl.trainer.sft.loss import SFTLoss, row_nll
-from jrl.trainer.update.optim import (
-    make_sft_optimizer,
-    optimizer_family,
-    sft_lr,
-    wsd_multiplier,
-)
 from jrl.trainer.update.packing import with_packing
 
 REPO = Path(__file__).parents[1]
@@ -360,16 +358,24 @@ def test_unknown_optimizers_fail_clearly(name, impl, message):
 
 
 def _optim(**changes):
-    return apply_overrides(sft_config(), [(f"optim.{k}", v) for k, v in changes.items()]).optim
+    """The settings of SFT's ``optim`` section with `changes`."""
+    section = apply_overrides(sft_config(), [(f"optim.{k}", v) for k, v in changes.items()]).optim
+    return sft_optimizer_settings(section)
+
+
+def sft_lr(settings, step, total_steps):
+    return Schedule.from_settings(settings, total_steps)(step)
 
 
 def test_low_precision_variants_warn_and_bad_options_fail():
     with pytest.warns(UserWarning, match="float32 state"):
         make_sft_optimizer(_optim(optimizer="AdamW8bit", optimizer_impl="torchao.optim"))
     with pytest.raises(ValueError, match=r"\['momentum'\] are not options of adamw"):
-        make_sft_optimizer(_optim(override_optimizer_config={"momentum": 0.9}))
+        _optim(override_optimizer_config={"momentum": 0.9})
     with pytest.raises(ValueError, match="amsgrad=True is not supported"):
-        make_sft_optimizer(_optim(override_optimizer_config={"amsgrad": True}))
+        _optim(override_optimizer_config={"amsgrad": True})
+    with pytest.raises(ValueError, match="dampening must be 0"):
+        _optim(optimizer="SGD", override_optimizer_config={"dampening": 0.1})
     make_sft_optimizer(_optim(override_optimizer_config={"fused": True, "foreach": False}))
 
 

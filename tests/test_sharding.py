@@ -13,7 +13,7 @@ from flax import nnx
 from helpers import tiny_llama
 from jax.sharding import PartitionSpec as P
 
-from jrl.models import apply_lora, init_random
+from jrl.models import LoraSettings, apply_lora, init_random
 from jrl.parallel import ROLLOUT_RULES, make_mesh, param_shardings, role_mesh
 from jrl.parallel.sharding import axes_of
 from jrl.rollout.tensor_parallel import rollout_mesh
@@ -59,7 +59,7 @@ def _key(path):
 
 def test_parameters_carry_logical_axes_that_the_rules_lay_out():
     model = init_random(tiny_llama(tie_word_embeddings=False, attention_bias=True))
-    apply_lora(model, rank=4, alpha=8)
+    apply_lora(model, LoraSettings(4, 8))
     state = nnx.state(model)
     train = make_mesh(8, fsdp_size=4, tensor_parallel=2)
     training = _specs(state, train)

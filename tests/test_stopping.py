@@ -12,12 +12,13 @@ from helpers import WatchedRun
 from jrl import train
 from jrl.assets import prepare_tiny, tiny_paths
 from jrl.models import from_pretrained
+from jrl.optim.optimizers import make_optimizer
 from jrl.parallel import make_mesh
 from jrl.runspec import load_config
+from jrl.runspec.optim import optimizer_settings
 from jrl.trainer.io.checkpoint import problems, read_tracker, restore_role
 from jrl.trainer.loop.stopping import NonFiniteLossError, StopRequest
 from jrl.trainer.update.learner import Learner
-from jrl.trainer.update.optim import make_optimizer
 
 QUIET = ["trainer.val_before_train=false", "trainer.test_freq=-1"]
 
@@ -55,9 +56,8 @@ def test_sigterm_finishes_the_step_and_leaves_a_loadable_checkpoint(tmp_path):
     # the checkpoint loads into the actor's state
     config, _ = load_config([card])
     model = from_pretrained(tiny_paths()["model_path"], mesh=make_mesh(1))
-    state = Learner.create(
-        model, make_optimizer(config.actor_rollout_ref.actor.optim), make_mesh(1)
-    )
+    optimizer = optimizer_settings(config.actor_rollout_ref.actor.optim, "optim")
+    state = Learner.create(model, make_optimizer(optimizer), make_mesh(1))
     extra = restore_role(folder / "actor", state, ["model", "optimizer", "extra"])
     assert extra["global_step"] == stopped
     assert extra["data_loader"]["position"] == stopped

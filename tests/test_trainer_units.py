@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 from ml_collections import ConfigDict
 
+from jrl.optim.schedule import Schedule
+from jrl.runspec.optim import optimizer_settings
 from jrl.trainer.io.tracking import Tracking, format_console_line
 from jrl.trainer.update.batching import minibatches, pad_rows
-from jrl.trainer.update.optim import lr_multiplier, warmup_steps
 
 
 def test_console_line_is_verls_format():
@@ -36,7 +37,12 @@ def test_unknown_logger_is_a_clear_error(tmp_path):
 
 
 def _optim(**kw):
+    """The settings of an RL ``optim`` section with `kw` changed."""
     base = {
+        "optimizer": "AdamW",
+        "lr": 1.0,
+        "betas": [0.9, 0.999],
+        "weight_decay": 0.0,
         "lr_warmup_steps": -1,
         "lr_warmup_steps_ratio": 0.0,
         "lr_scheduler_type": "constant",
@@ -44,12 +50,17 @@ def _optim(**kw):
         "num_cycles": 0.5,
         "warmup_style": None,
     }
-    return ConfigDict({**base, **kw})
+    return optimizer_settings(ConfigDict({**base, **kw}), "optim")
+
+
+def lr_multiplier(optim, step, total):
+    return Schedule.from_settings(optim, total).multiplier(step)
 
 
 def test_warmup_steps_priority():
-    assert warmup_steps(_optim(lr_warmup_steps_ratio=0.25), 10) == 2
-    assert warmup_steps(_optim(lr_warmup_steps=3, lr_warmup_steps_ratio=0.5), 10) == 3
+    assert _optim(lr_warmup_steps_ratio=0.25).schedule.warmup(10) == 2
+    assert _optim(lr_warmup_steps=3, lr_warmup_steps_ratio=0.5).schedule.warmup(10) == 3
+    assert _optim(lr_warmup_steps=None, lr_warmup_steps_ratio=0.5).schedule.warmup(10) == 5
 
 
 def test_constant_and_cosine_schedules_closed_form():

@@ -33,6 +33,7 @@ from reference import FAMILIES, SHAPE, hf_family_model, torch_logits
 
 from jrl.config import generation_config, resolve
 from jrl.models import (
+    LoraSettings,
     apply_lora,
     from_pretrained,
     init_random,
@@ -103,7 +104,7 @@ def test_export_loaded_into_transformers_gives_the_same_logits(name, batch, tmp_
 def test_export_merges_lora_gathers_shards_and_casts(batch, tmp_path):
     reference = hf_family_model("qwen2")
     reference.save_pretrained(tmp_path, safe_serialization=True)
-    model = apply_lora(from_pretrained(tmp_path, mesh=make_mesh(8)), rank=4, alpha=8)
+    model = apply_lora(from_pretrained(tmp_path, mesh=make_mesh(8)), LoraSettings(4, 8))
     randomise_adapters(model)
     embed = model.model.embed_tokens.embedding.get_value()
     assert len(embed.devices()) == 8  # FSDP-sharded, so the export has to gather

@@ -9,7 +9,7 @@ from jrl.models.decoder import (
     default_position_ids,
     init_random,
 )
-from jrl.models.lora import LoRAParam, apply_lora
+from jrl.models.lora import LoRAParam, LoraSettings, apply_lora
 from jrl.models.pretrained import (
     abstract_pretrained,
     from_pretrained,
@@ -21,6 +21,7 @@ __all__ = [
     "CausalLM",
     "KVCache",
     "LoRAParam",
+    "LoraSettings",
     "ModelConfig",
     "RewardModel",
     "ValueModel",

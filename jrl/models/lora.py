@@ -11,10 +11,12 @@ of names (or a comma-separated string of names) takes the linear layers whose do
 name or ends with "." + name, e.g. ``["q_proj", "v_proj"]`` or ``"layers.0.mlp.up_proj"``.
 `exclude_modules` removes layers from that set: names as for `target_modules`, or a string that is
 not a plain name list, which is a regular expression matched against the whole dotted path.
+`LoraSettings` holds these choices with the rank and alpha.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from typing import Any
@@ -30,13 +32,36 @@ _NAME_LIST = re.compile(r"[\w.,\s]*")
 __all__ = [
     "ALL_LINEAR",
     "LoRAParam",
+    "LoraSettings",
     "adapted_modules",
     "apply_lora",
     "linear_layers",
-    "lora_settings",
     "lora_targets",
     "remove_adapters",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraSettings:
+    """LoRA adapters of `rank` scaled by `alpha` / `rank` on the layers that `target_modules`
+    selects less those `exclude_modules` selects (names as a string or a sequence, kept as a
+    tuple; see the module's docstring)."""
+
+    rank: int
+    alpha: float
+    target_modules: str | tuple[str, ...] = ALL_LINEAR
+    exclude_modules: str | tuple[str, ...] | None = None
+
+    def __post_init__(self) -> None:
+        rank, alpha = self.rank, self.alpha
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
+            raise ValueError(f"lora_rank must be a positive integer, got {rank!r}")
+        if not alpha or alpha <= 0:
+            raise ValueError(f"lora_alpha must be positive, got {alpha!r}")
+        for name in ("target_modules", "exclude_modules"):
+            value = getattr(self, name)
+            if isinstance(value, Sequence) and not isinstance(value, str):
+                object.__setattr__(self, name, tuple(value))
 
 
 def linear_layers(model: nnx.Module) -> dict[str, Linear]:
@@ -101,42 +126,16 @@ def lora_targets(
     return chosen
 
 
-def apply_lora(
-    model: nnx.Module,
-    *,
-    rank: int,
-    alpha: float,
-    target_modules: str | Sequence[str] = ALL_LINEAR,
-    exclude_modules: str | Sequence[str] | None = None,
-    seed: int = 0,
-) -> nnx.Module:
-    """Adds adapters of `rank` with scale alpha / rank to the selected layers of `model` (in
-    place) and returns it. A is drawn from `seed` (one key per layer, in path order), B is zero,
-    so the model's outputs are unchanged until B is trained."""
-    if not isinstance(rank, int) or isinstance(rank, bool) or rank <= 0:
-        raise ValueError(f"lora_rank must be a positive integer, got {rank!r}")
-    if not alpha or alpha <= 0:
-        raise ValueError(f"lora_alpha must be positive, got {alpha!r}")
+def apply_lora(model: nnx.Module, settings: LoraSettings, *, seed: int = 0) -> nnx.Module:
+    """Adds the adapters of `settings` to the layers of `model` they select (in place) and
+    returns it. A is drawn from `seed` (one key per layer, in path order), B is zero, so the
+    model's outputs are unchanged until B is trained."""
     layers = linear_layers(model)
     rngs = nnx.Rngs(seed)
-    for path in lora_targets(model, target_modules, exclude_modules):
-        layers[path].add_adapter(rank, alpha, rngs.params())
+    targets = lora_targets(model, settings.target_modules, settings.exclude_modules)
+    for path in targets:
+        layers[path].add_adapter(settings.rank, settings.alpha, rngs.params())
     return model
-
-
-def lora_settings(model_cfg: Any) -> dict[str, Any] | None:
-    """`apply_lora` keyword arguments (rank, alpha, target_modules, exclude_modules) from a
-    ``*.model`` config section; None when ``lora_rank`` is 0."""
-    rank = int(model_cfg.get("lora_rank") or 0)
-    if rank <= 0:
-        return None
-    targets = model_cfg.get("target_modules") or ALL_LINEAR
-    return dict(
-        rank=rank,
-        alpha=float(model_cfg.get("lora_alpha") or 0),
-        target_modules=targets if isinstance(targets, str) else list(targets),
-        exclude_modules=model_cfg.get("exclude_modules"),
-    )
 
 
 def adapted_modules(model: nnx.Module) -> list[str]:

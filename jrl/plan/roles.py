@@ -87,6 +87,12 @@ def build_roles(config: Any, where: Slice) -> Roles:
     model_config = actor.learner.model().config
     tokenizer = _token_ids(config, model_config)
     rollout = build_rollout(
-        config, actor.learner.graphdef, actor.params, actor.mesh, tokenizer, engine="jax"
+        config,
+        actor.learner.graphdef,
+        actor.params,
+        actor.mesh,
+        tokenizer,
+        engine="jax",
+        lora=actor.spec.model.lora,
     )
     return Roles(mesh, actor, ref, critic, rollout, sampling_params(arr.rollout, rollout), notes)

@@ -13,7 +13,7 @@ from jax.sharding import Mesh
 
 from jrl.models import CausalLM, apply_lora
 from jrl.models.dtypes import parse_dtype
-from jrl.models.lora import lora_settings
+from jrl.models.lora import LoraSettings
 from jrl.rollout.jax_rollout import JaxRollout
 from jrl.rollout.limits import EngineLimits
 from jrl.rollout.protocol import Rollout
@@ -102,11 +102,12 @@ def build_rollout(
     mesh: Mesh,
     tokenizer: Any,
     engine: str | None = None,
+    lora: LoraSettings | None = None,
 ) -> Rollout:
     """The engine of ``actor_rollout_ref.rollout`` (or `engine`, in place of ``rollout.name``;
     ``vllm`` falls back to jrl's JAX sampler, announced, where vLLM cannot serve the mesh:
     `serving_engine`) for the actor (`graphdef`, `params` on `mesh`): a model computing in
-    ``rollout.dtype`` over the actor's parameters, LoRA adapters (``model.lora_rank``) applied
+    ``rollout.dtype`` over the actor's parameters, the actor's LoRA adapters (`lora`) applied
     unmerged; responses of ``rollout.response_length`` tokens (verl's default: the interpolated
     ``data.max_response_length``), padded with the tokenizer's pad token and ended by its and
     the model config's EOS tokens."""
@@ -114,11 +115,10 @@ def build_rollout(
     rollout_cfg = arr.rollout
     model_config = nnx.merge(graphdef, params).config
     dtype = parse_dtype(rollout_cfg.dtype)
-    lora = lora_settings(arr.model)
 
     def abstract_model() -> CausalLM:
         model = CausalLM(model_config, dtype=dtype, param_dtype=jnp.float32, rngs=nnx.Rngs(0))
-        return model if lora is None else apply_lora(model, **lora)
+        return model if lora is None else apply_lora(model, lora)
 
     rollout_graphdef = nnx.graphdef(nnx.eval_shape(abstract_model))
     eos = {tokenizer.eos_token_id, *as_token_ids(model_config.eos_token_id)} - {None}

@@ -29,6 +29,8 @@ from jrl.config.moved import follows, key_matches, leaves, moved_settings, value
 from jrl.config.overrides import parse_command_line, split_key
 from jrl.rollout.vllm_args import VLLM_PASS_THROUGH
 from jrl.runspec.loading import load_config
+from jrl.runspec.models import LORA_OPTIONS, lora_rank
+from jrl.runspec.optim import scheduler_kind, warmup_steps
 from jrl.runspec.reward import manager_name
 from jrl.runspec.shape import estimator_needs_critic, uses_critic, uses_reference
 from jrl.runspec.unsupported import unsupported_reason
@@ -121,18 +123,12 @@ _RM_MODEL_KEYS = (
 )
 
 
-_LORA_KEYS = {
-    "actor_rollout_ref.model": ("lora_alpha", "target_modules", "exclude_modules"),
-    "critic.model": ("lora_alpha", "target_modules"),
-}
-
-
 def _not_dapo(config: ConfigDict, engine: str) -> bool:
     return manager_name(config)[1] != "dapo"
 
 
 def _lora_on(model: str) -> Applies:
-    return lambda config, engine: (config[f"{model}.lora_rank"] or 0) > 0
+    return lambda config, engine: lora_rank(config[model]) > 0
 
 
 def _lora_off(model: str) -> Applies:
@@ -183,24 +179,13 @@ def _estimator_entries() -> tuple[NoEffect, ...]:
 
 
 def _constant_schedule(role: str) -> Applies:
-    """Applies while `role`'s learning rate is constant (``warmup_style`` overrides
-    ``lr_scheduler_type``, as in `jrl.trainer.update.optim`)."""
-
-    def applies(config: ConfigDict, engine: str) -> bool:
-        optim = config[f"{role}.optim"]
-        return (optim.get("warmup_style") or optim.get("lr_scheduler_type")) == "constant"
-
-    return applies
+    """Applies while `role`'s learning rate is constant (`scheduler_kind`)."""
+    return lambda config, engine: scheduler_kind(config[f"{role}.optim"]) == "constant"
 
 
 def _warmup_steps_given(role: str) -> Applies:
-    """Applies while `role`'s ``lr_warmup_steps`` is 0 or more (null counts as -1)."""
-
-    def applies(config: ConfigDict, engine: str) -> bool:
-        steps = config[f"{role}.optim.lr_warmup_steps"]
-        return steps is not None and steps >= 0
-
-    return applies
+    """Applies while `role`'s ``lr_warmup_steps`` sets the warm-up (`warmup_steps`)."""
+    return lambda config, engine: warmup_steps(config[f"{role}.optim"]) is not None
 
 
 def _greedy_validation(config: ConfigDict, engine: str) -> bool:
@@ -259,6 +244,18 @@ def _single_process(config: ConfigDict, engine: str) -> bool:
     import jax
 
     return jax.process_count() == 1
+
+
+def _lora_entries() -> tuple[NoEffect, ...]:
+    """The LoRA options (`LORA_OPTIONS`) of each model section that has them, while its
+    ``lora_rank`` is 0."""
+    defaults = default_config()
+    return tuple(
+        NoEffect(f"{model}.{key}", f"{model}.lora_rank is 0", _lora_off(model))
+        for model in ("actor_rollout_ref.model", "critic.model")
+        for key in LORA_OPTIONS
+        if key in defaults[model]
+    )
 
 
 def _optim_entries() -> tuple[NoEffect, ...]:
@@ -565,11 +562,7 @@ NO_EFFECT = (
         "algorithm.use_kl_in_reward is False",
         _off("algorithm.use_kl_in_reward"),
     ),
-    *(
-        NoEffect(f"{model}.{key}", f"{model}.lora_rank is 0", _lora_off(model))
-        for model, keys in _LORA_KEYS.items()
-        for key in keys
-    ),
+    *_lora_entries(),
     NoEffect(
         "actor_rollout_ref.model.fused_kernel_options.*",
         "actor_rollout_ref.model.use_fused_kernels is False",
@@ -605,7 +598,7 @@ HOMES = {
     "data": "jrl.data (datasets, prompts, batching)",
     "actor_rollout_ref.model": "jrl.trainer.roles.specs.ModelSpec (model loading, LoRA, remat)",
     "actor_rollout_ref.actor": "jrl.trainer.roles.actor (policy update)",
-    "actor_rollout_ref.actor.optim": "jrl.trainer.update.optim (optimizer, schedule)",
+    "actor_rollout_ref.actor.optim": "jrl.optim (optimizer, schedule)",
     "actor_rollout_ref.actor.policy_loss": "jrl.algos.policy_loss",
     "actor_rollout_ref.actor.fsdp_config": "jrl.parallel (mesh, offload)",
     **{
@@ -615,7 +608,7 @@ HOMES = {
     "actor_rollout_ref.ref": "jrl.trainer.roles.reference",
     "actor_rollout_ref.rollout": "jrl.rollout (engine, sampling, limits)",
     "critic": "jrl.trainer.roles.critic",
-    "critic.optim": "jrl.trainer.update.optim (optimizer, schedule)",
+    "critic.optim": "jrl.optim (optimizer, schedule)",
     "reward_model": "jrl.trainer.roles.reward_model, jrl.reward (reward managers)",
     "custom_reward_function": "jrl.reward (custom reward function)",
     "algorithm": "jrl.algos (advantages, KL, rollout correction)",

@@ -11,8 +11,9 @@ from ml_collections import ConfigDict
 
 from jrl.algos.estimator import ADV_ESTIMATORS
 from jrl.algos.policy_loss import POLICY_LOSS_TERMS
-from jrl.config.choices import LR_SCHEDULER_TYPES, RL_OPTIMIZERS, SFT_LR_SCHEDULERS
 from jrl.config.errors import ConfigError
+from jrl.runspec.models import lora_problems, lora_rank
+from jrl.runspec.optim import optimizer_problems, sft_optimizer_problems
 from jrl.runspec.reward import reward_manager_problems
 from jrl.runspec.rollout_correction_checks import rollout_correction_problems
 from jrl.runspec.run import CHECKPOINT_ITEMS
@@ -259,7 +260,7 @@ def _response_length(config: ConfigDict) -> Iterator[str]:
 def _lora_reference(config: ConfigDict) -> Iterator[str]:
     """With LoRA the reference is the actor's base model: same weights, so the same mesh."""
     arr = config.actor_rollout_ref
-    if not (uses_reference(config) and (arr.model.get("lora_rank") or 0) > 0):
+    if not (uses_reference(config) and lora_rank(arr.model) > 0):
         return
     actor_sp, ref_sp = (
         arr.actor.ulysses_sequence_parallel_size,
@@ -285,39 +286,9 @@ def _memory_options(model_cfg: ConfigDict, prefix: str) -> Iterator[str]:
 
 
 def _optimizers(config: ConfigDict, sections: list[str]) -> Iterator[str]:
-    """``optim.optimizer`` and ``optim.lr_scheduler_type`` (or its older alias ``warmup_style``)
-    of the trained roles, as `jrl.trainer.update.optim` resolves them."""
+    """The optimizers and schedules of the trained roles (`jrl.runspec.optim`)."""
     for prefix in sections:
-        optim = config[f"{prefix}.optim"]
-        key = "warmup_style" if optim.get("warmup_style") else "lr_scheduler_type"
-        if optim.get(key) not in LR_SCHEDULER_TYPES:
-            yield _not_one_of(f"{prefix}.optim.{key}", optim.get(key), LR_SCHEDULER_TYPES)
-        if str(optim.optimizer).lower() not in (name.lower() for name in RL_OPTIMIZERS):
-            yield _not_one_of(f"{prefix}.optim.optimizer", optim.optimizer, RL_OPTIMIZERS)
-        for key in MEGATRON_SCHEDULER_KEYS.keys() & optim.keys():
-            yield f"{prefix}.optim.{key} is Megatron's: {MEGATRON_SCHEDULER_KEYS[key]}"
-        betas = optim.get("betas")
-        if betas is not None and not _two_decay_rates(betas):
-            yield f"{prefix}.optim.betas={list(betas)!r} must be two decay rates in [0, 1)"
-
-
-def _two_decay_rates(betas: Sequence) -> bool:
-    """Whether `betas` is Adam's (beta1, beta2): two numbers in [0, 1)."""
-    numbers = [b for b in betas if isinstance(b, int | float) and not isinstance(b, bool)]
-    return len(betas) == 2 and len(numbers) == 2 and all(0 <= b < 1 for b in numbers)
-
-
-# Megatron's scheduler keys (added with +key) and what to set instead in verl's FSDP keys.
-MEGATRON_SCHEDULER_KEYS = {
-    "lr_warmup_init": "warm-up starts from 0 here; drop it",
-    "lr_decay_steps": "the schedule spans optim.total_training_steps; set that instead",
-    "lr_decay_style": "set optim.lr_scheduler_type (constant or cosine) instead",
-    "min_lr": "set optim.min_lr_ratio (a fraction of optim.lr) instead",
-    "weight_decay_incr_style": "weight decay stays optim.weight_decay; drop it",
-    "lr_wsd_decay_style": "no warmup-stable-decay schedule for RL; use optim.lr_scheduler_type",
-    "lr_wsd_decay_steps": "no warmup-stable-decay schedule for RL; use optim.lr_scheduler_type",
-    "use_checkpoint_opt_param_scheduler": "the schedule is resumed from the checkpoint's step",
-}
+        yield from optimizer_problems(config[f"{prefix}.optim"], f"{prefix}.optim")
 
 
 def _kl(config: ConfigDict) -> Iterator[str]:
@@ -387,6 +358,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     sections = ["actor_rollout_ref.actor"] + (["critic"] if uses_critic(config) else [])
     problems = [*_choices(config), *_devices(config, num_devices), *_checkpoints(config, sections)]
     problems += [*unsupported_settings(config), *_optimizers(config, sections)]
+    problems += lora_problems(config.actor_rollout_ref.model, "actor_rollout_ref.model")
     problems += _lora_reference(config)
     problems += [*_kl(config), *_losses(config), *reward_manager_problems(config), *_dtypes(config)]
     problems += _custom_dataset(config)
@@ -429,7 +401,6 @@ def _sft_choices(config: ConfigDict) -> Iterator[str]:
 
     rules = [
         ("data.truncation", SFT_TRUNCATIONS),
-        ("optim.lr_scheduler", SFT_LR_SCHEDULERS),
         ("model.strategy", SFT_STRATEGIES),
         ("model.fsdp_config.model_dtype", tuple(DTYPES)),
         ("trainer.resume_mode", RESUME_MODES),
@@ -437,6 +408,8 @@ def _sft_choices(config: ConfigDict) -> Iterator[str]:
     for key, allowed in rules:
         if config[key] not in allowed:
             yield f"{key}={config[key]!r} is not supported; use one of {', '.join(allowed)}"
+    yield from sft_optimizer_problems(config.optim)
+    yield from lora_problems(config.model, "model")
     yield from _checkpoints(config, ["trainer"])
     if config.data.max_length < 2:
         yield f"data.max_length ({config.data.max_length}) must be at least 2"

@@ -41,6 +41,7 @@ from etils import epath
 from flax import traverse_util
 
 from jrl.models import save_pretrained
+from jrl.models.lora import LoraSettings
 from jrl.models.safetensors_io import replace_directory
 from jrl.parallel.distributed import shared_token
 from jrl.runspec.run import CHECKPOINT_ITEMS as ITEMS
@@ -80,7 +81,12 @@ class RoleSnapshot:
     items: Sequence[str]
     extra: dict[str, Any]
     kind: str = "causal_lm"
-    lora: dict[str, Any] | None = None
+    lora: LoraSettings | None = None
+
+
+def _lora(settings: LoraSettings | None) -> dict[str, Any] | None:
+    """A role's LoRA settings as the manifest keeps them (`LoraSettings`' fields)."""
+    return None if settings is None else dataclasses.asdict(settings)
 
 
 def step_dir(root: str | os.PathLike, step: int) -> Path:
@@ -481,7 +487,7 @@ class CheckpointManager:
         manifest = {
             "global_step": step,
             "roles": {
-                name: {"items": list(role.items), "kind": role.kind, "lora": role.lora}
+                name: {"items": list(role.items), "kind": role.kind, "lora": _lora(role.lora)}
                 for name, role in roles.items()
             },
         }

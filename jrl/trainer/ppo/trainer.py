@@ -150,7 +150,12 @@ class PPOTrainer:
             self.model_configs["critic"] = self.critic.learner.model().config
         self.vocab_size = int(self.model_configs["actor"].vocab_size)
         self.rollout = build_rollout(
-            config, self.actor.learner.graphdef, self.actor.params, self.actor.mesh, self.tokenizer
+            config,
+            self.actor.learner.graphdef,
+            self.actor.params,
+            self.actor.mesh,
+            self.tokenizer,
+            lora=self.actor.spec.model.lora,
         )
         self.sampling = sampling_params(actor_cfg.rollout, self.rollout)
         self.val_sampling = sampling_params(actor_cfg.rollout, self.rollout, validate=True)

@@ -221,7 +221,7 @@ class Actor:
         trainable = nnx.Param if spec.model.lora is None else LoRAParam
         fsdp_section = (fsdp, f"{ACTOR}.fsdp_config")
         learner = load_learner(
-            spec.model, arr.actor.optim, mesh, fsdp_section, ACTOR, trainable, abstract
+            spec.model, spec.train.optimizer, mesh, fsdp_section, ACTOR, trainable, abstract
         )
         return cls(spec, mesh, learner)
 

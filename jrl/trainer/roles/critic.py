@@ -130,8 +130,9 @@ class Critic:
         mesh = role_mesh_of(config.critic, "critic", mesh, fsdp)
         spec = CriticSpec.resolve(config, mesh, total_training_steps)
         fsdp_section = (fsdp, "critic.model.fsdp_config")
-        optim = config.critic.optim
-        learner = load_learner(spec.model, optim, mesh, fsdp_section, "critic", nnx.Param, abstract)
+        learner = load_learner(
+            spec.model, spec.train.optimizer, mesh, fsdp_section, "critic", nnx.Param, abstract
+        )
         return cls(spec, mesh, learner)
 
     @property

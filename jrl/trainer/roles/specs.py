@@ -13,6 +13,7 @@ sequences. verl's data-parallel size is devices // ``ulysses_sequence_parallel_s
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, NamedTuple
 
 from flax import nnx
@@ -22,12 +23,16 @@ from jrl.models import abstract_pretrained, apply_lora, from_pretrained
 from jrl.models.attention import check_sequence_heads
 from jrl.models.decoder import set_memory_options
 from jrl.models.dtypes import parse_dtype
-from jrl.models.lora import lora_settings
+from jrl.models.lora import LoraSettings
+from jrl.optim.optimizers import make_optimizer
+from jrl.optim.schedule import Schedule
+from jrl.optim.settings import OptimizerSettings
 from jrl.parallel import Offload, data_parallel_size, role_mesh, sequence_parallel_size
+from jrl.runspec.models import lora_settings
+from jrl.runspec.optim import optimizer_settings
 from jrl.trainer.update.batching import Forward, forward_pass
 from jrl.trainer.update.dynamic_batching import TokenBudget
 from jrl.trainer.update.learner import Learner, UpdatePlan
-from jrl.trainer.update.optim import Schedule, make_optimizer
 from jrl.trainer.update.packing import packing_plan
 from jrl_kernels.platform import platform_name
 
@@ -37,7 +42,7 @@ class ModelSpec:
     """How a ``*.model`` section's model is loaded: streamed from `path` straight onto the mesh
     (FSDP layout), computing in `dtype` over `param_dtype` parameters, with full remat of every
     decoder layer when `remat` (``enable_gradient_checkpointing``) and host offload of what it
-    keeps when `activation_offload`; `lora` holds `apply_lora`'s settings (None: no LoRA);
+    keeps when `activation_offload`; `lora` holds the LoRA adapters' settings (None: no LoRA);
     `key` names the weights' config key in errors."""
 
     path: str
@@ -49,7 +54,7 @@ class ModelSpec:
     override_config: dict[str, Any]
     remat: bool
     activation_offload: bool
-    lora: dict[str, Any] | None
+    lora: LoraSettings | None
     lora_seed: int = 0
     key: str = "actor_rollout_ref.model.path"
 
@@ -78,7 +83,7 @@ class ModelSpec:
             override_config=_plain(override),
             remat=bool(model_cfg.get("enable_gradient_checkpointing", False)),
             activation_offload=bool(model_cfg.get("enable_activation_offload", False)),
-            lora=lora_settings(model_cfg),
+            lora=lora_settings(model_cfg, section),
             lora_seed=lora_seed,
             key=f"{section}.{path_key}",
         )
@@ -116,10 +121,9 @@ class ModelSpec:
             return model
         try:
             if abstract:
-                return nnx.eval_shape(
-                    lambda m: apply_lora(m, seed=self.lora_seed, **self.lora), model
-                )
-            return apply_lora(model, seed=self.lora_seed, **self.lora)
+                adapt = functools.partial(apply_lora, settings=self.lora, seed=self.lora_seed)
+                return nnx.eval_shape(adapt, model)
+            return apply_lora(model, self.lora, seed=self.lora_seed)
         except ValueError as err:
             raise ValueError(f"{self.key.rpartition('.')[0]}: {err}") from err
 
@@ -194,11 +198,12 @@ class ForwardSpec:
 
 @dataclasses.dataclass(frozen=True)
 class TrainSpec:
-    """How a trained role updates: its `UpdatePlan`, the learning rate per training step
-    (`schedule`, one scheduler step per training step, as verl) and the mini-batch shuffle seed
-    (``data_loader_seed``, None when ``shuffle`` is off)."""
+    """How a trained role updates: its `UpdatePlan`, its `optimizer`, the learning rate per
+    training step (`schedule`, one scheduler step per training step, as verl) and the mini-batch
+    shuffle seed (``data_loader_seed``, None when ``shuffle`` is off)."""
 
     plan: UpdatePlan
+    optimizer: OptimizerSettings
     schedule: Schedule
     shuffle: int | None
 
@@ -218,6 +223,7 @@ class TrainSpec:
         per rank, packed with `packed` and prompts shared with `share_prompts`, or a token
         budget)."""
         rollout_n, total_training_steps = sizes
+        optimizer = optimizer_settings(section.optim, f"{prefix}.optim")
         split = ForwardSpec.resolve(
             section, prefix, mesh, packed, PPO_UPDATE_KEYS, share_prompts=share_prompts
         )
@@ -234,7 +240,8 @@ class TrainSpec:
         )
         seed = section.get("data_loader_seed")
         shuffle = (0 if seed is None else int(seed)) if section.get("shuffle") else None
-        return cls(plan, Schedule.rl(section.optim, total_training_steps), shuffle)
+        schedule = Schedule.from_settings(optimizer, total_training_steps)
+        return cls(plan, optimizer, schedule, shuffle)
 
     def shuffle_seed(self, step: int) -> tuple[int, int] | None:
         """Seed of step `step`'s per-epoch mini-batch shuffle: (data_loader_seed, step)."""
@@ -297,7 +304,7 @@ def check_heads(model: Any, mesh: Mesh, prefix: str) -> None:
 
 def load_learner(
     model: ModelSpec,
-    optim_cfg: Any,
+    optimizer: OptimizerSettings,
     mesh: Mesh,
     fsdp: tuple[Any, str],
     prefix: str,
@@ -306,12 +313,12 @@ def load_learner(
 ) -> Learner:
     """A trained role's `Learner`: its model loaded on `mesh` (checked against sequence
     parallelism; `prefix` names the role section), the `trainable` parameters (an NNX filter)
-    with AdamW of `optim_cfg`, states offloaded as `fsdp` = (the ``fsdp_config`` section, its
-    key) says; shapes only with `abstract` (`ModelSpec.load`)."""
+    with the optimizer of `optimizer`, states offloaded as `fsdp` = (the ``fsdp_config``
+    section, its key) says; shapes only with `abstract` (`ModelSpec.load`)."""
     loaded = model.load(mesh, abstract=abstract)
     check_heads(loaded, mesh, prefix)
     offload = offloads(*fsdp, mesh)
-    return Learner.create(loaded, make_optimizer(optim_cfg), mesh, trainable, **offload)
+    return Learner.create(loaded, make_optimizer(optimizer), mesh, trainable, **offload)
 
 
 def offloads(fsdp_cfg: Any, prefix: str, mesh: Mesh) -> dict[str, Offload]:

@@ -34,8 +34,12 @@ from jrl.data.loader import DataLoader
 from jrl.data.sft_dataset import create_sft_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.models import LoRAParam
+from jrl.optim.optimizers import make_sft_optimizer
+from jrl.optim.schedule import Schedule
+from jrl.optim.settings import SFTOptimizerSettings
 from jrl.parallel import batch_sharding, gather_batch, make_mesh
 from jrl.parallel.devices import check_device
+from jrl.runspec.optim import sft_optimizer_settings
 from jrl.runspec.spec import resolve_sft_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
@@ -44,7 +48,6 @@ from jrl.trainer.roles.specs import ModelSpec
 from jrl.trainer.sft.loss import SFTLoss, row_nll, sft_tensors
 from jrl.trainer.update.batching import forward_pass
 from jrl.trainer.update.learner import Learner, UpdatePlan
-from jrl.trainer.update.optim import Schedule, make_sft_optimizer
 from jrl.trainer.update.packing import packing_plan
 
 ROLE = "actor"
@@ -67,11 +70,13 @@ def warn_offload(fsdp_cfg: Any) -> None:
 class SFTSpec:
     """SFT's settings, resolved once from the config: the model (``model.partial_pretrain``),
     the update (one optimizer step per batch, micro-batches of ``micro_batch_size_per_gpu`` rows
-    per device, packed with ``use_remove_padding``), the loss and the learning-rate schedule."""
+    per device, packed with ``use_remove_padding``), the loss, the optimizer and its
+    learning-rate schedule."""
 
     model: ModelSpec
     plan: UpdatePlan
     loss: SFTLoss
+    optimizer: SFTOptimizerSettings
     schedule: Schedule
 
     @classmethod
@@ -81,8 +86,9 @@ class SFTSpec:
         world = mesh.size
         micro_rows = world * (data.micro_batch_size_per_gpu or data.micro_batch_size // world)
         packed = bool(config.use_remove_padding)
+        optimizer = sft_optimizer_settings(config.optim)
         plan = UpdatePlan(
-            grad_clip=float(config.optim.clip_grad),
+            grad_clip=optimizer.clip_grad,
             micro_rows=micro_rows,
             packing=packing_plan(micro_rows, mesh, packed),
         )
@@ -96,7 +102,8 @@ class SFTSpec:
             ),
             plan=plan,
             loss=SFTLoss("auto" if model_cfg.use_liger else "naive"),
-            schedule=Schedule.sft(config.optim, total_steps),
+            optimizer=optimizer,
+            schedule=Schedule.from_settings(optimizer, total_steps),
         )
 
 
@@ -140,7 +147,8 @@ class SFTTrainer:
         self.spec = SFTSpec.resolve(config, self.mesh, total)
         model = self.spec.model.load(self.mesh)
         trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
-        self.learner = Learner.create(model, make_sft_optimizer(config.optim), self.mesh, trainable)
+        optimizer = make_sft_optimizer(self.spec.optimizer)
+        self.learner = Learner.create(model, optimizer, self.mesh, trainable)
         self.vocab_size = int(model.config.vocab_size)
         self.val_generations: list[dict[str, Any]] = []
         rows = batch_sharding(self.mesh, 1)

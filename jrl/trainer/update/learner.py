@@ -41,6 +41,7 @@ from flax import nnx, traverse_util
 from jax.sharding import Mesh
 
 from jrl.algos import LOSS_AGG_MODES, global_denominator
+from jrl.optim.optimizers import set_learning_rate
 from jrl.parallel import (
     ON_DEVICE,
     Offload,
@@ -55,7 +56,6 @@ from jrl.parallel import (
 )
 from jrl.trainer.update.batching import PackingPlan, fixed_minibatches
 from jrl.trainer.update.dynamic_batching import TokenBudget, token_minibatches
-from jrl.trainer.update.optim import set_learning_rate
 
 # loss_fn(model, micro_batch, normaliser) -> (loss, {metric_name: contribution}). It is hashable
 # and its hash covers every option it closes over (a frozen dataclass, or a plain function): the
