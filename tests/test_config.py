@@ -385,6 +385,11 @@ def _tiny(path: str, *overrides: str, num_devices: int | None = None):
             [f"{AR}.model.lora_rank=4", f"{AR}.ref.ulysses_sequence_parallel_size=2"],
             "the reference shares the actor's weights and mesh",
         ),
+        (
+            GRPO,
+            [f"{AR}.model.lora_rank=4", f"{AR}.model.lora_alpha=-1"],
+            f"{AR}.model: lora_alpha must be positive, got -1.0",
+        ),
     ],
 )
 def test_each_validation_rule_names_its_keys(path, overrides, message):

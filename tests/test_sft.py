@@ -125,6 +125,8 @@ def test_every_null_default_is_typed(make):
         (["data.micro_batch_size=8"], "set exactly one of data.micro_batch_size_per_gpu"),
         (["data.truncation=middle"], "data.truncation='middle' is not supported"),
         (["optim.lr_scheduler=linear"], "use one of cosine, wsd"),
+        (["optim.override_optimizer_config={amsgrad: true}"], "amsgrad=True is not supported"),
+        (["model.lora_rank=4", "model.lora_alpha=0"], "model: lora_alpha must be positive"),
         (["model.fsdp_config.model_dtype=fp16"], "model_dtype='fp16'"),
         (["trainer.resume_mode=resume_path"], "needs trainer.resume_from_path"),
         (["trainer.checkpoint.save_contents=[model,weights]"], r"unknown \['weights'\]"),
