@@ -162,3 +162,13 @@ def test_the_key_tree_imports_no_jax_and_no_other_jrl_package():
     heavy, seconds = out.stdout.rsplit(" ", 1)
     assert heavy == "[]", heavy
     assert float(seconds) < 0.3, f"import jrl.config took {float(seconds):.2f} s"
+
+
+def test_the_optimizer_settings_import_no_jax():
+    """`jrl.optim.settings` (the optimizers' names, defaults and settings) reads without optax."""
+    probe = (
+        "import sys; import jrl.optim.settings; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax')))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout
