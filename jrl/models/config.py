@@ -1,7 +1,8 @@
 """Decoder hyper-parameters, read from and written to a Hugging Face `config.json`.
 
-One decoder covers several families (`model_type`). What a family fixes in the architecture lives
-in `FAMILIES`; everything a `config.json` states is a field of `ModelConfig`.
+One decoder covers several families (`model_type`). What a family fixes in the architecture, and
+how its `config.json` differs, is its entry in `jrl.models.families.FAMILIES`; everything a
+`config.json` states is a field of `ModelConfig`.
 """
 
 from __future__ import annotations
@@ -9,45 +10,13 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from jrl.models.families import FAMILIES, FULL, LAYER_TYPES, SLIDING, Family
 from jrl.models.kv_layout import KVLayout
 
-FULL, SLIDING = "full_attention", "sliding_attention"
-LAYER_TYPES = (FULL, SLIDING)
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots")
-
-
-@dataclasses.dataclass(frozen=True)
-class Family:
-    """What a model_type fixes.
-
-    `qkv_bias` None means config.json's `attention_bias` decides; `output_bias` says whether the
-    output projection has a bias whenever the q/k/v projections do. `gemma` turns on the Gemma
-    numerics: RMSNorm scales applied as (1 + w), norms after attention and around the MLP, and
-    embeddings multiplied by sqrt(hidden_size).
-    """
-
-    architecture: str
-    default_max_positions: int
-    qkv_bias: bool | None = None
-    output_bias: bool = True
-    qk_norm: bool = False
-    gemma: bool = False
-
-
-FAMILIES = {
-    "llama": Family("Llama", 2048),
-    "qwen2": Family("Qwen2", 32768, qkv_bias=True, output_bias=False),
-    "qwen3": Family("Qwen3", 32768, qk_norm=True),
-    "mistral": Family("Mistral", 131072, qkv_bias=False, output_bias=False),
-    "gemma2": Family("Gemma2", 8192, gemma=True),
-    "gemma3_text": Family("Gemma3", 131072, qk_norm=True, gemma=True),
-}
-SUPPORTED_MODEL_TYPES = tuple(FAMILIES)
-ARCHITECTURE_PREFIX = {name: family.architecture for name, family in FAMILIES.items()}
-DEFAULT_MAX_POSITIONS = {name: family.default_max_positions for name, family in FAMILIES.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,10 +127,9 @@ class ModelConfig:
     activation_offload: bool = False
 
     def __post_init__(self) -> None:
-        if self.model_type not in SUPPORTED_MODEL_TYPES:
+        if self.model_type not in FAMILIES:
             raise ValueError(
-                f"model_type {self.model_type!r} is not supported; "
-                f"use one of {SUPPORTED_MODEL_TYPES}"
+                f"model_type {self.model_type!r} is not supported; use one of {tuple(FAMILIES)}"
             )
         if isinstance(self.eos_token_id, list):
             object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
@@ -203,10 +171,9 @@ class ModelConfig:
             )
         if SLIDING in types and window is None:
             raise ValueError("layer_types has sliding_attention layers but sliding_window is None")
-        if self.model_type == "llama" and window is not None:
-            raise ValueError("llama has no sliding-window attention; set sliding_window None")
-        if self.model_type == "mistral" and len(set(types)) > 1:
-            raise ValueError("mistral applies sliding_window to every layer; drop layer_types")
+        problem = self.family.sliding.problem(window, types)
+        if problem:
+            raise ValueError(f"{self.model_type} {problem}")
         object.__setattr__(self, "layer_types", types)
 
     @property
@@ -243,14 +210,8 @@ class ModelConfig:
     def from_hf(cls, hf: dict[str, Any]) -> ModelConfig:
         """Builds the config from the content of a Hugging Face `config.json`."""
         model_type = hf.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            hint = " (for Gemma 3, give the text model's config)" if model_type == "gemma3" else ""
-            raise ValueError(
-                f"config.json: model_type {model_type!r} is not supported{hint}; "
-                f"supported model types: {', '.join(SUPPORTED_MODEL_TYPES)}"
-            )
-        family = FAMILIES[model_type]
-        _check_supported_features(hf)
+        family = _family(model_type)
+        _check_supported_features(hf, family)
 
         def required(key: str) -> Any:
             if key not in hf:
@@ -260,7 +221,7 @@ class ModelConfig:
         hidden, heads = int(required("hidden_size")), int(required("num_attention_heads"))
         layers = int(required("num_hidden_layers"))
         max_positions = int(hf.get("max_position_embeddings", family.default_max_positions))
-        window, layer_types = _sliding_layers(hf, model_type, layers)
+        window, layer_types = family.sliding.read(hf, layers)
         gemma = family.gemma
         qkv_bias = family.qkv_bias
         return cls(
@@ -281,16 +242,18 @@ class ModelConfig:
             pad_token_id=hf.get("pad_token_id"),
             initializer_range=float(hf.get("initializer_range", 0.02)),
             hidden_act=_activation(hf, gemma),
-            **_rope_settings(hf, model_type, max_positions),
+            **_rope_settings(hf, family, max_positions),
             sliding_window=window,
             layer_types=layer_types,
             query_pre_attn_scalar=hf.get("query_pre_attn_scalar", 256) if gemma else None,
             # transformers' Gemma 3 computes but never applies attn_logit_softcapping.
-            attn_logit_softcapping=_optional_float(hf.get("attn_logit_softcapping", 50.0))
-            if model_type == "gemma2"
+            attn_logit_softcapping=_optional_float(
+                hf.get("attn_logit_softcapping", family.attn_softcapping)
+            )
+            if family.attn_softcapping is not None
             else None,
             final_logit_softcapping=_optional_float(
-                hf.get("final_logit_softcapping", 30.0 if model_type == "gemma2" else None)
+                hf.get("final_logit_softcapping", family.final_softcapping)
             )
             if gemma
             else None,
@@ -325,29 +288,31 @@ class ModelConfig:
         }
         if self.family.qkv_bias is None:
             hf["attention_bias"] = self.attention_bias
-        if self.model_type == "llama":
+        if self.family.writes_mlp_bias:
             hf["mlp_bias"] = False
-        hf.update(self._sliding_to_hf())
+        hf.update(self.family.sliding.write(self.sliding_window, self.layer_types))
         if gemma:
             hf["query_pre_attn_scalar"] = self.query_pre_attn_scalar
             hf["attn_logit_softcapping"] = self.attn_logit_softcapping
             hf["final_logit_softcapping"] = self.final_logit_softcapping
-        if self.model_type == "gemma3_text":
+        if self.family.local_rope_theta is not None:
             hf["rope_local_base_freq"] = self.rope_local_base_freq
         return hf
 
-    def _sliding_to_hf(self) -> dict[str, Any]:
-        if self.model_type == "llama":
-            return {}
-        if self.model_type == "mistral":
-            return {"sliding_window": self.sliding_window}
-        hf = {"sliding_window": self.sliding_window, "layer_types": list(self.layer_types)}
-        if self.model_type in ("qwen2", "qwen3"):
-            hf["use_sliding_window"] = self.sliding_window is not None
-            hf["max_window_layers"] = (
-                self.layer_types.index(SLIDING) if hf["use_sliding_window"] else 0
-            )
-        return hf
+
+def _family(model_type: Any) -> Family:
+    """The family of a config.json's model_type; a multimodal wrapper's error names its text
+    family."""
+    if isinstance(model_type, str) and model_type in FAMILIES:
+        return FAMILIES[model_type]
+    text = [
+        name for name, f in FAMILIES.items() if model_type and f.wrapper_model_type == model_type
+    ]
+    hint = f" (give the text model's config, model_type {text[0]!r})" if text else ""
+    raise ValueError(
+        f"config.json: model_type {model_type!r} is not supported{hint}; "
+        f"supported model types: {', '.join(FAMILIES)}"
+    )
 
 
 def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -373,7 +338,7 @@ def _activation(hf: dict[str, Any], gemma: bool) -> str:
     return act
 
 
-def _rope_settings(hf: dict[str, Any], model_type: str, max_positions: int) -> dict[str, Any]:
+def _rope_settings(hf: dict[str, Any], family: Family, max_positions: int) -> dict[str, Any]:
     """rope_theta, rope_scaling and rope_local_base_freq from either config.json format.
 
     transformers 5 writes `rope_parameters` (nested per layer type for Gemma 3); older files have
@@ -388,51 +353,27 @@ def _rope_settings(hf: dict[str, Any], model_type: str, max_positions: int) -> d
         params = {**(params.get(FULL) or {}), **scaling}
     else:
         params = dict(scaling or params)
-    gemma3 = model_type == "gemma3_text"
-    theta = params.get("rope_theta") or hf.get("rope_theta") or (1e6 if gemma3 else 1e4)
+    theta = params.get("rope_theta") or hf.get("rope_theta") or family.rope_theta
     settings: dict[str, Any] = {
         "rope_theta": float(theta),
         "rope_scaling": RopeScaling.from_hf(params, key, max_positions),
     }
-    if gemma3:
+    if family.local_rope_theta is not None:
         if RopeScaling.from_hf(local, "rope_parameters.sliding_attention", max_positions):
             raise ValueError(
                 "config.json: RoPE scaling on sliding_attention layers is not supported"
             )
-        local_theta = local.get("rope_theta") or hf.get("rope_local_base_freq") or 1e4
-        settings["rope_local_base_freq"] = float(local_theta)
+        local_theta = local.get("rope_theta") or hf.get("rope_local_base_freq")
+        settings["rope_local_base_freq"] = float(local_theta or family.local_rope_theta)
     return settings
 
 
-def _sliding_layers(
-    hf: dict[str, Any], model_type: str, num_layers: int
-) -> tuple[int | None, tuple[str, ...] | None]:
-    """(sliding_window, layer_types) as transformers derives them for each family."""
-    if model_type == "llama":
-        return None, None
-    if model_type == "mistral":
-        return hf.get("sliding_window"), None
-    if model_type in ("qwen2", "qwen3"):
-        window = hf.get("sliding_window") if hf.get("use_sliding_window") else None
-        if window is None:
-            return None, None
-        first = int(hf.get("max_window_layers", 28))
-        pattern = [SLIDING if i >= first else FULL for i in range(num_layers)]
-    else:
-        if hf.get("use_bidirectional_attention"):
-            raise ValueError("config.json: use_bidirectional_attention=true is not supported")
-        window = hf.get("sliding_window", 4096)
-        every = 2 if model_type == "gemma2" else int(hf.get("sliding_window_pattern", 6))
-        pattern = [SLIDING if (i + 1) % every else FULL for i in range(num_layers)]
-    types = tuple(hf.get("layer_types") or pattern)
-    if window is None:
-        types = (FULL,) * num_layers
-    return window, types
-
-
-def _check_supported_features(hf: dict[str, Any]) -> None:
+def _check_supported_features(hf: dict[str, Any], family: Family) -> None:
     """Rejects config.json settings whose behaviour this decoder does not implement."""
     if hf.get("mlp_bias"):
         raise ValueError("config.json: mlp_bias=true is not supported")
     if hf.get("partial_rotary_factor", 1.0) != 1.0:
         raise ValueError("config.json: partial_rotary_factor != 1 is not supported")
+    for flag in family.refused_flags:
+        if hf.get(flag):
+            raise ValueError(f"config.json: {flag}=true is not supported")

@@ -23,9 +23,10 @@ rollout program (`jrl.compile`'s figures, 1 / 2 decoder layers):
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-import jax
-import jax.numpy as jnp
+if TYPE_CHECKING:  # annotations only: the layout is plain data, read without jax (ModelConfig)
+    import jax
 
 TPU_LANES = 128
 TPU_SUBLANES = 16  # of a bf16 tile
@@ -67,7 +68,7 @@ class KVLayout:
 
     def reorder(self, x: jax.Array) -> jax.Array:
         """One layer's [B, T, K, Dh] <-> the cache's order of it (the swap is its own inverse)."""
-        return jnp.swapaxes(x, 1, 2) if self.heads_major else x
+        return x.swapaxes(1, 2) if self.heads_major else x
 
     def first_tokens(self, batch: jax.Array, tokens: int) -> tuple[object, ...]:
         """The index of the whole cache's columns 0 .. tokens-1 of the rows `batch`, all layers."""

@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jrl.models.config import ARCHITECTURE_PREFIX, ModelConfig
+from jrl.models.config import ModelConfig
 from jrl.models.decoder import CausalLM, RewardModel, ValueModel, model_class
 from jrl.models.gguf_io import GGUFCheckpoint
 from jrl.models.safetensors_io import (
@@ -205,7 +205,7 @@ _HEAD_ARCHITECTURES = {
 
 def _hf_config(config: ModelConfig, kind: str) -> dict[str, Any]:
     hf = config.to_hf()
-    hf["architectures"] = [ARCHITECTURE_PREFIX[config.model_type] + _HEAD_ARCHITECTURES[kind]]
+    hf["architectures"] = [config.family.architecture + _HEAD_ARCHITECTURES[kind]]
     if kind != "causal_lm":
         hf["id2label"], hf["label2id"] = {"0": "LABEL_0"}, {"LABEL_0": 0}
     return hf
