@@ -50,6 +50,7 @@ from jrl.models.decoder import set_memory_options  # noqa: E402
 from jrl.optim.optimizers import make_optimizer  # noqa: E402
 from jrl.parallel import make_mesh, param_shardings  # noqa: E402
 from jrl.runspec import load_config  # noqa: E402
+from jrl.runspec.algorithm import resolve_algorithm  # noqa: E402
 from jrl.runspec.optim import optimizer_settings  # noqa: E402
 from jrl.trainer.roles.actor import ActorLoss  # noqa: E402
 from jrl.trainer.roles.log_probs import logprob_impl  # noqa: E402
@@ -106,7 +107,8 @@ def update_memory(config: Any, model_config: ModelConfig, micro_batches: int) ->
     """Compiled memory statistics of one actor update under `config`."""
     arr = config.actor_rollout_ref
     state = abstract_state(config, model_config)
-    loss = ActorLoss.resolve(arr.actor, arr.rollout.temperature, logprob_impl(arr, "actor"))
+    impl = logprob_impl(arr, "actor")
+    loss = ActorLoss.resolve(resolve_algorithm(config), arr.rollout.temperature, impl)
     minibatch = actor_minibatch(config, model_config.vocab_size, micro_batches)
     norm = normalisers(minibatch["response_mask"], arr.actor.loss_scale_factor)
     update = build_update(state, loss, arr.actor.grad_clip, minibatch)

@@ -1,10 +1,8 @@
 """Which config keys a real `jrl.train` run reads once its config is loaded.
 
 `reads_of_run(argv)` runs ``jrl.train.main(argv)`` with every `ConfigDict` read recorded under
-its dotted key (and `jrl.config.frozen` sections, which `PPOSpec` keeps for `jrl.algos`, handed
-out as mappings that record their reads too). Reads made while loading and checking the config
-(before the run has it), printing it, or writing the no-effect notice do not count: they are not
-the run acting on a key.
+its dotted key. Reads made while loading and checking the config (before the run has it),
+printing it, or writing the no-effect notice do not count: they are not the run acting on a key.
 A section turned into a plain dict by the run's own code (``override_config``,
 ``reward_kwargs``) counts as a read of everything under it, recorded as ``section.*``.
 """
@@ -13,38 +11,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator
 from unittest import mock
 
 from ml_collections import ConfigDict
 
 from jrl import train
 from jrl.config.tree import key_paths
-from jrl.trainer.ppo import trainer as ppo_trainer
 
 # Modules whose reads are about the config, not the run: printing it, the no-effect notice.
 _NOT_ACTING = ("jrl.runspec.effects", "jrl.config.loading")
-
-
-class _TrackedMapping(Mapping):
-    """A read-only mapping that records each key read as `path.key`."""
-
-    def __init__(self, data: Mapping, path: str, reads: set[str]):
-        self._data, self._path, self._reads = data, path, reads
-
-    def __getitem__(self, key: str) -> Any:
-        value = self._data[key]
-        self._reads.add(f"{self._path}.{key}")
-        if isinstance(value, Mapping):
-            return _TrackedMapping(value, f"{self._path}.{key}", self._reads)
-        return value
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._data)
-
-    def __len__(self) -> int:
-        return len(self._data)
 
 
 def _acting() -> bool:
@@ -62,12 +38,7 @@ def _acting() -> bool:
 def _recording(reads: set[str]) -> Iterator[None]:
     paths: dict[int, str] = {}
     inside_to_dict = [0]
-    get, to_dict, load, freeze = (
-        ConfigDict.__getitem__,
-        ConfigDict.to_dict,
-        train.load_config,
-        ppo_trainer.frozen,
-    )
+    get, to_dict, load = ConfigDict.__getitem__, ConfigDict.to_dict, train.load_config
 
     def loading(argv):
         config, module = load(argv)
@@ -94,18 +65,10 @@ def _recording(reads: set[str]) -> Iterator[None]:
         finally:
             inside_to_dict[0] -= 1
 
-    def freezing(section):
-        inside_to_dict[0] += 1
-        try:
-            return _TrackedMapping(freeze(section), paths[id(section)], reads)
-        finally:
-            inside_to_dict[0] -= 1
-
     with (
         mock.patch.object(ConfigDict, "__getitem__", getitem),
         mock.patch.object(ConfigDict, "to_dict", as_dict),
         mock.patch.object(train, "load_config", loading),
-        mock.patch.object(ppo_trainer, "frozen", freezing),
     ):
         yield
 

@@ -186,7 +186,7 @@ def test_accumulation_over_micro_batches_is_exact(mode):
 @pytest.mark.parametrize("mode", MODES)
 def test_accumulated_policy_gradient_equals_whole_batch_gradient(mode):
     old, adv = rand(8, scale=0.3), rand(9)
-    config = ml_collections.ConfigDict({"clip_ratio": 0.2, "clip_ratio_c": 3.0})
+    config = algos.PolicyLossSettings(clip_ratio=0.2, clip_ratio_c=3.0)
     new = old + rand(10, scale=0.3)
     terms_fn = algos.get_policy_loss_terms_fn("vanilla")
 
@@ -213,8 +213,8 @@ def test_vanilla_policy_loss_matches_loop(mode):
     new = old + rand(13, scale=0.5)
     new[0, 0] = old[0, 0] + 30.0  # exercises the ±20 log-ratio clamp
     weights = np.abs(rand(14)) + 0.5
-    config = ml_collections.ConfigDict(
-        {"clip_ratio": 0.2, "clip_ratio_low": None, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}
+    config = algos.PolicyLossSettings(
+        clip_ratio=0.2, clip_ratio_low=None, clip_ratio_high=0.28, clip_ratio_c=3.0
     )
     loss, metrics = algos.compute_policy_loss_vanilla(
         old_log_prob=old,
@@ -346,7 +346,7 @@ def test_apply_kl_penalty_matches_trainer_formula():
 
 def test_losses_trace_under_jit():
     old, adv, new = rand(11), rand(12), rand(13)
-    config = ml_collections.ConfigDict({"clip_ratio": 0.2})
+    config = algos.PolicyLossSettings(clip_ratio=0.2)
 
     @jax.jit
     def step(lp):

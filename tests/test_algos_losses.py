@@ -4,7 +4,6 @@ import math
 
 import jax
 import jax.numpy as jnp
-import ml_collections
 import numpy as np
 import pytest
 from reference import MASK, B, R, close, rand, ref_agg, ref_masked_mean
@@ -19,26 +18,24 @@ VALID = MASK > 0
 ROWS = [i for i in range(B) if MASK[i].sum() > 0]
 
 
+ACTOR_OPTIONS = {
+    "clip_ratio": 0.2,
+    "clip_ratio_low": 0.2,
+    "clip_ratio_high": 0.28,
+    "clip_ratio_c": 3.0,
+    "tau_pos": 1.0,
+    "tau_neg": 1.05,
+    "loss_scale_factor": None,
+    "clip_cov_ratio": 0.0002,
+    "clip_cov_lb": 1.0,
+    "clip_cov_ub": 5.0,
+    "kl_cov_ratio": 0.0002,
+    "ppo_kl_coef": 0.1,
+}
+
+
 def actor_config(**policy_loss):
-    return ml_collections.ConfigDict(
-        {
-            "clip_ratio": 0.2,
-            "clip_ratio_low": 0.2,
-            "clip_ratio_high": 0.28,
-            "clip_ratio_c": 3.0,
-            "tau_pos": 1.0,
-            "tau_neg": 1.05,
-            "loss_scale_factor": None,
-            "policy_loss": {
-                "clip_cov_ratio": 0.0002,
-                "clip_cov_lb": 1.0,
-                "clip_cov_ub": 5.0,
-                "kl_cov_ratio": 0.0002,
-                "ppo_kl_coef": 0.1,
-                **policy_loss,
-            },
-        }
-    )
+    return algos.PolicyLossSettings(**{**ACTOR_OPTIONS, **policy_loss})
 
 
 def inputs(seed=40):
@@ -257,8 +254,7 @@ def test_sapo_matches_loop_with_config_temperatures():
     )
     close(loss, ref_agg(ref_sapo(old, new, adv, w), MASK, "seq-mean-token-mean"), 1e-5)
     assert float(metrics["actor/pg_clipfrac"]) == 0.0
-    cfg = actor_config()
-    cfg.tau_neg = 3.0
+    cfg = actor_config(tau_neg=3.0)
     assert not np.isclose(
         float(
             algos.compute_policy_loss_sapo(old, new, adv, MASK, config=cfg, rollout_is_weights=w)[0]
@@ -360,8 +356,10 @@ def test_kl_cov_matches_loop_and_jit():
     jitted = jax.jit(lambda lp: algos.compute_policy_loss_kl_cov(old, lp, adv, MASK, config=cfg))
     eager = algos.compute_policy_loss_kl_cov(old, new, adv, MASK, config=cfg)[0]
     close(jitted(new)[0], float(eager), 1e-6)
-    # The default coefficient when the key is null is verl's 1.0.
-    cfg.policy_loss.ppo_kl_coef = None
+    # The loss's own coefficient (the key null: `test_null_loss_options_keep_the_loss_defaults`)
+    # is verl's 1.0.
+    options = {k: v for k, v in ACTOR_OPTIONS.items() if k != "ppo_kl_coef"}
+    cfg = algos.PolicyLossSettings(**{**options, "kl_cov_ratio": ratio})
     loss_default, _ = algos.compute_policy_loss_kl_cov(old, new, adv, MASK, config=cfg)
     close(loss_default, ref_agg(ref_kl_cov(old, new, adv, ratio, 1.0)[0], MASK, "token-mean"), 1e-5)
 
@@ -383,8 +381,7 @@ def test_config_errors_name_the_key():
         )
     with pytest.raises(ValueError, match="needs the actor config"):
         algos.compute_policy_loss_gspo(old, new, adv, MASK)
-    cfg = actor_config()
-    cfg.clip_ratio_c = 1.0  # only dual-clip PPO needs c > 1
+    cfg = actor_config(clip_ratio_c=1.0)  # only dual-clip PPO needs c > 1
     algos.compute_policy_loss_cispo(old, new, adv, MASK, config=cfg)
     with pytest.raises(ValueError, match="clip_ratio_c must be greater than 1"):
         algos.compute_policy_loss_vanilla(old, new, adv, MASK, config=cfg)

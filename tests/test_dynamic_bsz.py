@@ -17,6 +17,7 @@ from jrl.config import ConfigError, default_config
 from jrl.models import ModelConfig, init_random
 from jrl.parallel import make_mesh
 from jrl.runspec import load_config
+from jrl.runspec.algorithm import resolve_algorithm
 from jrl.trainer.roles.actor import ActorLoss
 from jrl.trainer.update.dynamic_batching import TokenBudget, plan_micro_batches, token_minibatches
 from jrl.trainer.update.learner import Learner, UpdatePlan, verl_row_order
@@ -150,11 +151,11 @@ def test_a_token_budget_below_the_padded_length_is_a_config_error():
     assert config.critic.use_dynamic_bsz
 
 
-def _actor_cfg(agg: str):
-    cfg = default_config().actor_rollout_ref.actor
-    cfg.loss_agg_mode = agg
-    cfg.entropy_coeff = 0.01
-    return cfg
+def _algorithm(agg: str):
+    cfg = default_config()
+    cfg.actor_rollout_ref.actor.loss_agg_mode = agg
+    cfg.actor_rollout_ref.actor.entropy_coeff = 0.01
+    return resolve_algorithm(cfg)
 
 
 def _state(mesh):
@@ -170,7 +171,7 @@ def test_dynamic_update_matches_fixed_micro_batches():
     agg = "seq-mean-token-mean"
     mesh = make_mesh(2)
     tensors = _batch(seed=2)
-    loss_fn = ActorLoss.resolve(_actor_cfg(agg), 0.8, "naive")
+    loss_fn = ActorLoss.resolve(_algorithm(agg), 0.8, "naive")
     budgets = {"padded": TokenBudget(40, "k"), "packed": TokenBudget(40, "k", packed=True)}
     for budget in budgets.values():  # several micro-batches and at least one empty slot
         mb, _ = next(token_minibatches(tensors, 16, budget, mesh))
@@ -210,7 +211,7 @@ def test_two_ranks_update_on_verls_mini_batches(budget):
     """Two optimizer steps on 2 data-parallel devices equal one device stepping through verl's
     mini-batches (each rank's half of its own rows), not through consecutive rows."""
     tensors = _batch(seed=6)
-    loss_fn = ActorLoss.resolve(_actor_cfg("token-mean"), 1.0, "naive")
+    loss_fn = ActorLoss.resolve(_algorithm("token-mean"), 1.0, "naive")
     split = {"micro_rows": 4} if budget is None else {"token_budget": budget}
     plan = UpdatePlan(grad_clip=10.0, mini_rows=8, epochs=1, **split)
     params = {}
@@ -257,7 +258,7 @@ def test_updates_compile_one_shape_per_scan_length():
     power-of-two scan length."""
     mesh = make_mesh(2)
     state = _state(mesh)
-    loss_fn = ActorLoss.resolve(_actor_cfg("token-mean"), 1.0, "naive")
+    loss_fn = ActorLoss.resolve(_algorithm("token-mean"), 1.0, "naive")
     budget = TokenBudget(24, "k")
     plan = UpdatePlan(grad_clip=1.0, mini_rows=16, epochs=1, token_budget=budget)
     counts = set()

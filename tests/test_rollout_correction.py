@@ -12,10 +12,12 @@ import pytest
 from reference import MASK, B, close, rand, ref_agg
 
 from jrl import algos
+from jrl.algos import correction_settings as cs
 from jrl.algos import rollout_correction as rc
 from jrl.batch import Batch
-from jrl.config import ConfigError, frozen
+from jrl.config import ConfigError
 from jrl.runspec import load_config
+from jrl.runspec.algorithm import resolve_algorithm
 from jrl.trainer.ppo.experience import rollout_correction
 from jrl.trainer.roles.actor import ActorLoss
 
@@ -173,7 +175,7 @@ def test_is_weights_truncation_normalisation_and_metrics(level, normalize):
 THRESHOLDS = {"k1": "0.8_1.3", "k2": 0.02, "k3": 0.03}
 
 
-@pytest.mark.parametrize("option", rc.RS_OPTIONS)
+@pytest.mark.parametrize("option", cs.RS_OPTIONS)
 def test_each_rejection_criterion(option):
     old, rollout = log_probs()
     spec = THRESHOLDS[option[-2:]]
@@ -210,9 +212,9 @@ def test_chained_criteria_with_duplicates_and_is():
 
 
 def test_thresholds_parse_and_errors():
-    assert rc.rs_thresholds(("token_k1", "seq_mean_k3"), 2.0) == ((0.5, 2.0), (None, 2.0))
-    assert rc.rs_thresholds(("seq_sum_k1",), "0.9_1.2") == ((0.9, 1.2),)
-    assert rc.rs_options("seq_mean_k2,,seq_mean_k2") == ("seq_mean_k2",)
+    assert cs.rs_thresholds(("token_k1", "seq_mean_k3"), 2.0) == ((0.5, 2.0), (None, 2.0))
+    assert cs.rs_thresholds(("seq_sum_k1",), "0.9_1.2") == ((0.9, 1.2),)
+    assert cs.rs_options("seq_mean_k2,,seq_mean_k2") == ("seq_mean_k2",)
     for options, spec, match in [
         (("token_k2",), "0.5_2", "one upper bound"),
         (("token_k1",), "0_2", "positive"),
@@ -221,9 +223,9 @@ def test_thresholds_parse_and_errors():
         (("token_k2",), "big", "not a number"),
     ]:
         with pytest.raises(ValueError, match=match):
-            rc.rs_thresholds(options, spec)
+            cs.rs_thresholds(options, spec)
     with pytest.raises(ValueError, match="unknown criteria.*seq_max_k1"):
-        rc.rs_options("token_k1,seq_max_k1")
+        cs.rs_options("token_k1,seq_max_k1")
 
 
 def test_identical_policies_and_all_masked_input():
@@ -248,7 +250,7 @@ def step(cfg, batch=None):
     batch = batch or Batch(
         {"old_log_probs": old, "rollout_log_probs": rollout, "response_mask": MASK}
     )
-    return rollout_correction(batch, frozen(cfg.algorithm), cfg.actor_rollout_ref.actor)
+    return rollout_correction(batch, resolve_algorithm(cfg).rollout_correction)
 
 
 def test_current_spelling_in_the_trainer_step():
@@ -338,22 +340,23 @@ def test_log_probs_required_at_load():
             load_config([f"--config={GRPO}:tiny", key])
 
 
-@pytest.mark.parametrize("name", sorted(rc.PRESETS))
+@pytest.mark.parametrize("name", sorted(cs.PRESETS))
 def test_presets_are_valid_config_values(name):
-    overrides = [f"{RC}.{key}={value}" for key, value in rc.PRESETS[name].items()]
+    overrides = [f"{RC}.{key}={value}" for key, value in cs.PRESETS[name].items()]
     section = config(*overrides).algorithm.rollout_correction
-    assert section.rollout_is in (None, *rc.IS_LEVELS)
-    assert section.rollout_rs == rc.PRESETS[name].get("rollout_rs")
+    assert section.rollout_is in (None, *cs.IS_LEVELS)
+    assert section.rollout_rs == cs.PRESETS[name].get("rollout_rs")
 
 
 # ---------------------------------------------------------------- bypass mode
 
 
 def bypass_config(**correction):
-    """An actor section as the trainer hands it to the bypass loss."""
-    options = rc.CorrectionOptions(**correction)
-    policy = {"loss_mode": "bypass_mode", "rollout_correction": options}
-    return {"clip_ratio": 0.2, "clip_ratio_c": 3.0, "policy_loss": policy}
+    """The bypass loss's settings, as the resolver makes them."""
+    options = cs.CorrectionOptions(**correction)
+    return algos.PolicyLossSettings(
+        loss_mode="bypass_mode", clip_ratio=0.2, clip_ratio_c=3.0, rollout_correction=options
+    )
 
 
 def bypass_loss(config, current, rollout, adv):
@@ -393,13 +396,12 @@ def test_bypass_reinforce_weights_the_policy_gradient(level):
 
 def test_bypass_config_selects_the_bypass_loss():
     cfg = config(f"{RC}.bypass_mode=True", f"{RC}.rollout_is=sequence", f"{RC}.loss_type=reinforce")
-    arr = cfg.actor_rollout_ref
-    loss = ActorLoss.resolve(arr.actor, 1.0, "naive", cfg.algorithm.rollout_correction)
+    loss = ActorLoss.resolve(resolve_algorithm(cfg), 1.0, "naive")
     assert loss.policy_loss.loss_mode == "bypass_mode"
-    assert loss.policy_loss.rollout_correction == rc.CorrectionOptions(
+    assert loss.policy_loss.rollout_correction == cs.CorrectionOptions(
         rollout_is="sequence", loss_type="reinforce"
     )
-    plain = ActorLoss.resolve(arr.actor, 1.0, "naive", config().algorithm.rollout_correction)
+    plain = ActorLoss.resolve(resolve_algorithm(config()), 1.0, "naive")
     assert (plain.policy_loss.loss_mode, plain.policy_loss.rollout_correction) == ("vanilla", None)
 
 
@@ -456,9 +458,7 @@ def test_bypass_rejection_in_the_actor_keeps_the_mini_batch_normaliser():
         "actor_rollout_ref.actor.use_kl_loss=False",
         "actor_rollout_ref.actor.entropy_coeff=0",
     )
-    loss = ActorLoss.resolve(
-        cfg.actor_rollout_ref.actor, 1.0, "naive", cfg.algorithm.rollout_correction
-    )
+    loss = ActorLoss.resolve(resolve_algorithm(cfg), 1.0, "naive")
     mask = batch["response_mask"]
     log_ratio = current - batch["old_log_probs"]
     k1 = -log_ratio  # kept within [log 0.8, log 1.2]

@@ -3,7 +3,6 @@
 import math
 import statistics
 
-import ml_collections
 import numpy as np
 import pytest
 from reference import MASK, B, R, close, rand
@@ -186,7 +185,7 @@ def algorithm(**overrides):
         "rollout_is_veto_threshold": VETO,
         **overrides,
     }
-    return ml_collections.ConfigDict(values)
+    return algos.LegacyRolloutIS(**values)
 
 
 def test_config_entry_point_metrics_only_or_applied():

@@ -157,6 +157,7 @@ def test_each_loss_specification_compiles_its_own_update():
     from jrl.config import default_config
     from jrl.models import ModelConfig, init_random
     from jrl.parallel import make_mesh
+    from jrl.runspec.algorithm import resolve_algorithm
     from jrl.trainer.roles.actor import ActorLoss
     from jrl.trainer.update.learner import Learner, UpdatePlan
 
@@ -183,13 +184,13 @@ def test_each_loss_specification_compiles_its_own_update():
         "advantages": rng.standard_normal((4, 3)).astype(np.float32),
     }
     plan = UpdatePlan(grad_clip=1.0, mini_rows=4, micro_rows=2)
-    clip = ActorLoss.resolve(default_config().actor_rollout_ref.actor, 1.0, "naive")
+    clip = ActorLoss.resolve(resolve_algorithm(default_config()), 1.0, "naive")
     bonus = dataclasses.replace(clip, entropy_coeff=0.5)
     results = []
     for losses in (
         [clip, clip],
         [clip, bonus],
-        [clip, ActorLoss.resolve(default_config().actor_rollout_ref.actor, 1.0, "naive")],
+        [clip, ActorLoss.resolve(resolve_algorithm(default_config()), 1.0, "naive")],
     ):
         sgd = optax.inject_hyperparams(optax.sgd)(learning_rate=1.0)
         learner = Learner.create(init_random(config, seed=1), sgd, make_mesh(1))

@@ -21,6 +21,7 @@ from jrl.algos.aggregation import (
     reduce_loss_terms,
 )
 from jrl.algos.bypass_loss import compute_policy_loss_bypass_mode, policy_loss_terms_bypass_mode
+from jrl.algos.correction_settings import CorrectionOptions, LegacyRolloutIS, RolloutCorrection
 from jrl.algos.covariance_losses import (
     compute_policy_loss_clip_cov,
     compute_policy_loss_kl_cov,
@@ -59,6 +60,7 @@ from jrl.algos.policy_loss import (
     compute_policy_loss_vanilla,
     get_policy_loss_fn,
     get_policy_loss_terms_fn,
+    policy_loss_terms,
     policy_loss_terms_vanilla,
     register_policy_loss,
     register_policy_loss_terms,
@@ -69,6 +71,13 @@ from jrl.algos.sequence_losses import (
     compute_policy_loss_gspo,
     policy_loss_terms_geo_mean,
     policy_loss_terms_gspo,
+)
+from jrl.algos.settings import (
+    KLControl,
+    KLInReward,
+    KLLoss,
+    PolicyLossSettings,
+    VerlSection,
 )
 from jrl.algos.token_losses import (
     compute_policy_loss_cispo,
@@ -91,6 +100,14 @@ __all__ = [
     "POLICY_LOSS_TERMS",
     "LOSS_AGG_MODES",
     "AdaptiveKLController",
+    "CorrectionOptions",
+    "KLControl",
+    "KLInReward",
+    "KLLoss",
+    "LegacyRolloutIS",
+    "PolicyLossSettings",
+    "RolloutCorrection",
+    "VerlSection",
     "Estimator",
     "EstimatorOptions",
     "FixedKLController",
@@ -140,6 +157,7 @@ __all__ = [
     "masked_sum",
     "masked_var",
     "masked_whiten",
+    "policy_loss_terms",
     "policy_loss_terms_bypass_mode",
     "policy_loss_terms_cispo",
     "policy_loss_terms_clip_cov",

@@ -4,7 +4,7 @@ loss ``bypass_mode`` corrects for the rollout itself.
 
 With π_θ the policy being trained and π_r the rollout's (the old log-probs here), ℓ = logπ_θ -
 logπ_r (no gradient) gives the importance weights w and the rollout-correction metrics of
-`jrl.algos.rollout_correction` (section ``policy_loss.rollout_correction``), then by its
+`jrl.algos.rollout_correction` (the options ``PolicyLossSettings.rollout_correction``), then by its
 ``loss_type``:
 
 - ``ppo_clip``: the vanilla PPO loss with ratio π_θ / π_r; w is not applied (the ratio already
@@ -21,34 +21,33 @@ the mini-batch is split; entropy and KL terms and the metrics keep every respons
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
 from jrl.algos.aggregation import LossTerms
-from jrl.algos.options import config_option
+from jrl.algos.correction_settings import CorrectionOptions
 from jrl.algos.policy_loss import (
     policy_loss_terms_vanilla,
     register_policy_loss_terms,
     verl_policy_loss,
 )
 from jrl.algos.rollout_correction import METRIC_PREFIX, correction_arrays
+from jrl.algos.settings import PolicyLossSettings
 from jrl.algos.token_losses import policy_loss_terms_gpg
 
 BYPASS_LOSS_MODE = "bypass_mode"
 
 
-def bypass_correction(config: Any) -> Any:
-    """The ``policy_loss.rollout_correction`` options of the actor config `config`."""
-    section = config_option(config_option(config, "policy_loss"), "rollout_correction")
-    if section is None:
+def bypass_correction(config: PolicyLossSettings | None) -> CorrectionOptions:
+    """The ``algorithm.rollout_correction`` options that the bypass loss's settings carry."""
+    options = None if config is None else config.rollout_correction
+    if options is None:
         raise ValueError(
             "policy_loss.loss_mode='bypass_mode' needs the algorithm.rollout_correction "
-            "section as actor.policy_loss.rollout_correction (the trainer sets it when "
+            "options as PolicyLossSettings.rollout_correction (the resolver sets them when "
             "algorithm.rollout_correction.bypass_mode=True)"
         )
-    return section
+    return options
 
 
 @register_policy_loss_terms(BYPASS_LOSS_MODE)
@@ -57,7 +56,7 @@ def policy_loss_terms_bypass_mode(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
     """Per-token bypass-mode loss, `old_log_prob` being the rollout's log-probs (see the module
@@ -65,7 +64,7 @@ def policy_loss_terms_bypass_mode(
     section = bypass_correction(config)
     current = jax.lax.stop_gradient(log_prob)
     weights, kept, correction = correction_arrays(section, current, old_log_prob, response_mask)
-    loss_type = config_option(section, "loss_type", "ppo_clip")
+    loss_type = section.loss_type
     if loss_type == "ppo_clip":
         terms = policy_loss_terms_vanilla(old_log_prob, log_prob, advantages, response_mask, config)
     elif loss_type == "reinforce":  # GPG's plain policy gradient, with the bypass weights
@@ -83,7 +82,7 @@ def policy_loss_terms_bypass_mode(
         METRIC_PREFIX + name: jnp.broadcast_to(value.astype(jnp.float32), shape)
         for name, value in correction.items()
     }
-    rejects = config_option(section, "rollout_rs") is not None
+    rejects = section.rollout_rs is not None
     return terms._replace(
         metrics={**terms.metrics, **per_token}, loss_mask=kept if rejects else None
     )

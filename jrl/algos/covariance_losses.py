@@ -10,26 +10,19 @@ the per-token losses they return then aggregate exactly. ⌊N·ratio⌋ is taken
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
 from jrl.algos.aggregation import LossTerms
 from jrl.algos.numerics import masked_sum, safe_divide
-from jrl.algos.options import config_option
 from jrl.algos.policy_loss import (
     clip_bounds,
     register_policy_loss_terms,
     verl_policy_loss,
     weighted,
 )
+from jrl.algos.settings import PolicyLossSettings
 
-CLIP_COV_RATIO = 0.0002
-CLIP_COV_LB = 1.0
-CLIP_COV_UB = 5.0
-KL_COV_RATIO = 0.0002
-KL_COV_COEF = 1.0
 CLIP_COV_SEED = 0
 COUNT_NUDGE = 1e-6
 
@@ -51,11 +44,10 @@ def top_k_mask(scores: jax.Array, eligible: jax.Array, k: jax.Array) -> jax.Arra
     return eligible & (ranks.reshape(scores.shape) < k)
 
 
-def _policy_loss_option(config: Any, key: str, default: float) -> float:
-    value = float(config_option(config_option(config, "policy_loss"), key, default))
-    if key.endswith("ratio") and not value > 0:
-        raise ValueError(f"actor.policy_loss.{key} must be positive, got {value}")
-    return value
+def _positive_ratio(value: float, key: str) -> float:
+    if not float(value) > 0:
+        raise ValueError(f"actor.policy_loss.{key} must be positive, got {float(value)}")
+    return float(value)
 
 
 @register_policy_loss_terms("clip_cov")
@@ -64,7 +56,7 @@ def policy_loss_terms_clip_cov(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
     rng: jax.Array | None = None,
 ) -> LossTerms:
@@ -79,9 +71,8 @@ def policy_loss_terms_clip_cov(
     Metrics: pg_clipfrac (fraction of tokens with corr = 0), ppo_kl.
     """
     low, high = clip_bounds(config)
-    fraction = _policy_loss_option(config, "clip_cov_ratio", CLIP_COV_RATIO)
-    lower = _policy_loss_option(config, "clip_cov_lb", CLIP_COV_LB)
-    upper = _policy_loss_option(config, "clip_cov_ub", CLIP_COV_UB)
+    fraction = _positive_ratio(config.clip_cov_ratio, "clip_cov_ratio")
+    lower, upper = float(config.clip_cov_lb), float(config.clip_cov_ub)
     neg_kl = log_prob - old_log_prob
     ratio = jnp.exp(neg_kl)
     unclipped = -advantages * ratio
@@ -103,7 +94,7 @@ def policy_loss_terms_kl_cov(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
     """KL-Cov: unclipped policy gradient with a KL penalty on the highest-covariance tokens.
@@ -111,11 +102,12 @@ def policy_loss_terms_kl_cov(
     r = exp(logπ - logπ_old) (no clamp); loss = -A·r, plus ppo_kl_coef·|logπ - logπ_old| on the
     k = max(⌊N·kl_cov_ratio⌋, 1) valid tokens with the largest
     cov_t = (A - mean A)·(logπ - mean logπ) (means over the N valid tokens); × rollout_is_weights.
-    policy_loss.kl_cov_ratio defaults to 2e-4, policy_loss.ppo_kl_coef to 1 when null (the
-    configuration's default is 0.1). Metric: ppo_kl = |log ratio|.
+    policy_loss.kl_cov_ratio defaults to 2e-4, policy_loss.ppo_kl_coef to 1 when null or without
+    `config` (the configuration's default is 0.1). Metric: ppo_kl = |log ratio|.
     """
-    fraction = _policy_loss_option(config, "kl_cov_ratio", KL_COV_RATIO)
-    coef = _policy_loss_option(config, "ppo_kl_coef", KL_COV_COEF)
+    options = config or PolicyLossSettings()
+    fraction = _positive_ratio(options.kl_cov_ratio, "kl_cov_ratio")
+    coef = float(options.ppo_kl_coef)
     neg_kl = log_prob - old_log_prob
     abs_kl = jnp.abs(neg_kl)
     pg_losses = -advantages * jnp.exp(neg_kl)

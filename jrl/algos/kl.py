@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jrl.algos.numerics import masked_mean
+from jrl.algos.settings import KLControl
 
 K3_INPUT_CLAMP = 20.0
 K3_OUTPUT_CLAMP = 10.0
@@ -89,7 +88,7 @@ class AdaptiveKLController:
 KLController = FixedKLController | AdaptiveKLController
 
 
-def get_kl_controller(kl_ctrl_config: Any) -> KLController:
+def get_kl_controller(kl_ctrl_config: KLControl) -> KLController:
     """Controller from `algorithm.kl_ctrl` (type fixed|adaptive, kl_coef, target_kl, horizon)."""
     kind = kl_ctrl_config.type
     if kind == "fixed":

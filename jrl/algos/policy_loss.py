@@ -3,13 +3,12 @@
 Each loss exists in two forms sharing one implementation: a per-token form returning `LossTerms`
 (for exact accumulation over micro-batches, see `jrl.algos.aggregation`) and verl's single-batch
 form `(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-rollout_is_weights) -> (loss, metrics)`. `config` is the actor config section (attribute access;
-an ml_collections ConfigDict, a dataclass or a mapping).
+rollout_is_weights) -> (loss, metrics)`. jrl's losses take `config` as `PolicyLossSettings`
+(`jrl.algos.settings`); a loss a user registers gets verl's actor section (`policy_loss_terms`).
 """
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from typing import Any
 
@@ -17,8 +16,8 @@ import jax
 import jax.numpy as jnp
 
 from jrl.algos.aggregation import LossTerms, reduce_loss_terms
-from jrl.algos.options import config_option
 from jrl.algos.registry import Registry
+from jrl.algos.settings import PolicyLossSettings
 
 LOG_RATIO_CLAMP = 20.0
 
@@ -34,16 +33,15 @@ register_policy_loss_terms = POLICY_LOSS_TERMS.register
 get_policy_loss_terms_fn = POLICY_LOSS_TERMS.get
 
 
-def clip_bounds(config: Any) -> tuple[float, float]:
-    """(ε_low, ε_high) from the actor config; each falls back to `clip_ratio` when null."""
+def clip_bounds(config: PolicyLossSettings | None) -> tuple[float, float]:
+    """(ε_low, ε_high); each falls back to `clip_ratio` when null."""
     if config is None:
         raise ValueError(
-            "The policy loss needs the actor config (clip_ratio, clip_ratio_low, clip_ratio_high, "
-            "clip_ratio_c, policy_loss.*); pass config=<actor_rollout_ref.actor section>"
+            "The policy loss needs the actor config's loss options (clip_ratio, clip_ratio_low, "
+            "clip_ratio_high, clip_ratio_c, policy_loss.*); pass config=PolicyLossSettings(...)"
         )
-    clip_ratio = config_option(config, "clip_ratio")
-    low = config_option(config, "clip_ratio_low", clip_ratio)
-    high = config_option(config, "clip_ratio_high", clip_ratio)
+    low = config.clip_ratio if config.clip_ratio_low is None else config.clip_ratio_low
+    high = config.clip_ratio if config.clip_ratio_high is None else config.clip_ratio_high
     if low is None or high is None:
         raise ValueError(
             "actor.clip_ratio is null and actor.clip_ratio_low/clip_ratio_high are not both set; "
@@ -52,10 +50,10 @@ def clip_bounds(config: Any) -> tuple[float, float]:
     return float(low), float(high)
 
 
-def clip_ranges(config: Any) -> tuple[float, float, float]:
-    """(ε_low, ε_high, c) from the actor config; c (`clip_ratio_c`, default 3) must exceed 1."""
+def clip_ranges(config: PolicyLossSettings | None) -> tuple[float, float, float]:
+    """(ε_low, ε_high, c); c (`clip_ratio_c`) must exceed 1."""
     low, high = clip_bounds(config)
-    clip_ratio_c = config_option(config, "clip_ratio_c", 3.0)
+    clip_ratio_c = config.clip_ratio_c
     if not clip_ratio_c > 1.0:
         raise ValueError(
             f"actor.clip_ratio_c must be greater than 1 for dual-clip PPO, got {clip_ratio_c}"
@@ -77,9 +75,10 @@ def verl_policy_loss(name: str, terms_fn: PolicyLossTermsFn) -> PolicyLossFn:
     """verl's single-batch form of a per-token loss, registered under `name`.
 
     The result takes (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-    rollout_is_weights, **extra) and returns (loss, metrics): the loss aggregated with the loss's
-    own mode when it fixes one, else `loss_agg_mode` (and `config.loss_scale_factor`); each metric
-    the masked mean of its per-token matrix. `extra` goes to `terms_fn` (e.g. `rng`).
+    rollout_is_weights, **extra), `config` a `PolicyLossSettings`, and returns (loss, metrics):
+    the loss aggregated with the loss's own mode when it fixes one, else `loss_agg_mode` (and
+    `config.loss_scale_factor`); each metric the masked mean of its per-token matrix. `extra`
+    goes to `terms_fn` (e.g. `rng`).
     """
 
     def loss_fn(
@@ -88,14 +87,14 @@ def verl_policy_loss(name: str, terms_fn: PolicyLossTermsFn) -> PolicyLossFn:
         advantages: jax.Array,
         response_mask: jax.Array,
         loss_agg_mode: str = "token-mean",
-        config: Any = None,
+        config: PolicyLossSettings | None = None,
         rollout_is_weights: jax.Array | None = None,
         **extra: Any,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
         terms = terms_fn(
             old_log_prob, log_prob, advantages, response_mask, config, rollout_is_weights, **extra
         )
-        factor = config_option(config, "loss_scale_factor")
+        factor = None if config is None else config.loss_scale_factor
         return reduce_loss_terms(terms, response_mask, loss_agg_mode, factor)
 
     loss_fn.__name__ = loss_fn.__qualname__ = f"compute_policy_loss_{name}"
@@ -111,7 +110,7 @@ def policy_loss_terms_vanilla(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
     """Per-token PPO clipped loss with dual clip for negative advantages.
@@ -157,7 +156,7 @@ def compute_policy_loss(
 
     Returns (pg_loss, pg_clipfrac, ppo_kl, pg_clipfrac_lower).
     """
-    config = types.SimpleNamespace(
+    config = PolicyLossSettings(
         clip_ratio=cliprange,
         clip_ratio_low=cliprange_low,
         clip_ratio_high=cliprange_high,
@@ -171,4 +170,26 @@ def compute_policy_loss(
         metrics["actor/pg_clipfrac"],
         metrics["actor/ppo_kl"],
         metrics["actor/pg_clipfrac_lower"],
+    )
+
+
+def policy_loss_terms(
+    settings: PolicyLossSettings,
+    old_log_prob: jax.Array,
+    log_prob: jax.Array,
+    advantages: jax.Array,
+    response_mask: jax.Array,
+    rollout_is_weights: jax.Array | None = None,
+) -> LossTerms:
+    """The per-token terms of `settings.loss_mode`: jrl's losses take `settings` as `config`, a
+    loss a user registers verl's (`settings.verl_config`, the actor section read-only)."""
+    terms_fn = get_policy_loss_terms_fn(settings.loss_mode)
+    config = settings if settings.verl_config is None else settings.verl_config
+    return terms_fn(
+        old_log_prob,
+        log_prob,
+        advantages,
+        response_mask,
+        config,
+        rollout_is_weights=rollout_is_weights,
     )

@@ -21,144 +21,23 @@ and `rollout_rs_{masked,seq_masked}_fraction` (rejection) and the off-policy dia
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 
-from jrl.algos.numerics import MEAN_EPS, masked_mean, masked_sum
-from jrl.algos.options import config_option
-
-IS_LEVELS = ("token", "sequence")
-RS_OPTIONS = (
-    "token_k1",
-    "token_k2",
-    "token_k3",
-    "seq_sum_k1",
-    "seq_sum_k2",
-    "seq_sum_k3",
-    "seq_mean_k1",
-    "seq_mean_k2",
-    "seq_mean_k3",
-    "seq_max_k2",
-    "seq_max_k3",
+from jrl.algos.correction_settings import (
+    IS_LEVELS,
+    Bounds,
+    CorrectionOptions,
+    rs_options,
+    rs_thresholds,
 )
-LOSS_TYPES = ("ppo_clip", "reinforce")
+from jrl.algos.numerics import MEAN_EPS, masked_mean, masked_sum
+
 SAFETY_BOUND = 20.0
 METRIC_PREFIX = "rollout_corr/"
-_GEO = "0.999_1.001"
-_BYPASS_PG = {"bypass_mode": True, "loss_type": "reinforce"}
-# verl's RolloutCorrectionConfig factory methods, as `algorithm.rollout_correction` values.
-PRESETS: dict[str, dict[str, Any]] = {
-    "decoupled_token_is": {"rollout_is": "token"},
-    "decoupled_seq_is": {"rollout_is": "sequence"},
-    "decoupled_seq_is_rs": {
-        "rollout_is": "sequence",
-        "rollout_rs": "seq_sum_k1",
-        "rollout_rs_threshold": "0.5_2.0",
-    },
-    "decoupled_geo_rs": {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": _GEO},
-    "decoupled_geo_rs_seq_tis": {
-        "rollout_is": "sequence",
-        "rollout_rs": "seq_mean_k1",
-        "rollout_rs_threshold": _GEO,
-    },
-    "decoupled_geo_rs_token_tis": {
-        "rollout_is": "token",
-        "rollout_rs": "seq_mean_k1",
-        "rollout_rs_threshold": _GEO,
-    },
-    "decoupled_k3_rs": {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01},
-    "decoupled_k3_rs_seq_tis": {
-        "rollout_is": "sequence",
-        "rollout_rs": "seq_mean_k3",
-        "rollout_rs_threshold": 0.01,
-    },
-    "decoupled_k3_rs_token_tis": {
-        "rollout_is": "token",
-        "rollout_rs": "seq_mean_k3",
-        "rollout_rs_threshold": 0.01,
-    },
-    "bypass_ppo_clip": {"bypass_mode": True},
-    "bypass_ppo_clip_geo_rs": {
-        "rollout_rs": "seq_mean_k1",
-        "rollout_rs_threshold": _GEO,
-        "bypass_mode": True,
-    },
-    "bypass_ppo_clip_k3_rs": {
-        "rollout_rs": "seq_mean_k3",
-        "rollout_rs_threshold": 0.01,
-        "bypass_mode": True,
-    },
-    "bypass_pg_is": {"rollout_is": "sequence", **_BYPASS_PG},
-    "bypass_pg_geo_rs": {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": _GEO, **_BYPASS_PG},
-    "bypass_pg_geo_rs_seq_tis": {
-        "rollout_is": "sequence",
-        "rollout_rs": "seq_mean_k1",
-        "rollout_rs_threshold": _GEO,
-        **_BYPASS_PG,
-    },
-    "bypass_pg_geo_rs_token_tis": {
-        "rollout_is": "token",
-        "rollout_rs": "seq_mean_k1",
-        "rollout_rs_threshold": _GEO,
-        **_BYPASS_PG,
-    },
-    "disabled": {},
-}
-
-Bounds = tuple[float | None, float]
-
-
-def rs_options(rollout_rs: str) -> tuple[str, ...]:
-    """The criteria of a comma-separated `rollout_rs`, duplicates dropped, in order."""
-    options = tuple(dict.fromkeys(part.strip() for part in str(rollout_rs).split(",")))
-    options = tuple(option for option in options if option)
-    unknown = [option for option in options if option not in RS_OPTIONS]
-    if not options or unknown:
-        raise ValueError(
-            f"algorithm.rollout_correction.rollout_rs={rollout_rs!r}: unknown criteria "
-            f"{unknown}; use a comma-separated list of {', '.join(RS_OPTIONS)}"
-        )
-    return options
-
-
-def rs_thresholds(options: tuple[str, ...], spec: str | float | None) -> tuple[Bounds, ...]:
-    """(lower, upper) per criterion from `rollout_rs_threshold`: one entry shared by all or one per
-    criterion (comma-separated); k1 takes "lo_hi" or hi (lo = 1/hi), k2/k3 a single hi. No
-    criteria: no bounds."""
-    if not options:
-        return ()
-    key = "algorithm.rollout_correction.rollout_rs_threshold"
-    if spec is None:
-        raise ValueError(f"{key} is required with rollout_rs (e.g. 2.0, or '0.5_2.0' for k1)")
-    parts = [part.strip() for part in str(spec).split(",") if part.strip()]
-    if len(parts) not in (1, len(options)):
-        raise ValueError(
-            f"{key}={spec!r}: give one threshold for all or {len(options)} (one per rollout_rs "
-            "criterion)"
-        )
-    if len(parts) == 1:
-        parts = parts * len(options)
-    return tuple(_bounds(option, part, key) for option, part in zip(options, parts, strict=True))
-
-
-def _bounds(option: str, spec: str, key: str) -> Bounds:
-    k1 = option.endswith("k1")
-    if "_" in spec and not k1:
-        raise ValueError(f"{key}: {option} takes one upper bound, not {spec!r}")
-    try:
-        values = [float(value) for value in spec.split("_", 1)]
-    except ValueError:
-        raise ValueError(f"{key}: {spec!r} for {option} is not a number") from None
-    if not all(value > 0 for value in values):
-        raise ValueError(f"{key}: the bounds of {option} must be positive, got {spec!r}")
-    if not k1:
-        return None, values[0]
-    return (values[0], values[1]) if len(values) == 2 else (1.0 / values[0], values[0])
 
 
 def compute_rollout_correction(
@@ -203,65 +82,41 @@ def compute_rollout_correction(
     return weights, mask, {METRIC_PREFIX + key: float(value) for key, value in metrics.items()}
 
 
-@dataclasses.dataclass(frozen=True)
-class CorrectionOptions:
-    """An `algorithm.rollout_correction` section as a hashable value (verl hands it to the
-    bypass-mode loss as ``policy_loss.rollout_correction``)."""
-
-    rollout_is: str | None = None
-    rollout_is_threshold: float | None = 2.0
-    rollout_is_batch_normalize: bool = False
-    rollout_rs: str | None = None
-    rollout_rs_threshold: str | float | None = None
-    loss_type: str = "ppo_clip"
-
-    @classmethod
-    def from_section(cls, section: Any) -> CorrectionOptions:
-        """The options of a config section (absent or null keys take verl's defaults)."""
-        defaults = cls()
-        return cls(
-            **{
-                f.name: config_option(section, f.name, getattr(defaults, f.name))
-                for f in dataclasses.fields(cls)
-            }
-        )
-
-
 def correction_arrays(
-    options: Any, old_log_prob: jax.Array, rollout_log_prob: jax.Array, response_mask: jax.Array
+    options: CorrectionOptions,
+    old_log_prob: jax.Array,
+    rollout_log_prob: jax.Array,
+    response_mask: jax.Array,
 ) -> tuple[jax.Array | None, jax.Array, dict[str, jax.Array]]:
-    """`compute_rollout_correction` of `options` (a section or `CorrectionOptions`) without its
-    host-side checks, so that it traces inside a loss: (weights or None, mask after rejection,
-    metrics as arrays, unprefixed)."""
-    level, threshold = (config_option(options, k) for k in ("rollout_is", "rollout_is_threshold"))
-    level = level if threshold is not None else None
-    rollout_rs = config_option(options, "rollout_rs")
-    criteria = rs_options(rollout_rs) if rollout_rs is not None else ()
-    bounds = rs_thresholds(criteria, config_option(options, "rollout_rs_threshold"))
+    """`compute_rollout_correction` of `options` without its host-side checks, so that it traces
+    inside a loss: (weights or None, mask after rejection, metrics as arrays, unprefixed)."""
+    threshold = options.rollout_is_threshold
+    level = options.rollout_is if threshold is not None else None
+    criteria = rs_options(options.rollout_rs) if options.rollout_rs is not None else ()
+    bounds = rs_thresholds(criteria, options.rollout_rs_threshold)
     return _correction(
         old_log_prob,
         rollout_log_prob,
         response_mask,
         float(threshold or 1.0),
         level=level,
-        batch_normalize=bool(config_option(options, "rollout_is_batch_normalize", False)),
+        batch_normalize=bool(options.rollout_is_batch_normalize),
         criteria=tuple(zip(criteria, bounds, strict=True)),
     )
 
 
 def rollout_correction_step(
-    section: Any,
+    options: CorrectionOptions,
     old_log_prob: jax.Array,
     rollout_log_prob: jax.Array | None,
     response_mask: jax.Array,
 ) -> tuple[jax.Array | None, jax.Array, dict[str, float]]:
-    """`compute_rollout_correction` from an `algorithm.rollout_correction` section.
+    """`compute_rollout_correction` with the run's ``algorithm.rollout_correction`` options.
 
     Without rollout log-probs: an error when IS or RS is asked for, else nothing (verl skips).
     """
-    rollout_is, rollout_rs = (config_option(section, key) for key in ("rollout_is", "rollout_rs"))
     if rollout_log_prob is None:
-        if rollout_is is not None or rollout_rs is not None:
+        if options.rollout_is is not None or options.rollout_rs is not None:
             raise ValueError(
                 "algorithm.rollout_correction needs rollout_log_probs in the batch; set "
                 "actor_rollout_ref.rollout.calculate_log_probs=True"
@@ -271,11 +126,11 @@ def rollout_correction_step(
         old_log_prob,
         rollout_log_prob,
         response_mask,
-        rollout_is=rollout_is,
-        rollout_is_threshold=config_option(section, "rollout_is_threshold"),
-        rollout_is_batch_normalize=config_option(section, "rollout_is_batch_normalize", False),
-        rollout_rs=rollout_rs,
-        rollout_rs_threshold=config_option(section, "rollout_rs_threshold"),
+        rollout_is=options.rollout_is,
+        rollout_is_threshold=options.rollout_is_threshold,
+        rollout_is_batch_normalize=options.rollout_is_batch_normalize,
+        rollout_rs=options.rollout_rs,
+        rollout_rs_threshold=options.rollout_rs_threshold,
     )
 
 

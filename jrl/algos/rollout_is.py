@@ -12,25 +12,22 @@ are finally multiplied by the original mask and carry no gradient.
 This is the verl v0.6 spelling mapped onto `jrl.algos.rollout_correction` (current verl's
 `algorithm.rollout_correction`): the log-weights, the weight statistics and the off-policy metrics
 are that module's; the geometric level, mask mode, veto, percentiles and the `mismatch/` names are
-v0.6's. The actor-level copies (`actor_rollout_ref.actor.rollout_is*`) are merged into these keys by
-`jrl.runspec.rollout_correction_checks.legacy_rollout_is`.
+v0.6's. The resolver merges the actor-level copies (`actor_rollout_ref.actor.rollout_is*`) into
+these keys (`jrl.algos.correction_settings.LegacyRolloutIS`).
 """
 
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jrl.algos import rollout_correction as rc
+from jrl.algos.correction_settings import ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES, LegacyRolloutIS
 from jrl.algos.numerics import masked_mean, masked_sum
-from jrl.algos.options import config_option
 
-ROLLOUT_IS_LEVELS = ("token", "sequence", "geometric")
-ROLLOUT_IS_MODES = ("truncate", "mask")
 SAFETY_BOUND = rc.SAFETY_BOUND
 PERCENTILES = (25, 50, 75, 95, 99)
 METRIC_PREFIX = "mismatch/"
@@ -92,21 +89,20 @@ def compute_rollout_importance_weights(
 
 
 def rollout_importance_sampling(
-    algorithm: Any,
+    settings: LegacyRolloutIS,
     old_log_prob: jax.Array,
     rollout_log_prob: jax.Array | None,
     response_mask: jax.Array,
 ) -> tuple[jax.Array | None, jax.Array, dict[str, float]]:
-    """The trainer's step from the `algorithm` config section: (weights or None, mask, metrics).
+    """The trainer's step with the run's v0.6 settings: (weights or None, mask, metrics).
 
-    Off (None, mask, {}) while `algorithm.rollout_is_threshold` is null. Otherwise the rejection
-    (mask mode, veto) always applies to the returned mask and the metrics are always computed, but
-    the weights are returned only when `algorithm.rollout_is` is true (false = metrics only).
+    Off (None, mask, {}) while `rollout_is_threshold` is null. Otherwise the rejection (mask mode,
+    veto) always applies to the returned mask and the metrics are always computed, but the
+    weights are returned only when `rollout_is` is true (false = metrics only).
     """
-    threshold = config_option(algorithm, "rollout_is_threshold")
-    apply_weights = bool(config_option(algorithm, "rollout_is", False))
+    threshold = settings.rollout_is_threshold
     if threshold is None:
-        if apply_weights:
+        if settings.rollout_is:
             raise ValueError(
                 "algorithm.rollout_is=True needs algorithm.rollout_is_threshold (e.g. 2.0)"
             )
@@ -120,13 +116,13 @@ def rollout_importance_sampling(
         old_log_prob,
         rollout_log_prob,
         response_mask,
-        rollout_is_level=config_option(algorithm, "rollout_is_level", "token"),
-        rollout_is_mode=config_option(algorithm, "rollout_is_mode", "truncate"),
+        rollout_is_level=settings.rollout_is_level,
+        rollout_is_mode=settings.rollout_is_mode,
         rollout_is_threshold=threshold,
-        rollout_is_threshold_lower=config_option(algorithm, "rollout_is_threshold_lower"),
-        rollout_is_veto_threshold=config_option(algorithm, "rollout_is_veto_threshold"),
+        rollout_is_threshold_lower=settings.rollout_is_threshold_lower,
+        rollout_is_veto_threshold=settings.rollout_is_veto_threshold,
     )
-    return (weights if apply_weights else None), mask, metrics
+    return (weights if settings.rollout_is else None), mask, metrics
 
 
 def _check_choice(value: str, choices: tuple[str, ...], key: str) -> None:

@@ -9,8 +9,6 @@ seq-mean-token-sum, so the aggregated loss is the mean of the row losses over no
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
@@ -22,6 +20,7 @@ from jrl.algos.policy_loss import (
     verl_policy_loss,
     weighted,
 )
+from jrl.algos.settings import PolicyLossSettings
 
 GSPO_LOG_RATIO_MAX = 10.0
 IS_WEIGHT_EPS = 1e-10
@@ -33,7 +32,7 @@ def policy_loss_terms_gspo(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
     """GSPO: PPO clipping on a sequence-level ratio with per-token gradients.
@@ -68,7 +67,7 @@ def policy_loss_terms_geo_mean(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
     """GMPO: a geometric-mean ratio per row, clipped token-wise in log space (no ±20 clamp).

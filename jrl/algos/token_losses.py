@@ -7,13 +7,10 @@ accumulation. SAPO fixes its aggregation to seq-mean-token-mean; GPG and CISPO u
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import jax.numpy as jnp
 
 from jrl.algos.aggregation import SEQ_MEAN_TOKEN_MEAN, LossTerms
-from jrl.algos.options import config_option
 from jrl.algos.policy_loss import (
     clip_bounds,
     log_ratio,
@@ -21,9 +18,7 @@ from jrl.algos.policy_loss import (
     verl_policy_loss,
     weighted,
 )
-
-SAPO_TAU_POS = 1.0
-SAPO_TAU_NEG = 1.05
+from jrl.algos.settings import PolicyLossSettings
 
 
 @register_policy_loss_terms("sapo")
@@ -32,18 +27,18 @@ def policy_loss_terms_sapo(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
     """SAPO: a smooth sigmoid gate instead of a hard clip.
 
     r = exp(clamp(logπ - logπ_old, ±20)); τ = actor.tau_pos (1.0) where A > 0 else actor.tau_neg
-    (1.05); loss = -sigmoid(τ·(r - 1))·(4/τ)·A × rollout_is_weights; aggregated
-    seq-mean-token-mean whatever `loss_agg_mode` says. Metrics: ppo_kl; pg_clipfrac and
-    pg_clipfrac_lower are always 0.
+    (1.05; those defaults without `config`); loss = -sigmoid(τ·(r - 1))·(4/τ)·A ×
+    rollout_is_weights; aggregated seq-mean-token-mean whatever `loss_agg_mode` says. Metrics:
+    ppo_kl; pg_clipfrac and pg_clipfrac_lower are always 0.
     """
-    tau_pos = float(config_option(config, "tau_pos", SAPO_TAU_POS))
-    tau_neg = float(config_option(config, "tau_neg", SAPO_TAU_NEG))
+    options = config or PolicyLossSettings()
+    tau_pos, tau_neg = float(options.tau_pos), float(options.tau_neg)
     log_r = log_ratio(log_prob, old_log_prob)
     tau = jnp.where(advantages > 0, tau_pos, tau_neg)
     gate = jax.nn.sigmoid(tau * (jnp.exp(log_r) - 1.0)) * (4.0 / tau)
@@ -59,7 +54,7 @@ def policy_loss_terms_gpg(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
     """GPG: plain policy gradient, loss = -logπ·A × rollout_is_weights (no ratio); no metrics."""
@@ -72,7 +67,7 @@ def policy_loss_terms_cispo(
     log_prob: jax.Array,
     advantages: jax.Array,
     response_mask: jax.Array,
-    config: Any = None,
+    config: PolicyLossSettings | None = None,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
     """CISPO: REINFORCE weighted by a clipped, stop-gradient ratio.

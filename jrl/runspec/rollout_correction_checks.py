@@ -11,6 +11,14 @@ from collections.abc import Iterator, Mapping
 from functools import cache
 from typing import Any
 
+from jrl.algos.correction_settings import (
+    IS_LEVELS,
+    LOSS_TYPES,
+    ROLLOUT_IS_LEVELS,
+    ROLLOUT_IS_MODES,
+    rs_options,
+    rs_thresholds,
+)
 from jrl.config.defaults import default_config
 
 LEGACY_KEYS = (
@@ -87,8 +95,6 @@ def _not_one_of(key: str, value: Any, allowed: tuple[str, ...]) -> str:
 def _legacy_problems(
     values: dict[str, Any], names: dict[str, str], log_probs: bool
 ) -> Iterator[str]:
-    from jrl.algos.rollout_is import ROLLOUT_IS_LEVELS, ROLLOUT_IS_MODES  # jax, so only when run
-
     for key, allowed in (
         ("rollout_is_level", ROLLOUT_IS_LEVELS),
         ("rollout_is_mode", ROLLOUT_IS_MODES),
@@ -114,19 +120,17 @@ def _legacy_problems(
 def _current_problems(
     section: Mapping[str, Any], changed: list[str], log_probs: bool
 ) -> Iterator[str]:
-    from jrl.algos import rollout_correction as rc
-
     level, threshold = section["rollout_is"], section["rollout_is_threshold"]
-    if level is not None and level not in rc.IS_LEVELS:
-        yield _not_one_of(f"{RC}.rollout_is", level, (*rc.IS_LEVELS, "null"))
+    if level is not None and level not in IS_LEVELS:
+        yield _not_one_of(f"{RC}.rollout_is", level, (*IS_LEVELS, "null"))
     if level is not None and not (threshold is not None and threshold > 0):
         yield f"{RC}.rollout_is={level!r} needs a positive {RC}.rollout_is_threshold (e.g. 2.0)"
     for key in ("rollout_is_threshold", "rollout_is_batch_normalize"):
         if level is None and key in changed:
             yield f"{RC}.{key} has no effect without {RC}.rollout_is (token or sequence)"
     yield from _rejection_problems(section)
-    if section["loss_type"] not in rc.LOSS_TYPES:
-        yield _not_one_of(f"{RC}.loss_type", section["loss_type"], rc.LOSS_TYPES)
+    if section["loss_type"] not in LOSS_TYPES:
+        yield _not_one_of(f"{RC}.loss_type", section["loss_type"], LOSS_TYPES)
     elif "loss_type" in changed and not section["bypass_mode"]:
         yield f"{RC}.loss_type only applies with {RC}.bypass_mode=True; reset it to ppo_clip"
     if (level is not None or section["rollout_rs"] is not None) and not log_probs:
@@ -153,14 +157,12 @@ def _bypass_problems(
 
 
 def _rejection_problems(section: Mapping[str, Any]) -> Iterator[str]:
-    from jrl.algos import rollout_correction as rc
-
     criteria, threshold = section["rollout_rs"], section["rollout_rs_threshold"]
     if criteria is None:
         if threshold is not None:
             yield f"{RC}.rollout_rs_threshold has no effect without {RC}.rollout_rs"
         return
     try:
-        rc.rs_thresholds(rc.rs_options(criteria), threshold)
+        rs_thresholds(rs_options(criteria), threshold)
     except ValueError as error:
         yield str(error)

@@ -1,8 +1,8 @@
 """`RunSpec`: the one frozen tree a run is built from, resolved once from verl's keys.
 
 `resolve_run(config)` reads the checked ConfigDict through a `KeyReads` view and returns the
-parts resolved so far (mesh, cadence, checkpoints, logging, reward, the run's shape) with
-`reads`, every key it read; `resolve_sft_run` does the same for SFT's tree. Hot paths read the
+parts resolved so far (mesh, algorithm, cadence, checkpoints, logging, reward, the run's shape)
+with `reads`, every key it read; `resolve_sft_run` does the same for SFT's tree. Hot paths read the
 spec, never the config tree.
 """
 
@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from ml_collections import ConfigDict
 
 from jrl.reward.settings import RewardSettings
+from jrl.runspec.algorithm import AlgorithmSpec, resolve_algorithm
 from jrl.runspec.reads import KeyReads
 from jrl.runspec.reward import reward_settings
 from jrl.runspec.run import (
@@ -32,12 +33,14 @@ from jrl.runspec.shape import uses_critic, uses_reference
 
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
-    """A PPO-family run: its mesh, cadence, checkpoints, loggers and rewards; whether it trains a
-    critic (`trains_critic`: ``critic.enable``, or gae's) and needs a reference policy
-    (`has_reference`: a KL loss or KL in the reward); `key_fields`: each key resolved -> the
-    fields it became."""
+    """A PPO-family run: its mesh, algorithm (estimator, KL, the actor's objective, rollout
+    correction), cadence, checkpoints, loggers and rewards; whether it trains a critic
+    (`trains_critic`: ``critic.enable``, or the estimator's need of values) and needs a
+    reference policy (`has_reference`: a KL loss or KL in the reward); `key_fields`: each key
+    resolved -> the fields it became."""
 
     mesh: MeshSpec
+    algorithm: AlgorithmSpec
     cadence: CadenceSpec
     checkpoint: CheckpointSpec
     logging: LoggingSpec
@@ -58,6 +61,7 @@ def resolve_run(config: ConfigDict) -> RunSpec:
     trains_critic = view.resolve("trains_critic", uses_critic, view)
     return RunSpec(
         mesh=view.resolve("mesh", mesh_spec, view),
+        algorithm=resolve_algorithm(view),
         cadence=view.resolve("cadence", cadence_spec, view.trainer),
         checkpoint=view.resolve("checkpoint", ppo_checkpoint_spec, view, trains_critic),
         logging=view.resolve("logging", logging_spec, view),

@@ -1,24 +1,23 @@
 """The advantage phase of a PPO step: in-reward KL, the advantage estimator and rollout
-correction, from the batch's scores, log-probs and values (`jrl.algos`)."""
+correction, from the batch's scores, log-probs and values (`jrl.algos`), as the run's
+`AlgorithmSpec` says."""
 
 from __future__ import annotations
-
-from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from jrl import algos
+from jrl.algos.kl import KLController
 from jrl.algos.rollout_correction import rollout_correction_step
 from jrl.batch import Batch
-from jrl.runspec.rollout_correction_checks import legacy_rollout_is
+from jrl.runspec.algorithm import AlgorithmSpec
 
 
 def compute_advantage(
-    batch: Batch, algorithm: Mapping[str, Any], kl_ctrl: Any = None
+    batch: Batch, algorithm: AlgorithmSpec, kl_ctrl: KLController | None = None
 ) -> tuple[Batch, dict[str, float]]:
-    """In-reward KL with `kl_ctrl` (or a copy of the scores), then the estimator of the
-    ``algorithm`` section: adds ``token_level_rewards``, ``advantages`` and ``returns``."""
+    """In-reward KL with `kl_ctrl` (or a copy of the scores), then the run's estimator: adds
+    ``token_level_rewards``, ``advantages`` and ``returns``."""
     t = batch.tensors
     metrics: dict[str, float] = {}
     if kl_ctrl is not None:
@@ -28,21 +27,19 @@ def compute_advantage(
             t["ref_log_prob"],
             t["response_mask"],
             kl_ctrl,
-            kl_penalty=algorithm["kl_penalty"],
+            kl_penalty=algorithm.kl_in_reward.kl_penalty,
         )
     else:
         rewards = t["token_level_scores"]
     advantages, returns = algos.compute_advantage(
-        algorithm["adv_estimator"],
+        algorithm.estimator.name,
         token_level_rewards=rewards,
         response_mask=t["response_mask"],
-        config=algorithm,
+        options=algorithm.estimator_options,
+        config=algorithm.estimator_config,
         index=batch.meta["uid"],
         values=t.get("values"),
         reward_baselines=t.get("reward_baselines"),
-        gamma=algorithm["gamma"],
-        lam=algorithm["lam"],
-        norm_adv_by_std_in_grpo=algorithm["norm_adv_by_std_in_grpo"],
     )
     new = {
         "token_level_rewards": np.asarray(rewards),
@@ -53,22 +50,20 @@ def compute_advantage(
 
 
 def rollout_correction(
-    batch: Batch, algorithm: Mapping[str, Any], actor: Mapping[str, Any] | None = None
+    batch: Batch, correction: algos.RolloutCorrection
 ) -> tuple[Batch, dict[str, float]]:
-    """Rollout correction from whichever spelling the config uses (`actor`: the actor section,
-    whose ``rollout_is*`` keys stand in for unset ``algorithm.rollout_is*`` ones).
+    """Rollout correction in the spelling the config uses.
 
-    verl v0.6 (``algorithm.rollout_is*``): `mismatch/` metrics and, with ``rollout_is``, weights
+    verl v0.6 (`correction.legacy`): `mismatch/` metrics and, with ``rollout_is``, weights
     zeroed where mask mode or the veto reject; response_mask is unchanged. Current verl
-    (``algorithm.rollout_correction``): `rollout_corr/` metrics whenever the batch has
-    rollout log-probs, weights with ``rollout_is``, and rejection removes tokens from
-    response_mask (run it before the advantage estimator, as verl does)."""
+    (``algorithm.rollout_correction``): `rollout_corr/` metrics whenever the batch has rollout
+    log-probs, weights with ``rollout_is``, and rejection removes tokens from response_mask (run
+    it before the advantage estimator, as verl does)."""
     t = batch.tensors
-    legacy = legacy_rollout_is(algorithm, actor)
-    if legacy["rollout_is_threshold"] is None and not legacy["rollout_is"]:
-        return _current_correction(batch, algorithm["rollout_correction"])
+    if correction.legacy is None:
+        return _current_correction(batch, correction.current)
     weights, kept, metrics = algos.rollout_importance_sampling(
-        legacy, t["old_log_probs"], t.get("rollout_log_probs"), t["response_mask"]
+        correction.legacy, t["old_log_probs"], t.get("rollout_log_probs"), t["response_mask"]
     )
     if weights is None:
         return batch, metrics
@@ -76,10 +71,12 @@ def rollout_correction(
     return batch.union(Batch({"rollout_is_weights": weights})), metrics
 
 
-def _current_correction(batch: Batch, section: Mapping[str, Any]) -> tuple[Batch, dict[str, float]]:
+def _current_correction(
+    batch: Batch, options: algos.CorrectionOptions
+) -> tuple[Batch, dict[str, float]]:
     t = batch.tensors
     weights, mask, metrics = rollout_correction_step(
-        section, t["old_log_probs"], t.get("rollout_log_probs"), t["response_mask"]
+        options, t["old_log_probs"], t.get("rollout_log_probs"), t["response_mask"]
     )
     new = {"response_mask": np.asarray(mask)}
     if weights is not None:

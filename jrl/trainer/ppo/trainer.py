@@ -20,7 +20,7 @@ import numpy as np
 
 from jrl import algos
 from jrl.batch import Batch
-from jrl.config import frozen, to_yaml
+from jrl.config import to_yaml
 from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import load_tokenizer
@@ -61,13 +61,12 @@ from jrl.trainer.update.balance import balance_batch
 
 @dataclasses.dataclass(frozen=True)
 class PPOSpec:
-    """The step's settings, resolved once from the config: the seed of every sampling key, the
-    ``algorithm`` section (read-only, for `jrl.algos`), batch balancing, ``critic_warmup``, the
-    aggregation of ``actor/entropy``, validation options, the folders of the generation dumps,
-    the device count and the epochs."""
+    """The step's settings, resolved once from the config: the seed of every sampling key, batch
+    balancing, ``critic_warmup``, the aggregation of ``actor/entropy``, validation options, the
+    folders of the generation dumps, the device count and the epochs (the algorithm is the
+    RunSpec's)."""
 
     seed: int
-    algorithm: Mapping[str, Any]
     balance_batch: bool
     critic_warmup: int
     entropy_agg_mode: str
@@ -84,7 +83,6 @@ class PPOSpec:
         data, trainer = config.data, config.trainer
         return cls(
             seed=int(data.seed if data.seed is not None else 0),
-            algorithm=frozen(config.algorithm),
             balance_batch=bool(trainer.balance_batch),
             critic_warmup=int(trainer.critic_warmup),
             entropy_agg_mode=config.actor_rollout_ref.actor.loss_agg_mode,
@@ -162,11 +160,8 @@ class PPOTrainer:
         self.reward_model = RewardModel(config, self.mesh) if config.reward_model.enable else None
         self.reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=1)
-        self.kl_ctrl = (
-            algos.get_kl_controller(config.algorithm.kl_ctrl)
-            if config.algorithm.use_kl_in_reward
-            else None
-        )
+        in_reward = run.algorithm.kl_in_reward
+        self.kl_ctrl = None if in_reward is None else algos.get_kl_controller(in_reward.kl_ctrl)
         self.rng = jax.random.key(spec.seed)
         self.val_generations: list[dict[str, Any]] = []
         self.checkpoints = CheckpointManager(
@@ -187,7 +182,7 @@ class PPOTrainer:
     ) -> tuple[Batch, dict[str, float]]:
         """Generate, score, and add old/ref log-probs, values and advantages (steps 1-8 of
         verl); returns the batch and its metrics, timing each phase into `timing`."""
-        spec = self.spec
+        spec, algorithm = self.spec, self.run.algorithm
         metrics: dict[str, float] = {}
         prompts = gather_batch(prompts)
         uids = np.array([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
@@ -195,7 +190,7 @@ class PPOTrainer:
         with timer("gen", timing):
             batch = host_batch(self.generate(prompts, step))
         metrics.update(self.rollout.stats)
-        if algos.get_adv_estimator(spec.algorithm["adv_estimator"]).needs_greedy_baseline:
+        if algorithm.estimator.needs_greedy_baseline:
             with timer("gen_max", timing):
                 baselines = self.greedy_baselines(prompts)
                 batch = batch.union(Batch({"reward_baselines": baselines}))
@@ -211,7 +206,7 @@ class PPOTrainer:
         if spec.rollout_data_dir:
             with timer("dump_rollout_generations", timing):
                 self.dump_rollout(batch, reward["reward_extra_info"], step)
-        bypass = bool(spec.algorithm["rollout_correction"]["bypass_mode"])
+        bypass = algorithm.rollout_correction.bypass_mode
         if bypass:  # the rollout's log-probs are the old ones; the actor's loss corrects
             batch = batch.union(Batch({"old_log_probs": batch.tensors["rollout_log_probs"]}))
         else:
@@ -226,10 +221,9 @@ class PPOTrainer:
                 batch = batch.union(Batch({"values": self.critic.compute_values(batch)}))
         with timer("adv", timing):
             if not bypass:
-                actor_config = self.config.actor_rollout_ref.actor
-                batch, is_metrics = rollout_correction(batch, spec.algorithm, actor_config)
+                batch, is_metrics = rollout_correction(batch, algorithm.rollout_correction)
                 metrics.update(is_metrics)
-            batch, kl_metrics = compute_advantage(batch, spec.algorithm, self.kl_ctrl)
+            batch, kl_metrics = compute_advantage(batch, algorithm, self.kl_ctrl)
             metrics.update(kl_metrics)
         return batch, metrics
 

@@ -21,10 +21,11 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from jrl import algos
-from jrl.algos.bypass_loss import BYPASS_LOSS_MODE
-from jrl.algos.rollout_correction import METRIC_PREFIX, CorrectionOptions
+from jrl.algos.rollout_correction import METRIC_PREFIX
+from jrl.algos.settings import KLLoss, PolicyLossSettings
 from jrl.batch import Batch
 from jrl.models import LoRAParam
+from jrl.runspec.algorithm import AlgorithmSpec, resolve_algorithm
 from jrl.trainer.roles import log_probs
 from jrl.trainer.roles.log_probs import FORWARD_KEYS, LogProbForward, logprob_impl
 from jrl.trainer.roles.specs import (
@@ -42,77 +43,36 @@ ACTOR = "actor_rollout_ref.actor"
 
 
 @dataclasses.dataclass(frozen=True)
-class PolicyLossOptions:
-    """``actor.policy_loss``: the loss mode and the options of the covariance losses; in bypass
-    mode, loss mode ``bypass_mode`` with the ``algorithm.rollout_correction`` options (as verl
-    passes them)."""
-
-    loss_mode: str = "vanilla"
-    clip_cov_ratio: float | None = None
-    clip_cov_lb: float | None = None
-    clip_cov_ub: float | None = None
-    kl_cov_ratio: float | None = None
-    ppo_kl_coef: float | None = None
-    rollout_correction: CorrectionOptions | None = None
-
-
-@dataclasses.dataclass(frozen=True)
 class ActorLoss:
     """The actor objective of one micro-batch, already divided by the mini-batch normaliser:
     the policy loss of ``policy_loss.loss_mode`` (aggregated by its own mode or
     `loss_agg_mode`), minus ``entropy_coeff`` x entropy, plus ``kl_loss_coef`` x the KL loss to
-    the reference. Log-probs at `temperature` by the kernel `impl`; `on_policy` (one epoch over
-    one mini-batch) takes the old log-probs as the current ones without gradient.
+    the reference (`kl_loss`, None without it). Log-probs at `temperature` by the kernel `impl`;
+    `on_policy` (one epoch over one mini-batch) takes the old log-probs as the current ones
+    without gradient.
 
     Frozen and hashable: it is the key of the learner's compiled update, so every option here
-    that changes selects its own program. The policy-loss functions read their options from it
-    (`jrl.algos.config_option`), as from the actor's config section."""
+    that changes selects its own program."""
 
     temperature: float
     impl: str
     loss_agg_mode: str
-    loss_scale_factor: float | None
-    clip_ratio: float
-    clip_ratio_low: float | None
-    clip_ratio_high: float | None
-    clip_ratio_c: float
-    tau_pos: float
-    tau_neg: float
-    policy_loss: PolicyLossOptions
+    policy_loss: PolicyLossSettings
     entropy_coeff: float
-    use_kl_loss: bool
-    kl_loss_coef: float
-    kl_loss_type: str
+    kl_loss: KLLoss | None
     on_policy: bool = False
 
     @classmethod
-    def resolve(
-        cls, actor_cfg: Any, temperature: float, impl: str, rollout_correction: Any = None
-    ) -> ActorLoss:
-        """The loss options of the ``actor_rollout_ref.actor`` section; the
-        ``algorithm.rollout_correction`` section when it sets ``bypass_mode`` (the loss is then
+    def resolve(cls, algorithm: AlgorithmSpec, temperature: float, impl: str) -> ActorLoss:
+        """The actor's objective of the run's `algorithm` (in bypass mode the policy loss is
         `jrl.algos.bypass_loss`'s)."""
-        fields = {f.name for f in dataclasses.fields(PolicyLossOptions)} - {"rollout_correction"}
-        policy = {k: v for k, v in (actor_cfg.get("policy_loss") or {}).items() if k in fields}
-        if rollout_correction is not None and rollout_correction.get("bypass_mode"):
-            policy["loss_mode"] = BYPASS_LOSS_MODE
-            policy["rollout_correction"] = CorrectionOptions.from_section(rollout_correction)
         return cls(
             temperature=float(temperature),
             impl=impl,
-            loss_agg_mode=actor_cfg.loss_agg_mode,
-            loss_scale_factor=actor_cfg.get("loss_scale_factor"),
-            clip_ratio=actor_cfg.get("clip_ratio"),
-            clip_ratio_low=actor_cfg.get("clip_ratio_low"),
-            clip_ratio_high=actor_cfg.get("clip_ratio_high"),
-            clip_ratio_c=actor_cfg.get("clip_ratio_c"),
-            tau_pos=actor_cfg.get("tau_pos"),
-            tau_neg=actor_cfg.get("tau_neg"),
-            policy_loss=PolicyLossOptions(**policy),
-            entropy_coeff=actor_cfg.entropy_coeff,
-            use_kl_loss=bool(actor_cfg.use_kl_loss),
-            kl_loss_coef=actor_cfg.kl_loss_coef,
-            kl_loss_type=actor_cfg.kl_loss_type,
+            loss_agg_mode=algorithm.loss_agg_mode,
+            policy_loss=algorithm.policy_loss,
+            entropy_coeff=algorithm.entropy_coeff,
+            kl_loss=algorithm.kl_loss,
         )
 
     def __call__(self, model, micro, norm, packing=None):
@@ -126,31 +86,31 @@ class ActorLoss:
         )
         mask = micro["response_mask"]
         old = jax.lax.stop_gradient(log_prob) if self.on_policy else micro["old_log_probs"]
-        terms_fn = algos.get_policy_loss_terms_fn(self.policy_loss.loss_mode or "vanilla")
-        terms = terms_fn(
+        terms = algos.policy_loss_terms(
+            self.policy_loss,
             old,
             log_prob,
             micro["advantages"],
             mask,
-            self,
             rollout_is_weights=micro.get("rollout_is_weights"),
         )
         mode = terms.loss_agg_mode or self.loss_agg_mode
         agg = algos.agg_loss_terms
+        factor = self.policy_loss.loss_scale_factor
         pg_mask = mask if terms.loss_mask is None else terms.loss_mask
-        pg_loss = agg(terms.loss_mat, pg_mask, mode, self.loss_scale_factor)[0] / norm[mode]
+        pg_loss = agg(terms.loss_mat, pg_mask, mode, factor)[0] / norm[mode]
         loss = pg_loss
         metrics = {"actor/pg_loss": pg_loss}
         for name, mat in terms.metrics.items():
             metrics[name] = jnp.sum(mat * mask) / norm["tokens"]
         own = self.loss_agg_mode
         if self.entropy_coeff != 0:
-            ent = agg(entropy, mask, own, self.loss_scale_factor)[0]
+            ent = agg(entropy, mask, own, factor)[0]
             loss = loss - self.entropy_coeff * ent / norm[own]
-        if self.use_kl_loss:
-            kld = algos.kl_penalty(log_prob, micro["ref_log_prob"], self.kl_loss_type)
-            kl_loss = agg(kld, mask, own, self.loss_scale_factor)[0] / norm[own]
-            loss = loss + self.kl_loss_coef * kl_loss
+        if self.kl_loss is not None:
+            kld = algos.kl_penalty(log_prob, micro["ref_log_prob"], self.kl_loss.kl_loss_type)
+            kl_loss = agg(kld, mask, own, factor)[0] / norm[own]
+            loss = loss + self.kl_loss.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss
         return loss, metrics
 
@@ -189,10 +149,7 @@ class ActorSpec:
                 arr.actor, ACTOR, mesh, packed, (arr.rollout.n, total_training_steps), share
             ),
             loss=ActorLoss.resolve(
-                arr.actor,
-                arr.rollout.temperature,
-                logprob_impl(arr, "actor"),
-                config.algorithm.get("rollout_correction"),
+                resolve_algorithm(config), arr.rollout.temperature, logprob_impl(arr, "actor")
             ),
         )
 
@@ -240,7 +197,7 @@ class Actor:
         """The batch tensors the update reads (the reference's log-probs with the KL loss,
         importance weights when the batch has them)."""
         keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
-        if self.spec.loss.use_kl_loss:
+        if self.spec.loss.kl_loss is not None:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in tensors:
             keys.append("rollout_is_weights")
@@ -270,7 +227,7 @@ class Actor:
         out["actor/pg_loss"] = float(np.sum(history["actor/pg_loss"]))
         if "actor/kl_loss" in history:
             out["actor/kl_loss"] = float(np.sum(history["actor/kl_loss"]))
-            out["actor/kl_coef"] = float(spec.loss.kl_loss_coef)
+            out["actor/kl_coef"] = float(spec.loss.kl_loss.kl_loss_coef)
         out["actor/grad_norm"] = float(np.mean(history["grad_norm"]))
         out["actor/lr"] = float(lr)
         out["actor/skipped_steps"] = float(np.sum(history["skipped"]))
