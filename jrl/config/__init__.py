@@ -14,14 +14,12 @@ from jrl.config.interpolation import resolve
 from jrl.config.loading import load_config_file, read_config, to_yaml
 from jrl.config.overrides import apply_overrides, parse_command_line
 from jrl.config.sft_defaults import sft_config
-from jrl.config.tree import frozen
 
 __all__ = [
     "ConfigError",
     "apply_overrides",
     "default_config",
     "evaluation_config",
-    "frozen",
     "generation_config",
     "load_config_file",
     "parse_command_line",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterator
-from types import MappingProxyType
 from typing import Any
 
 from ml_collections import ConfigDict, FieldReference
@@ -96,15 +95,3 @@ def assign(config: ConfigDict, path: str, value: Any) -> None:
             parent[key] = value
     except MutabilityError:
         raise ConfigError(f"'{path}' would end up following itself (interpolation cycle)") from None
-
-
-def frozen(section: Any) -> Any:
-    """A read-only copy of a config section, detached from the config tree: nested mappings
-    become `MappingProxyType`s (``.get`` and ``[key]`` as on the section), lists tuples."""
-    if isinstance(section, ConfigDict):
-        section = section.to_dict()
-    if isinstance(section, dict):
-        return MappingProxyType({k: frozen(v) for k, v in section.items()})
-    if isinstance(section, list | tuple):
-        return tuple(frozen(v) for v in section)
-    return section
