@@ -38,7 +38,9 @@ from jrl.compile_cache import enable_compilation_cache
 from jrl.config.entry import load_entry_config, run_entry
 from jrl.config.trees import GENERATION
 from jrl.data.atomic import atomic_file
+from jrl.rollout.spec import RolloutSpec
 from jrl.runspec.eval_checks import validate_generation
+from jrl.runspec.rollout import generation_spec
 
 RESPONSES = "responses"
 
@@ -58,39 +60,35 @@ def prompt_dataset(config: ConfigDict, tokenizer: Any) -> Any:
     return RLDataset(config.data.path, tokenizer, data, config_key="data.path")
 
 
-def build_rollout(config: ConfigDict, tokenizer: Any) -> Any:
-    """The rollout engine of ``rollout.name`` with the model of ``model.path`` on the mesh."""
+def build_rollout(config: ConfigDict, spec: RolloutSpec, tokenizer: Any) -> Any:
+    """The rollout engine of `spec` (``rollout.name``; one that cannot serve this host falls back
+    to jrl's JAX sampler, announced) with the model of ``model.path`` on the mesh."""
     from jrl.models import from_pretrained
     from jrl.models.dtypes import parse_dtype
     from jrl.parallel import make_mesh
     from jrl.parallel.devices import check_device
-    from jrl.rollout import EngineLimits, make_rollout
+    from jrl.rollout.build import generating_engine, make_rollout
     from jrl.rollout.sampling import as_token_ids
 
     check_device(config)
     mesh = make_mesh(config.trainer.nnodes * config.trainer.n_gpus_per_node)
-    dtype = parse_dtype(config.rollout.dtype)
+    dtype = parse_dtype(spec.dtype)
     model = from_pretrained(
-        config.model.path,
+        spec.model_path,
         dtype=dtype,
         param_dtype=dtype,
         mesh=mesh,
-        trust_remote_code=config.model.trust_remote_code,
+        trust_remote_code=spec.trust_remote_code,
         external_lib=config.model.external_lib,
     )
     eos = {tokenizer.eos_token_id, *as_token_ids(model.config.eos_token_id)} - {None}
     return make_rollout(
-        config.rollout.name,
+        generating_engine(spec, list(mesh.devices.flat)),
         model,
-        response_length=config.rollout.response_length,
+        spec,
         pad_token_id=tokenizer.pad_token_id,
         eos_token_ids=sorted(eos),
         mesh=mesh,
-        tensor_parallel_size=int(config.rollout.tensor_model_parallel_size),
-        limits=EngineLimits.from_rollout_config(config.rollout),
-        rollout_cfg=config.rollout,
-        model_path=config.model.path,
-        trust_remote_code=bool(config.model.trust_remote_code),
     )
 
 
@@ -98,24 +96,18 @@ def generate_responses(config: ConfigDict) -> list[list[str]]:
     """``data.n_samples`` decoded responses for each prompt row of ``data.path``, in row order."""
     from jrl.data.loader import DataLoader
     from jrl.data.tokenizer import load_tokenizer
-    from jrl.rollout import SamplingParams
+    from jrl.rollout.build import sampling_params
 
+    spec = generation_spec(config)
     try:
-        tokenizer = load_tokenizer(
-            config.model.path, trust_remote_code=config.model.trust_remote_code
-        )
+        tokenizer = load_tokenizer(spec.model_path, trust_remote_code=spec.trust_remote_code)
     except (FileNotFoundError, OSError) as err:
         raise FileNotFoundError(f"model.path: {err}") from err
     dataset = prompt_dataset(config, tokenizer)
-    rollout = build_rollout(config, tokenizer)
-    sampling = SamplingParams.from_rollout_config(
-        {**config.rollout.to_dict(), "n": config.data.n_samples},
-        response_length=config.rollout.response_length,
-        eos_token_ids=rollout.eos_token_ids,
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    rollout = build_rollout(config, spec, tokenizer)
+    sampling = sampling_params(spec.sampling, rollout)
     loader = DataLoader(dataset, config.data.batch_size, shuffle=False, seed=0, drop_last=False)
-    rng = jax.random.key(int(config.rollout.seed))
+    rng = jax.random.key(spec.seed)
     out: list[list[str]] = []
     for index, prompts in enumerate(loader.epoch(0)):
         batch = rollout.generate(prompts, sampling, jax.random.fold_in(rng, index)).to_numpy()

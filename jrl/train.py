@@ -59,6 +59,7 @@ from jrl.plot import plot_after_training, validation_summary
 from jrl.rollout.build import serving_engine
 from jrl.runspec import load_config, n_gpus
 from jrl.runspec.effects import command_line_keys, explain, no_effect_notice
+from jrl.runspec.rollout import rollout_spec
 from jrl.trainer.loop.stopping import NonFiniteLossError
 
 
@@ -67,7 +68,7 @@ def planned_engine(config: Any) -> str:
     import jax
 
     devices = jax.devices()[: n_gpus(config)]
-    return serving_engine(config.actor_rollout_ref.rollout, devices)[0]
+    return serving_engine(rollout_spec(config), devices)[0]
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     trainer = PPOTrainer(config)
     print(trainer.describe(), flush=True)
     devices = list(trainer.actor.mesh.devices.flat)
-    engine = serving_engine(config.actor_rollout_ref.rollout, devices)[0]
+    engine = serving_engine(trainer.run.rollout, devices)[0]
     notice = no_effect_notice(config, engine, command_line_keys(argv))
     if notice and distributed.is_primary():
         print(notice, flush=True)

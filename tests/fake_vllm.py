@@ -11,8 +11,7 @@ seeded sampling and sleep/wake bookkeeping. `install_fake_vllm` puts them in `sy
 `vllm` (the `fake_vllm` fixture of `conftest.py`).
 
 Also the pieces the two test modules share: tiny left-padded prompts (`TINY_PROMPTS`,
-`prompt_batch`), greedy sampling settings (`TINY_SAMPLING`) and a rollout config for one
-in-process engine (`tiny_rollout_config`)."""
+`prompt_batch`) and greedy sampling settings (`TINY_SAMPLING`)."""
 
 from __future__ import annotations
 
@@ -31,7 +30,6 @@ import numpy as np
 import pytest
 
 from jrl.batch import Batch
-from jrl.config import default_config, resolve
 from jrl.models import default_position_ids
 from jrl.rollout import SamplingParams
 
@@ -45,15 +43,6 @@ TINY_SAMPLING = SamplingParams(
     max_new_tokens=5, eos_token_ids=(1,), pad_token_id=0, n=2, do_sample=False,
     calculate_log_probs=True,
 )  # fmt: skip
-
-
-def tiny_rollout_config(**changes):
-    """The default config's rollout section for one tensor-parallel rank, with `changes`."""
-    rollout = resolve(default_config()).actor_rollout_ref.rollout
-    rollout.tensor_model_parallel_size = 1
-    for key, value in changes.items():
-        rollout[key] = value
-    return rollout
 
 
 def prompt_batch(ids, mask):

@@ -1,7 +1,8 @@
 """Shared pieces of the tests: a tiny llama configuration, a training run in a subprocess whose
 output is watched line by line, a finiteness check of run metrics, the arguments of a small
 generation run, random left-padded prompts and prompt + response rows, a model's forward under
-jit (full, and cached prefill then decode), random LoRA adapters and a closeness check of logits.
+jit (full, and cached prefill then decode), random LoRA adapters, a closeness check of logits and
+the rollout spec of a tiny run (`tiny_rollout_spec`).
 Reference implementations (numpy loops, transformers models) are in `reference.py`."""
 
 from __future__ import annotations
@@ -24,7 +25,10 @@ import numpy as np
 from flax import nnx
 
 from jrl.batch import Batch
+from jrl.config import default_config, resolve
 from jrl.models import LoRAParam, ModelConfig, default_position_ids
+from jrl.rollout import RolloutSpec
+from jrl.runspec.rollout import rollout_spec
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -186,6 +190,27 @@ def assert_finite(metrics: dict, keys: Iterable[str]) -> None:
     """Each of `keys` is in `metrics` and finite."""
     for key in keys:
         assert math.isfinite(metrics[key]), (key, metrics.get(key))
+
+
+def tiny_rollout_spec(
+    model_path: str = "m", trust_remote_code: bool = False, **changes
+) -> RolloutSpec:
+    """The rollout of the default config for one tensor-parallel rank, with `changes` to its
+    rollout keys (dotted below the section, e.g. ``engine_kwargs.vllm``) and the actor's model
+    at `model_path`."""
+    config = resolve(default_config())
+    rollout = config.actor_rollout_ref.rollout
+    rollout.tensor_model_parallel_size = 1
+    for key, value in changes.items():
+        *sections, name = key.split(".")
+        target = rollout
+        for section in sections:
+            target = target[section]
+        target[name] = value
+    config.actor_rollout_ref.model.update(
+        {"path": model_path, "trust_remote_code": trust_remote_code}
+    )
+    return rollout_spec(config)
 
 
 def generate_args(

@@ -363,7 +363,11 @@ def _tiny(path: str, *overrides: str, num_devices: int | None = None):
         ),
         (PPO, [f"{AR}.actor.loss_agg_mode=mean"], "use one of token-mean, seq-mean-token-sum"),
         (PPO, ["algorithm.adv_estimator=ppo"], "algorithm.adv_estimator='ppo' is not supported"),
-        (PPO, [f"{AR}.rollout.name=sglang"], "not supported (jrl supports jax and vllm)"),
+        (
+            PPO,
+            [f"{AR}.rollout.name=trtllm"],
+            "rollout.name='trtllm' is not supported; use one of jax, vllm, sglang, hf",
+        ),
         (PPO, ["data.truncation=both"], "data.truncation='both'"),
         (PPO, ["trainer.resume_mode=latest"], "trainer.resume_mode='latest'"),
         (PPO, [f"{AR}.actor.fsdp_config.tensor_parallel_size=2"], "(2) must divide"),

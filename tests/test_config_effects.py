@@ -1,6 +1,7 @@
 """What every key does: the no-effect notice names exactly the settings moved away from their
 defaults that do nothing in this run, `--explain` gives each key's value, source and home, and
-``rollout.name=vllm`` falls back to the JAX sampler where vLLM cannot serve (announced).
+``rollout.name=vllm`` falls back to the JAX sampler where vLLM cannot serve, as ``sglang`` and
+``hf`` do everywhere (announced).
 
 vLLM cannot run here: its branch uses the stand-in `vllm` module of `fake_vllm.py`."""
 
@@ -13,7 +14,8 @@ import pytest
 from jrl import train
 from jrl.config import default_config, resolve
 from jrl.config.tree import key_paths
-from jrl.rollout.build import serving_engine, vllm_cannot_serve
+from jrl.rollout.build import serving_engine
+from jrl.rollout.engines import ENGINES, Host, serving
 from jrl.runspec import load_config
 from jrl.runspec.effects import (
     NO_EFFECT,
@@ -23,6 +25,7 @@ from jrl.runspec.effects import (
     leaves,
     no_effect_notice,
 )
+from jrl.runspec.rollout import rollout_spec
 
 TINY = "--config=configs/gsm8k_grpo.py:tiny"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -207,7 +210,7 @@ def _devices(platform: str, count: int) -> list:
 @pytest.mark.parametrize(
     "where, changes, why",
     [
-        (dict(installed=False), {}, "vllm is not installed"),
+        (dict(installed=lambda package: False), {}, "vllm is not installed"),
         (dict(platform="tpu"), {}, "vLLM does not run on tpu"),
         (dict(local_devices=8), {}, "one GPU in one process (8 devices here)"),
         (dict(processes=2), {}, "one GPU in one process"),
@@ -216,45 +219,80 @@ def _devices(platform: str, count: int) -> list:
     ],
 )
 def test_where_vllm_cannot_serve(where, changes, why):
-    rollout = resolve(default_config()).actor_rollout_ref.rollout
-    rollout.update({"tensor_model_parallel_size": 1, **changes})
-    kwargs = dict(platform="gpu", local_devices=1, processes=1, installed=True) | where
-    got = vllm_cannot_serve(rollout, **kwargs)
+    config = resolve(default_config())
+    config.actor_rollout_ref.rollout.update({"tensor_model_parallel_size": 1, **changes})
+    host = Host(**({"platform": "gpu", "installed": lambda package: True} | where))
+    got = ENGINES["vllm"].cannot_serve(rollout_spec(config), host)
     assert got is None if why is None else why in got
 
 
 def test_vllm_serves_one_gpu_and_falls_back_to_jax_elsewhere(fake_vllm):
-    rollout = resolve(default_config()).actor_rollout_ref.rollout
+    config = resolve(default_config())
+    rollout = config.actor_rollout_ref.rollout
     assert rollout.name == "vllm" and rollout.tensor_model_parallel_size == 2  # the document's
-    assert serving_engine(rollout, _devices("gpu", 1)) == (
+    assert serving_engine(rollout_spec(config), _devices("gpu", 1)) == (
         "jax",
         "tensor_model_parallel_size=2 needs several vLLM engine processes",
     )
     rollout.tensor_model_parallel_size = 1
-    assert serving_engine(rollout, _devices("gpu", 1)) == ("vllm", None)
-    assert serving_engine(rollout, _devices("tpu", 4))[0] == "jax"
+    assert serving_engine(rollout_spec(config), _devices("gpu", 1)) == ("vllm", None)
+    assert serving_engine(rollout_spec(config), _devices("tpu", 4))[0] == "jax"
     rollout.name = "jax"
-    assert serving_engine(rollout, _devices("gpu", 1)) == ("jax", None)
+    assert serving_engine(rollout_spec(config), _devices("gpu", 1)) == ("jax", None)
 
 
-def test_the_documented_vllm_rollout_runs_the_jax_sampler_on_this_host(capsys):
+@pytest.mark.parametrize("name", ["sglang", "hf"])
+def test_verls_other_engines_are_served_by_the_jax_sampler_everywhere(name):
+    config = resolve(default_config())
+    config.actor_rollout_ref.rollout.update({"name": name, "tensor_model_parallel_size": 1})
+    for host in (Host("gpu", installed=lambda package: True), Host("tpu", local_devices=4)):
+        engine, why = serving(rollout_spec(config), host)
+        assert engine == "jax" and why.startswith("jrl has no ")
+
+
+def _tiny_rollout(config, capsys):
+    """The rollout `build_rollout` makes for `config` on this host's 8 devices, with what it
+    printed."""
     from flax import nnx
     from helpers import tiny_llama
 
     from jrl.models import init_random
     from jrl.parallel import make_mesh
-    from jrl.rollout import JaxRollout, build_rollout
+    from jrl.rollout import build_rollout
+
+    graphdef, params = nnx.split(init_random(tiny_llama(), seed=0))
+    tokenizer = types.SimpleNamespace(eos_token_id=2, pad_token_id=0)
+    engine = build_rollout(rollout_spec(config), graphdef, params, make_mesh(8), tokenizer)
+    return engine, capsys.readouterr().out
+
+
+def test_the_documented_vllm_rollout_runs_the_jax_sampler_on_this_host(capsys):
+    from jrl.rollout import JaxRollout
 
     config = resolve(default_config())  # rollout.name=vllm, tensor_model_parallel_size=2
     config.data.max_response_length = 4
     config.actor_rollout_ref.rollout.response_length = 3
-    graphdef, params = nnx.split(init_random(tiny_llama(), seed=0))
-    tokenizer = types.SimpleNamespace(eos_token_id=2, pad_token_id=0)
-    engine = build_rollout(config, graphdef, params, make_mesh(8), tokenizer)
+    engine, printed = _tiny_rollout(config, capsys)
     assert isinstance(engine, JaxRollout) and engine.mesh.shape["tensor"] == 2
     assert engine.response_length == 3  # rollout.response_length, as verl's engines
-    printed = capsys.readouterr().out
     assert "rollout.name=vllm: vllm is not installed; jrl's JAX sampler generates" in printed
+
+
+def test_rollout_name_sglang_loads_runs_the_jax_sampler_announced_and_names_its_keys(capsys):
+    """verl's example scripts set rollout.name=sglang: the run loads, jrl's JAX sampler
+    generates (announced at build), and sglang's own options are named in the notice."""
+    from jrl.rollout import JaxRollout
+
+    argv = [TINY, f"{ROLLOUT}.name=sglang", f"{ROLLOUT}.over_sample_rate=0.5"]
+    config = load_config(argv)[0]
+    engine, printed = _tiny_rollout(config, capsys)
+    assert isinstance(engine, JaxRollout)
+    assert "jrl: rollout.name=sglang: jrl has no sglang engine; jrl's JAX sampler generates" in (
+        printed
+    )
+    notice = no_effect_notice(config, "jax", command_line_keys(argv))
+    assert f"{ROLLOUT}.over_sample_rate=0.5 (sglang's option: sglang does not generate" in notice
+    assert f"{ROLLOUT}.name" not in notice
 
 
 def test_the_tokenizer_trust_key_is_named_only_for_a_tokenizer_without_code(tmp_path):

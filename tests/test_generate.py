@@ -57,7 +57,11 @@ def test_every_row_gets_n_sampled_responses_seeded(prompts, tmp_path):
     [
         (["rollout.n=2"], ConfigError, "keep rollout.n=1"),
         (["rollout.temperature=0"], ConfigError, "data.n_samples=3 with greedy decoding"),
-        (["rollout.name=sglang"], ConfigError, "rollout.name='sglang' is not one of jax, vllm"),
+        (
+            ["rollout.name=trtllm"],
+            ConfigError,
+            "rollout.name='trtllm' is not one of jax, vllm, sglang, hf",
+        ),
         (["data.prompt_key=question"], KeyError, r"no column 'question' \(data.prompt_key\)"),
         (["trainer.device=cuda"], ValueError, "trainer.device='cuda' but JAX runs on 'cpu'"),
         (["rollout.prompt_length=3"], ValueError, r"row 0 has a prompt of 5 tokens"),

@@ -1,12 +1,12 @@
 """The house's shape: imports point one way only, and tests share helpers instead of importing
 each other.
 
-Layers, lowest first: kernels, the batch type and the key tree (config) <- parallel <- models <-
-data <- algos / optim / rollout / reward <- assets <- the resolver (runspec) <- trainer <- what
-the entry points share (plots, the compilation cache, the TPU planner) <- entry points (the
-``python -m`` commands); inside the trainer, update <- io / roles <- loop <- ppo / sft. A module
-may import its own package and the layers below it, never a sibling of its layer or anything
-above.
+Layers, lowest first: kernels, the batch type, the key tree (config) and the lazy package exports
+(lazy) <- parallel <- models <- data <- algos / optim / rollout / reward <- assets <- the resolver
+(runspec) <- trainer <- what the entry points share (plots, the compilation cache, the TPU
+planner) <- entry points (the ``python -m`` commands); inside the trainer, update <- io / roles <-
+loop <- ppo / sft. A module may import its own package and the layers below it, never a sibling
+of its layer or anything above.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = (
-    ("jrl_kernels", "jrl.batch", "jrl.config"),
+    ("jrl_kernels", "jrl.batch", "jrl.config", "jrl.lazy"),
     ("jrl.parallel",),
     ("jrl.models",),
     ("jrl.data",),
@@ -164,10 +164,23 @@ def test_the_key_tree_imports_no_jax_and_no_other_jrl_package():
     assert float(seconds) < 0.3, f"import jrl.config took {float(seconds):.2f} s"
 
 
-def test_the_optimizer_settings_import_no_jax():
-    """`jrl.optim.settings` (the optimizers' names, defaults and settings) reads without optax."""
+@pytest.mark.parametrize(
+    "module",
+    [
+        "jrl.optim.settings",
+        "jrl.rollout.engines",
+        "jrl.rollout.spec",
+        "jrl.rollout",
+        "jrl.models",
+        "jrl.parallel",
+    ],
+)
+def test_settings_registries_and_package_doors_import_no_jax(module):
+    """A mechanism's settings (the optimizers' names, defaults and settings; the rollout's) and
+    its registry (which engines exist) read without JAX, and importing a package for one name
+    builds nothing."""
     probe = (
-        "import sys; import jrl.optim.settings; "
+        f"import sys; import {module}; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('jax', 'flax', 'optax')))"
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)

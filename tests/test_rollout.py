@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import left_padded_prompts, tiny_llama
+from helpers import left_padded_prompts, tiny_llama, tiny_rollout_spec
 
 from jrl.batch import Batch
 from jrl.models import init_random
 from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, make_rollout, sampling_params
 from jrl.rollout.sampler import cache_length
-from jrl.rollout.sampling import apply_top_k, apply_top_p
+from jrl.rollout.selection import apply_top_k, apply_top_p
 
 P, R, PAD = 6, 5, 0
 LENGTHS = (6, 3, 1)
@@ -21,16 +21,9 @@ CONFIG = tiny_llama(pad_token_id=PAD, initializer_range=0.5)
 # One prompt per prefill: a single compiled prefill keeps these tests quick.
 LIMITS = EngineLimits(max_num_batched_tokens=P)
 GREEDY = SamplingParams(R, pad_token_id=PAD, do_sample=False, calculate_log_probs=True)
-ROLLOUT_CFG = {
-    "temperature": 0.7,
-    "top_k": 20,
-    "top_p": 0.95,
-    "do_sample": True,
-    "n": 2,
-    "ignore_eos": False,
-    "calculate_log_probs": True,
-    "val_kwargs": {"top_k": -1, "top_p": 1.0, "temperature": 0, "n": 1, "do_sample": False},
-}
+# A run's training and validation sampling (`RolloutSpec.sampling`, `.validation`).
+SAMPLING = SamplingParams(R, temperature=0.7, top_k=20, top_p=0.95, n=2, calculate_log_probs=True)
+VALIDATION = SamplingParams(R, temperature=0.0, do_sample=False, calculate_log_probs=True)
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +179,9 @@ def test_every_row_finishing_at_its_first_token(rollout, prompts, naive):
 
 
 def test_rollout_sampling_layout_and_log_probs(model, rollout, prompts, forward):
-    sampling = dataclasses.replace(sampling_params(ROLLOUT_CFG, rollout), max_new_tokens=R - 2)
+    sampling = sampling_params(SAMPLING, rollout)
+    assert (sampling.eos_token_ids, sampling.pad_token_id) == (rollout.eos_token_ids, PAD)
+    sampling = dataclasses.replace(sampling, max_new_tokens=R - 2)
     out = rollout.generate(prompts, sampling, jax.random.key(0))
     rows = len(prompts) * 2
     assert {k: out[k].shape for k in out.tensors} == {
@@ -234,7 +229,7 @@ def test_update_weights_and_validation_sampling(rollout, prompts, forward):
     other = init_random(CONFIG, seed=1)
     rollout.update_weights(nnx.state(other))
     try:
-        validation = sampling_params(ROLLOUT_CFG, rollout, validate=True)
+        validation = sampling_params(VALIDATION, rollout)
         assert validation.greedy and validation.n == 1
         out = rollout.generate(prompts, validation, jax.random.key(0))
         tokens = _naive_greedy(forward, nnx.state(other), prompts, R)[0]
@@ -266,9 +261,12 @@ def test_bad_inputs_fail_clearly(model, rollout, prompts):
 
 
 def test_make_rollout(model):
-    made = make_rollout("jax", model, response_length=4, pad_token_id=PAD, eos_token_ids=[1, 2])
+    spec = tiny_rollout_spec(name="sglang", response_length=4)
+    tokens = {"pad_token_id": PAD, "eos_token_ids": [1, 2]}
+    made = make_rollout("jax", model, spec, **tokens)
     assert isinstance(made, JaxRollout) and made.eos_token_ids == (1, 2)
-    with pytest.raises(NotImplementedError, match="rollout.name=sglang is not supported yet"):
-        make_rollout("sglang", model)
+    assert made.response_length == 4 and made.limits == spec.limits
+    with pytest.raises(ValueError, match="rollout.name=sglang has no engine of its own"):
+        make_rollout("sglang", model, spec, **tokens)  # the JAX sampler serves it
     with pytest.raises(ValueError, match="rollout.name='nope' is unknown"):
-        make_rollout("nope", model)
+        make_rollout("nope", model, spec, **tokens)

@@ -18,6 +18,7 @@ from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, generate_token
 from jrl.rollout.layout import prompt_bucket, row_layout
 from jrl.rollout.limits import kv_bytes_per_token, plan_slots, slot_bytes
 from jrl.rollout.tensor_parallel import rollout_mesh
+from jrl.runspec.rollout import ROLLOUT, engine_limits
 
 P, R, PAD = 8, 10, 0
 LENGTHS = (8, 1, 5, 3, 7, 2, 6, 4, 8, 1, 3, 5, 6)
@@ -204,7 +205,7 @@ def test_slot_plans_follow_the_limits():
 
 def test_limits_from_config_and_bad_values():
     rollout_cfg = default_config().actor_rollout_ref.rollout
-    limits = EngineLimits.from_rollout_config(rollout_cfg)
+    limits = engine_limits(rollout_cfg, ROLLOUT)
     assert limits == EngineLimits(
         max_num_seqs=rollout_cfg.max_num_seqs,
         max_num_batched_tokens=rollout_cfg.max_num_batched_tokens,
@@ -214,12 +215,12 @@ def test_limits_from_config_and_bad_values():
     cfg = ml_collections.ConfigDict(rollout_cfg.to_dict())
     cfg.max_num_seqs = 0
     with pytest.raises(ValueError, match="rollout.max_num_seqs=0"):
-        EngineLimits.from_rollout_config(cfg)
+        engine_limits(cfg, ROLLOUT)
     with pytest.raises(ValueError, match="gpu_memory_utilization=1.5"):
         EngineLimits(gpu_memory_utilization=1.5)
     with pytest.raises(ValueError, match="free_cache_engine='yes'"):
-        EngineLimits.from_rollout_config({**cfg.to_dict(), "free_cache_engine": "yes"})
+        engine_limits({**cfg.to_dict(), "free_cache_engine": "yes"}, ROLLOUT)
     with pytest.raises(KeyError, match="rollout.max_num_batched_tokens"):
-        EngineLimits.from_rollout_config({"max_num_seqs": 4})
+        engine_limits({"max_num_seqs": 4}, ROLLOUT)
     with pytest.raises(ValueError, match="tensor_model_parallel_size=3"):
         rollout_mesh(Mesh(np.asarray(jax.devices()).reshape(8, 1, 1, 1), MESH_AXES), 3)

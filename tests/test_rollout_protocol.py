@@ -4,14 +4,15 @@ same tokens as an engine built by hand) and an object missing a member is not on
 vLLM cannot run here: its engine is built around the stand-in `vllm` module of `fake_vllm.py`
 (the `fake_vllm` fixture), which replaces only vLLM itself."""
 
+import dataclasses
 import types
 
 import jax
 import numpy as np
 import pytest
-from fake_vllm import TINY_SAMPLING, tiny_rollout_config
+from fake_vllm import TINY_SAMPLING
 from flax import nnx
-from helpers import randomise_adapters, tiny_llama
+from helpers import randomise_adapters, tiny_llama, tiny_rollout_spec
 
 from jrl.batch import Batch
 from jrl.config import default_config, resolve
@@ -22,11 +23,11 @@ from jrl.rollout import (
     EngineLimits,
     JaxRollout,
     Rollout,
-    SamplingParams,
     build_rollout,
     make_rollout,
     sampling_params,
 )
+from jrl.runspec.rollout import rollout_spec
 
 P, R, PAD = 6, 4, 0
 TOKENIZER = types.SimpleNamespace(eos_token_id=2, pad_token_id=PAD)  # what build_rollout reads
@@ -64,29 +65,29 @@ def _prompts() -> Batch:
 def test_the_jax_engine_built_from_the_config_is_a_rollout():
     config, model, mesh = _config(), _actor(), make_mesh(8)
     graphdef, params = nnx.split(model)
-    engine = build_rollout(config, graphdef, params, mesh, TOKENIZER, lora=ADAPTERS)
+    spec = rollout_spec(config)
+    engine = build_rollout(spec, graphdef, params, mesh, TOKENIZER, lora=ADAPTERS)
     assert isinstance(engine, Rollout) and isinstance(engine, JaxRollout)
     assert (engine.response_length, engine.pad_token_id, engine.eos_token_ids) == (R, PAD, (1, 2))
     assert engine.mesh.shape["tensor"] == 2 and engine.stats == {}
 
-    rollout_cfg = config.actor_rollout_ref.rollout
-    sampling = sampling_params(rollout_cfg, engine)
-    tokens = {"response_length": R, "eos_token_ids": (1, 2), "pad_token_id": PAD}
-    assert sampling == SamplingParams.from_rollout_config(rollout_cfg, **tokens)
-    assert not sampling.greedy and sampling_params(rollout_cfg, engine, validate=True).greedy
+    sampling = sampling_params(spec.sampling, engine)
+    tokens = {"max_new_tokens": R, "eos_token_ids": (1, 2), "pad_token_id": PAD}
+    assert spec.sampling.max_new_tokens == R and spec.sampling.calculate_log_probs
+    assert sampling == dataclasses.replace(spec.sampling, **tokens)
+    assert not sampling.greedy and sampling_params(spec.validation, engine).greedy
 
     def run(rollout):
         return rollout.generate(_prompts(), sampling, jax.random.key(0)).to_numpy()
 
-    by_hand = make_rollout(
-        "jax",
+    by_hand = JaxRollout(
         model,
         response_length=R,
         pad_token_id=PAD,
         eos_token_ids=(1, 2),
         mesh=mesh,
         tensor_parallel_size=2,
-        limits=EngineLimits.from_rollout_config(rollout_cfg),
+        limits=EngineLimits(max_num_seqs=4, max_num_batched_tokens=2 * P),  # the config's
     )
     got, expected = run(engine), run(by_hand)
     np.testing.assert_array_equal(got["responses"], expected["responses"])
@@ -102,8 +103,8 @@ def test_the_jax_engine_built_from_the_config_is_a_rollout():
     assert engine.stats["rollout/prompt_bucket"] == P  # the longest prompt fills the width
 
     # The adapters are part of the rollout's model: without them the log-probs differ.
-    base = make_rollout(
-        "jax", remove_adapters(model), response_length=R, pad_token_id=PAD, eos_token_ids=(1, 2)
+    base = JaxRollout(
+        remove_adapters(model), response_length=R, pad_token_id=PAD, eos_token_ids=(1, 2)
     )
     assert not np.allclose(run(base)["rollout_log_probs"], got["rollout_log_probs"], atol=1e-3)
 
@@ -111,15 +112,8 @@ def test_the_jax_engine_built_from_the_config_is_a_rollout():
 def test_the_vllm_engine_is_a_rollout(fake_vllm, jax_run, tmp_path):
     model, prompts, expected = jax_run
     save_pretrained(model, tmp_path)
-    engine = make_rollout(
-        "vllm",
-        model,
-        rollout_cfg=tiny_rollout_config(dtype="float32", prompt_length=6, response_length=8),
-        model_path=str(tmp_path),
-        response_length=8,
-        pad_token_id=0,
-        eos_token_ids=1,
-    )
+    spec = tiny_rollout_spec(str(tmp_path), dtype="float32", prompt_length=6, response_length=8)
+    engine = make_rollout("vllm", model, spec, pad_token_id=0, eos_token_ids=1)
     assert isinstance(engine, Rollout) and engine.eos_token_ids == (1,)
     got = engine.generate(prompts, TINY_SAMPLING, jax.random.key(0)).to_numpy()
     np.testing.assert_array_equal(got["responses"], expected["responses"])

@@ -8,16 +8,18 @@ import ml_collections
 import numpy as np
 import pytest
 
-from jrl.rollout.sampling import (
-    SamplingParams,
+from jrl.rollout.sampling import SamplingParams
+from jrl.rollout.selection import (
     apply_top_k,
     apply_top_p,
     row_keys,
     select_tokens,
     token_log_probs,
 )
+from jrl.runspec.rollout import ROLLOUT, sampling_settings
 
 ROLLOUT_CFG = {
+    "response_length": 12,
     "temperature": 0.7,
     "top_k": 5,
     "top_p": 0.9,
@@ -96,15 +98,11 @@ def test_params_validation_and_greedy():
 
 
 @pytest.mark.parametrize("as_config_dict", [False, True])
-def test_from_rollout_config(as_config_dict):
+def test_sampling_settings_from_the_rollout_section(as_config_dict):
     cfg = ml_collections.ConfigDict(ROLLOUT_CFG) if as_config_dict else ROLLOUT_CFG
-    train = SamplingParams.from_rollout_config(
-        cfg, response_length=12, eos_token_ids=[2], pad_token_id=0
-    )
+    train = sampling_settings(cfg, ROLLOUT)
     assert train == SamplingParams(
         max_new_tokens=12,
-        eos_token_ids=(2,),
-        pad_token_id=0,
         temperature=0.7,
         top_k=5,
         top_p=0.9,
@@ -112,22 +110,18 @@ def test_from_rollout_config(as_config_dict):
         n=4,
         calculate_log_probs=True,
     )
-    val = SamplingParams.from_rollout_config(
-        cfg, response_length=12, eos_token_ids=2, pad_token_id=0, validate=True
-    )
+    val = sampling_settings(cfg, ROLLOUT, validate=True)
     assert (val.temperature, val.top_k, val.top_p, val.n, val.greedy) == (0.0, -1, 1.0, 1, True)
     assert val.calculate_log_probs
 
 
-def test_from_rollout_config_errors():
+def test_sampling_settings_errors_name_the_key():
     cfg = {k: v for k, v in ROLLOUT_CFG.items() if k != "top_p"}
     with pytest.raises(KeyError, match="actor_rollout_ref.rollout.top_p"):
-        SamplingParams.from_rollout_config(cfg, response_length=4, eos_token_ids=2, pad_token_id=0)
+        sampling_settings(cfg, ROLLOUT)
     cfg = {**ROLLOUT_CFG, "val_kwargs": {**ROLLOUT_CFG["val_kwargs"], "n": 0}}
     with pytest.raises(ValueError, match="val_kwargs.*n=0"):
-        SamplingParams.from_rollout_config(
-            cfg, response_length=4, eos_token_ids=2, pad_token_id=0, validate=True
-        )
+        sampling_settings(cfg, ROLLOUT, validate=True)
 
 
 def test_greedy_selection_and_log_probs(logits):

@@ -25,13 +25,19 @@ from fake_vllm import (
     FakeLogprob,
     FakeRequestOutput,
     prompt_batch,
-    tiny_rollout_config,
 )
 from flax import nnx
-from helpers import TINY_LLAMA, assert_close, jit_call, left_padded_inputs, randomise_adapters
+from helpers import (
+    TINY_LLAMA,
+    assert_close,
+    jit_call,
+    left_padded_inputs,
+    randomise_adapters,
+    tiny_rollout_spec,
+)
 from reference import FAMILIES, SHAPE, hf_family_model, torch_logits
 
-from jrl.config import generation_config, resolve
+from jrl.config import default_config, generation_config, resolve
 from jrl.models import (
     LoraSettings,
     apply_lora,
@@ -58,6 +64,7 @@ from jrl.rollout.vllm_rollout import (
     read_outputs,
     row_seeds,
 )
+from jrl.runspec.rollout import ROLLOUT, engine_limits, generation_spec, rollout_problems
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -143,10 +150,14 @@ def test_export_never_hands_out_the_parameters_own_buffers():
 
 # -- config -> vLLM arguments -----------------------------------------------------------------
 def test_engine_arguments_follow_the_rollout_keys():
-    cfg = tiny_rollout_config(
-        gpu_memory_utilization=0.4, max_num_seqs=64, max_num_batched_tokens=4096
+    spec = tiny_rollout_spec(
+        "/models/m",
+        trust_remote_code=True,
+        gpu_memory_utilization=0.4,
+        max_num_seqs=64,
+        max_num_batched_tokens=4096,
     )
-    kwargs = engine_kwargs(cfg, model_path="/models/m", trust_remote_code=True)
+    kwargs = engine_kwargs(spec)
     assert kwargs == {
         "model": "/models/m",
         "dtype": "bfloat16",
@@ -169,12 +180,15 @@ def test_engine_arguments_follow_the_rollout_keys():
         "scheduling_policy": "fcfs",
         "skip_tokenizer_init": True,
     }
-    cfg = tiny_rollout_config(
-        free_cache_engine=False, enforce_eager=False, dtype="fp16", max_model_len=300
+    spec = tiny_rollout_spec(
+        free_cache_engine=False,
+        enforce_eager=False,
+        dtype="fp16",
+        max_model_len=300,
+        cudagraph_capture_sizes=[1, 8],
+        **{"engine_kwargs.vllm": {"swap_space": 0, "max_num_seqs": 8}},
     )
-    cfg.cudagraph_capture_sizes = [1, 8]
-    cfg.engine_kwargs.vllm = {"swap_space": 0, "max_num_seqs": 8}
-    kwargs = engine_kwargs(cfg, model_path="m")
+    kwargs = engine_kwargs(spec)
     assert not kwargs["enable_sleep_mode"] and kwargs["dtype"] == "float16"
     assert kwargs["compilation_config"] == {"cudagraph_capture_sizes": [1, 8]}
     assert kwargs["max_model_len"] == 300
@@ -189,8 +203,8 @@ def test_engine_arguments_follow_the_rollout_keys():
 
 
 def test_engine_arguments_from_the_generation_config():
-    rollout = resolve(generation_config()).rollout  # fewer keys than the trainer's section
-    kwargs = engine_kwargs(rollout, model_path="m")
+    # fewer keys than the trainer's section
+    kwargs = engine_kwargs(generation_spec(resolve(generation_config())))
     assert kwargs["max_model_len"] == 1536 + 512 and kwargs["seed"] == 0
     assert "logprobs_mode" not in kwargs and kwargs["enable_chunked_prefill"]
 
@@ -210,14 +224,14 @@ def test_engine_arguments_from_the_generation_config():
 )
 def test_engine_arguments_reject_what_one_in_process_engine_cannot_run(changes, message):
     with pytest.raises(ValueError, match=message):
-        engine_kwargs(tiny_rollout_config(**changes), model_path="m")
+        engine_kwargs(tiny_rollout_spec(**changes))
 
 
-def test_engine_arguments_name_a_missing_key():
-    cfg = dict(tiny_rollout_config().to_dict())
-    del cfg["max_num_seqs"]
+def test_the_resolver_names_a_missing_key():
+    section = resolve(default_config()).actor_rollout_ref.rollout.to_dict()
+    del section["max_num_seqs"]
     with pytest.raises(KeyError, match="actor_rollout_ref.rollout.max_num_seqs"):
-        engine_kwargs(cfg, model_path="m")
+        engine_limits(section, ROLLOUT)
 
 
 def test_sampling_arguments():
@@ -239,10 +253,7 @@ def test_sampling_arguments():
     assert sampling_kwargs(greedy)["top_k"] == 20 and sampling_kwargs(greedy)["logprobs"] == 0
     ignoring = sampling_kwargs(SamplingParams(**base, ignore_eos=True))
     assert ignoring["ignore_eos"] and ignoring["stop_token_ids"] == []
-    validation = SamplingParams.from_rollout_config(
-        tiny_rollout_config(), response_length=9, eos_token_ids=2, pad_token_id=0, validate=True
-    )
-    assert sampling_kwargs(validation)["temperature"] == 0.0
+    assert sampling_kwargs(tiny_rollout_spec().validation)["temperature"] == 0.0
 
 
 def test_vllm_version_floor():
@@ -270,8 +281,7 @@ def test_vllm_version_floor():
     ],
 )
 def test_config_refuses_sampling_that_an_engine_would_change_or_refuse(changes, message):
-    from jrl.config import ConfigError, default_config
-    from jrl.runspec.sampling_checks import sampling_problems
+    from jrl.config import ConfigError
 
     config = resolve(default_config())
     for key, value in changes.items():
@@ -280,11 +290,11 @@ def test_config_refuses_sampling_that_an_engine_would_change_or_refuse(changes, 
         for section in sections:
             target = target[section]
         target[name] = value
-    problems = list(sampling_problems(config))
+    problems = list(rollout_problems(config))
     assert len(problems) == 1 and re.search(message, problems[0]), problems
     if "temperature" in message:
         config.actor_rollout_ref.rollout.name = "jax"  # jrl's sampler takes any temperature
-        assert list(sampling_problems(config)) == []
+        assert list(rollout_problems(config)) == []
     with pytest.raises(ConfigError):
         from jrl.runspec.validate import validate
 
@@ -423,19 +433,17 @@ def _fake_engine(model, folder, generation_eos=None, **changes):
     save_pretrained(model, folder)
     if generation_eos is not None:
         (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": generation_eos}))
-    cfg = tiny_rollout_config(dtype="float32", prompt_length=6, response_length=8, **changes)
-    engine = VllmRollout(
-        model, rollout_cfg=cfg, model_path=str(folder), response_length=8, pad_token_id=0,
-        eos_token_ids=1,
-    )  # fmt: skip
-    return engine, cfg
+    spec = tiny_rollout_spec(
+        str(folder), dtype="float32", prompt_length=6, response_length=8, **changes
+    )
+    return VllmRollout(model, spec, pad_token_id=0, eos_token_ids=1), spec
 
 
 def test_engine_syncs_sleeps_and_generates_like_the_jax_engine(fake_vllm, jax_run, tmp_path):
     model, prompts, expected = jax_run
-    engine, cfg = _fake_engine(model, tmp_path)
+    engine, spec = _fake_engine(model, tmp_path)
     llm = engine.llm
-    assert llm.kwargs == engine_kwargs(cfg, model_path=str(tmp_path))
+    assert llm.kwargs == engine_kwargs(spec)
     assert llm.calls == ["collective_rpc", "reset_prefix_cache", ("sleep", 1)]
 
     got = engine.generate(prompts, TINY_SAMPLING, jax.random.key(0)).to_numpy()
@@ -481,7 +489,7 @@ def test_both_engines_return_the_log_probs_that_logprobs_mode_names(mode, fake_v
     sampled token is the one `logprobs_mode` names, recomputed here from the model's logits
     (processed: of the tempered, masked, renormalised distribution; raw: of the logits)."""
     from jrl.rollout import JaxRollout
-    from jrl.rollout.sampling import apply_top_k, apply_top_p
+    from jrl.rollout.selection import apply_top_k, apply_top_p
 
     model = init_random(TINY_LLAMA, seed=3)
     sampling = SamplingParams(
@@ -509,7 +517,7 @@ def test_stand_in_refuses_what_vllm_refuses():
     """`LLM(...)` and `SamplingParams(...)` keyword names and values as vLLM checks them."""
     from fake_vllm import FakeSamplingParams, check_llm_kwargs
 
-    check_llm_kwargs(engine_kwargs(tiny_rollout_config(), model_path="m"))
+    check_llm_kwargs(engine_kwargs(tiny_rollout_spec()))
     renamed = {"model": "m", "tensor_model_parallel_size": 1}
     with pytest.raises(TypeError, match="tensor_model_parallel_size"):
         check_llm_kwargs(renamed)
@@ -570,7 +578,8 @@ def test_vllm_generates_with_synced_weights_and_follows_a_weight_change(tmp_path
 
     hf_family_model("llama").save_pretrained(tmp_path, safe_serialization=True)
     model = from_pretrained(tmp_path)
-    cfg = tiny_rollout_config(
+    spec = tiny_rollout_spec(
+        str(tmp_path),
         dtype="float32",
         gpu_memory_utilization=0.2,
         max_num_seqs=8,
@@ -579,10 +588,7 @@ def test_vllm_generates_with_synced_weights_and_follows_a_weight_change(tmp_path
         response_length=8,
         calculate_log_probs=True,
     )
-    engine = VllmRollout(
-        model, rollout_cfg=cfg, model_path=str(tmp_path), response_length=8, pad_token_id=0,
-        eos_token_ids=None,
-    )  # fmt: skip
+    engine = VllmRollout(model, spec, pad_token_id=0, eos_token_ids=None)
     ids, mask, _ = _batch_arrays()
     prompts = prompt_batch(ids, mask)
     greedy = SamplingParams(max_new_tokens=8, do_sample=False, calculate_log_probs=True)

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from fake_vllm import prompt_batch, tiny_rollout_config
+from fake_vllm import prompt_batch
 from flax import nnx
-from helpers import jit_call, left_padded_inputs
+from helpers import jit_call, left_padded_inputs, tiny_rollout_spec
 from reference import SHAPE, hf_family_model
 
 from jrl.models import from_pretrained
@@ -26,14 +26,11 @@ def main(folder: Path) -> None:
     model = from_pretrained(folder)
     on_gpu = [t.device.type for _, t in hf_torch_tensors(model, device=jax.devices()[0])]
     assert set(on_gpu) == {"cuda"}, set(on_gpu)
-    cfg = tiny_rollout_config(
-        dtype="float32", gpu_memory_utilization=0.2, max_num_seqs=8, max_num_batched_tokens=256,
-        prompt_length=12, response_length=8, calculate_log_probs=True,
+    spec = tiny_rollout_spec(
+        str(folder), dtype="float32", gpu_memory_utilization=0.2, max_num_seqs=8,
+        max_num_batched_tokens=256, prompt_length=12, response_length=8, calculate_log_probs=True,
     )  # fmt: skip
-    engine = VllmRollout(
-        model, rollout_cfg=cfg, model_path=str(folder), response_length=8, pad_token_id=0,
-        eos_token_ids=None,
-    )  # fmt: skip
+    engine = VllmRollout(model, spec, pad_token_id=0, eos_token_ids=None)
     assert engine._freed_bytes > 0, "sleep freed no GPU memory"
     ids, mask, _ = left_padded_inputs((0, 2, 9), 12, SHAPE["vocab_size"], seed=2, low=2)
     prompts = prompt_batch(ids, mask)

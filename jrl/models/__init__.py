@@ -1,35 +1,27 @@
-"""Flax NNX decoders (Llama, Qwen2/3, Mistral, Gemma 2/3) with Hugging Face and GGUF weight I/O."""
+"""Flax NNX decoders (Llama, Qwen2/3, Mistral, Gemma 2/3) with Hugging Face and GGUF weight I/O.
 
-from jrl.models.config import ModelConfig
-from jrl.models.decoder import (
-    CausalLM,
-    KVCache,
-    RewardModel,
-    ValueModel,
-    default_position_ids,
-    init_random,
-)
-from jrl.models.lora import LoRAParam, LoraSettings, apply_lora
-from jrl.models.pretrained import (
-    abstract_pretrained,
-    from_pretrained,
-    gguf_to_hf_folder,
-    save_pretrained,
-)
+Names are imported on first use (`jrl.lazy`): reading one (the model config) does not build the
+decoders.
+"""
 
-__all__ = [
-    "CausalLM",
-    "KVCache",
-    "LoRAParam",
-    "LoraSettings",
-    "ModelConfig",
-    "RewardModel",
-    "ValueModel",
-    "apply_lora",
-    "default_position_ids",
-    "abstract_pretrained",
-    "from_pretrained",
-    "gguf_to_hf_folder",
-    "init_random",
-    "save_pretrained",
-]
+from jrl.lazy import lazy_exports
+
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "ModelConfig": "jrl.models.config",
+        "CausalLM": "jrl.models.decoder",
+        "KVCache": "jrl.models.decoder",
+        "RewardModel": "jrl.models.decoder",
+        "ValueModel": "jrl.models.decoder",
+        "default_position_ids": "jrl.models.decoder",
+        "init_random": "jrl.models.decoder",
+        "LoRAParam": "jrl.models.lora",
+        "LoraSettings": "jrl.models.lora",
+        "apply_lora": "jrl.models.lora",
+        "abstract_pretrained": "jrl.models.pretrained",
+        "from_pretrained": "jrl.models.pretrained",
+        "gguf_to_hf_folder": "jrl.models.pretrained",
+        "save_pretrained": "jrl.models.pretrained",
+    },
+)

@@ -17,9 +17,11 @@ from jax.sharding import Mesh
 from jrl.parallel import make_mesh
 from jrl.parallel.topology import Slice
 from jrl.rollout.build import build_rollout, sampling_params
+from jrl.rollout.engines import FALLBACK
 from jrl.rollout.jax_rollout import JaxRollout
 from jrl.rollout.sampling import SamplingParams
 from jrl.runspec import n_gpus, uses_critic, uses_reference
+from jrl.runspec.rollout import rollout_spec
 from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.critic import Critic
 from jrl.trainer.roles.reference import Reference
@@ -82,17 +84,18 @@ def build_roles(config: Any, where: Slice) -> Roles:
         else None
     )
     critic = Critic.from_config(config, mesh, total, abstract=True) if uses_critic(config) else None
-    if arr.rollout.name not in ("jax", "hf"):
-        notes.append(f"rollout.name={arr.rollout.name}: planned with jrl's JAX sampler")
+    spec = rollout_spec(config)
+    if spec.engine != FALLBACK:
+        notes.append(f"rollout.name={spec.engine}: planned with jrl's JAX sampler")
     model_config = actor.learner.model().config
     tokenizer = _token_ids(config, model_config)
     rollout = build_rollout(
-        config,
+        spec,
         actor.learner.graphdef,
         actor.params,
         actor.mesh,
         tokenizer,
-        engine="jax",
+        engine_name=FALLBACK,
         lora=actor.spec.model.lora,
     )
-    return Roles(mesh, actor, ref, critic, rollout, sampling_params(arr.rollout, rollout), notes)
+    return Roles(mesh, actor, ref, critic, rollout, sampling_params(spec.sampling, rollout), notes)

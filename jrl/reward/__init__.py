@@ -4,26 +4,20 @@ Names are imported on first use, so that a reward worker process starts without 
 transformers.
 """
 
-import importlib
-from typing import Any
+from jrl.lazy import lazy_exports
 
-_EXPORTS = {
-    "default_compute_score": "jrl.reward.default",
-    "RewardManager": "jrl.reward.base",
-    "NaiveRewardManager": "jrl.reward.naive",
-    "PrimeRewardManager": "jrl.reward.prime",
-    "BatchRewardManager": "jrl.reward.batch",
-    "DAPORewardManager": "jrl.reward.dapo",
-    "REWARD_MANAGERS": "jrl.reward.settings",
-    "RewardSettings": "jrl.reward.settings",
-    "load_reward_manager": "jrl.reward.manager",
-    "load_custom_reward_fn": "jrl.reward.custom",
-}
-
-__all__ = sorted(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'jrl.reward' has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "default_compute_score": "jrl.reward.default",
+        "RewardManager": "jrl.reward.base",
+        "NaiveRewardManager": "jrl.reward.naive",
+        "PrimeRewardManager": "jrl.reward.prime",
+        "BatchRewardManager": "jrl.reward.batch",
+        "DAPORewardManager": "jrl.reward.dapo",
+        "REWARD_MANAGERS": "jrl.reward.settings",
+        "RewardSettings": "jrl.reward.settings",
+        "load_reward_manager": "jrl.reward.manager",
+        "load_custom_reward_fn": "jrl.reward.custom",
+    },
+)

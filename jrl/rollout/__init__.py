@@ -1,24 +1,26 @@
-"""Rollout engines: generate responses for a batch of prompts (`jax` everywhere, `vllm` on GPU)."""
+"""Rollout engines: generate responses for a batch of prompts (`jax` everywhere, `vllm` on GPU).
 
-from __future__ import annotations
+Names are imported on first use (`jrl.lazy`): the engine registry (`jrl.rollout.engines`) and the
+settings types come without JAX or the engines.
+"""
 
-from jrl.rollout.build import build_rollout, make_rollout, sampling_params
-from jrl.rollout.jax_rollout import JaxRollout
-from jrl.rollout.limits import EngineLimits, SlotPlan
-from jrl.rollout.metrics import log_prob_mismatch_metrics
-from jrl.rollout.protocol import Rollout
-from jrl.rollout.sampler import generate_tokens
-from jrl.rollout.sampling import SamplingParams
+from jrl.lazy import lazy_exports
 
-__all__ = [
-    "EngineLimits",
-    "JaxRollout",
-    "Rollout",
-    "SamplingParams",
-    "SlotPlan",
-    "build_rollout",
-    "generate_tokens",
-    "log_prob_mismatch_metrics",
-    "make_rollout",
-    "sampling_params",
-]
+__all__, __getattr__ = lazy_exports(
+    __name__,
+    {
+        "ENGINES": "jrl.rollout.engines",
+        "EngineLimits": "jrl.rollout.limits",
+        "JaxRollout": "jrl.rollout.jax_rollout",
+        "Rollout": "jrl.rollout.protocol",
+        "RolloutSpec": "jrl.rollout.spec",
+        "SamplingParams": "jrl.rollout.sampling",
+        "SlotPlan": "jrl.rollout.limits",
+        "VllmSettings": "jrl.rollout.vllm_args",
+        "build_rollout": "jrl.rollout.build",
+        "generate_tokens": "jrl.rollout.sampler",
+        "log_prob_mismatch_metrics": "jrl.rollout.metrics",
+        "make_rollout": "jrl.rollout.build",
+        "sampling_params": "jrl.rollout.build",
+    },
+)

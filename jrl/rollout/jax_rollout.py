@@ -41,6 +41,7 @@ from jrl.rollout.limits import (
 )
 from jrl.rollout.sampler import SlotCache, cache_length, generate_tokens
 from jrl.rollout.sampling import SamplingParams, as_token_ids
+from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.tensor_parallel import cache_sharding, rollout_mesh
 
 
@@ -84,6 +85,27 @@ class JaxRollout:
         self._budget_measured = False
         self._cache: SlotCache | None = None
         self._stats: dict[str, float] = {}
+
+    @classmethod
+    def from_spec(
+        cls,
+        model: CausalLM,
+        spec: RolloutSpec,
+        *,
+        pad_token_id: int,
+        eos_token_ids: int | Iterable[int] | None,
+        mesh: Mesh | None = None,
+    ) -> JaxRollout:
+        """The engine of a run's `RolloutSpec` (response length, tensor parallel size, limits)."""
+        return cls(
+            model,
+            response_length=spec.response_length,
+            pad_token_id=pad_token_id,
+            eos_token_ids=eos_token_ids,
+            mesh=mesh,
+            tensor_parallel_size=spec.tensor_parallel_size,
+            limits=spec.limits,
+        )
 
     @property
     def state(self) -> nnx.State:

@@ -1,18 +1,22 @@
 """The engine's limits (verl's `max_num_seqs`, `max_num_batched_tokens`, `gpu_memory_utilization`,
 `free_cache_engine`) and the slot plan they give one generate call: how many sequences decode
-together, how many prompts one prefill takes, and how much KV cache that is."""
+together, how many prompts one prefill takes, and how much KV cache that is. No JAX here."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import jax
 import numpy as np
 
-from jrl.models import ModelConfig
+from jrl.config.errors import check_settings
 
-_CONFIG_PATH = "actor_rollout_ref.rollout"
+if TYPE_CHECKING:
+    import jax
+
+    from jrl.models import ModelConfig
+
+_CONFIG_PATH = "actor_rollout_ref.rollout"  # named in the KV budget's error
 # Float32 [slots, vocab] buffers that one sampling step keeps alive (logits, scaled logits,
 # sorted or noised logits, probabilities): the working memory that grows with the slot count.
 _VOCAB_BUFFERS = 4
@@ -39,32 +43,26 @@ class EngineLimits:
     free_cache_engine: bool = True
 
     def __post_init__(self) -> None:
-        checks = {
+        kinds = {field.name: type(field.default) for field in dataclasses.fields(self)}
+        kind_rules = {
+            name: (_number_of(getattr(self, name), kind), f"must be a {kind.__name__}")
+            for name, kind in kinds.items()
+        }
+        check_settings(self, kind_rules)
+        for name, kind in kinds.items():
+            object.__setattr__(self, name, kind(getattr(self, name)))
+        rules = {
             "max_num_seqs": (self.max_num_seqs >= 1, "must be at least 1"),
             "max_num_batched_tokens": (self.max_num_batched_tokens >= 1, "must be at least 1"),
-            "gpu_memory_utilization": (
-                0 < self.gpu_memory_utilization <= 1,
-                "must be in (0, 1]",
-            ),
+            "gpu_memory_utilization": (0 < self.gpu_memory_utilization <= 1, "must be in (0, 1]"),
         }
-        for key, (ok, rule) in checks.items():
-            if not ok:
-                raise ValueError(f"{_CONFIG_PATH}.{key}={getattr(self, key)!r} {rule}")
+        check_settings(self, rules)
 
-    @classmethod
-    def from_rollout_config(cls, rollout_cfg: Any) -> EngineLimits:
-        """Read from verl's `actor_rollout_ref.rollout` section (a ConfigDict or a mapping)."""
-        kinds = {field.name: type(field.default) for field in dataclasses.fields(cls)}
-        values = {}
-        for key, kind in kinds.items():
-            try:
-                value = rollout_cfg[key]
-            except (KeyError, AttributeError, TypeError):
-                raise KeyError(f"missing config key {_CONFIG_PATH}.{key}") from None
-            if isinstance(value, bool) != (kind is bool) or not isinstance(value, int | float):
-                raise ValueError(f"{_CONFIG_PATH}.{key}={value!r} must be a {kind.__name__}")
-            values[key] = kind(value)
-        return cls(**values)
+
+def _number_of(value: Any, kind: type) -> bool:
+    """Whether `value` can be a field of type `kind`: a bool for a bool, any other number for an
+    int or a float."""
+    return isinstance(value, int | float) and isinstance(value, bool) == (kind is bool)
 
 
 @dataclasses.dataclass(frozen=True)

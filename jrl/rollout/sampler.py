@@ -23,7 +23,8 @@ from jrl.models import CausalLM, KVCache
 from jrl.models.kv_layout import KVLayout
 from jrl.parallel import batch_axes
 from jrl.rollout.limits import SlotPlan
-from jrl.rollout.sampling import SamplingParams, row_keys, select_tokens
+from jrl.rollout.sampling import SamplingParams
+from jrl.rollout.selection import row_keys, select_tokens
 from jrl.rollout.tensor_parallel import cache_sharding
 
 

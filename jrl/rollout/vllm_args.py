@@ -1,23 +1,30 @@
-"""verl's `rollout` keys as arguments of vLLM's `LLM(...)` and `SamplingParams(...)`.
+"""vLLM's own settings (`VllmSettings`) and a run's rollout as the arguments of vLLM's `LLM(...)`
+and `SamplingParams(...)`.
 
-Pure Python (no vLLM import), so the mapping is checked anywhere. The engine these arguments
-build runs in this process on one GPU (see `jrl.rollout.vllm_rollout`), hence the checks that
-reject settings needing several engine processes.
+Pure Python (no vLLM, no JAX import), so the mapping is checked anywhere. The engine these
+arguments build runs in this process on one GPU (see `jrl.rollout.vllm_rollout`), hence the checks
+that reject settings needing several engine processes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from jrl.rollout.sampling import SamplingParams
+
+if TYPE_CHECKING:
+    from jrl.rollout.spec import RolloutSpec
 
 _SECTION = "actor_rollout_ref.rollout"
 # The oldest vLLM whose V1 engine has everything used here: `logprobs_mode`, `wake_up(tags=...)`,
 # in-process `collective_rpc` with a callable, and model buffers kept across sleep.
 MIN_VLLM_VERSION = (0, 10, 2)
+# vLLM raises a temperature in (0, 0.01) to 0.01 (every version) and refuses one above 2 (0.33).
+VLLM_TEMPERATURES = (0.01, 2.0)
 _DTYPES = {
     "bfloat16": "bfloat16",
     "bf16": "bfloat16",
@@ -26,31 +33,47 @@ _DTYPES = {
     "float32": "float32",
     "fp32": "float32",
 }
+_PASS_THROUGH = {"pass_through": True}
+
+
+@dataclasses.dataclass(frozen=True)
+class VllmSettings:
+    """verl's rollout keys that only vLLM reads, under their key names (the memory keys are the
+    `EngineLimits`; dtype, tensor parallel size and seed are the `RolloutSpec`'s).
+
+    `max_model_len` is the longest sequence (verl's default: prompt_length + response_length);
+    `load_format` is verl's (`dummy_*`: vLLM starts from random weights, the sync brings the
+    actor's); `engine_kwargs` are ``engine_kwargs.vllm``, handed to `vllm.LLM` last. The fields
+    marked pass-through (`VLLM_PASS_THROUGH`) go to `vllm.LLM` unchanged when not None.
+    """
+
+    max_model_len: int
+    enforce_eager: bool
+    load_format: str
+    data_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    expert_parallel_size: int = 1
+    quantization: str | None = None
+    cudagraph_capture_sizes: tuple[int, ...] | None = None
+    engine_kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    enable_chunked_prefill: bool | None = dataclasses.field(default=None, metadata=_PASS_THROUGH)
+    enable_prefix_caching: bool | None = dataclasses.field(default=None, metadata=_PASS_THROUGH)
+    disable_log_stats: bool | None = dataclasses.field(default=None, metadata=_PASS_THROUGH)
+    logprobs_mode: str | None = dataclasses.field(default=None, metadata=_PASS_THROUGH)
+    scheduling_policy: str | None = dataclasses.field(default=None, metadata=_PASS_THROUGH)
+    skip_tokenizer_init: bool | None = dataclasses.field(default=None, metadata=_PASS_THROUGH)
+
+
 # Keys handed to `vllm.LLM` unchanged when the section has them (and they are not null).
-VLLM_PASS_THROUGH = (
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "disable_log_stats",
-    "logprobs_mode",
-    "scheduling_policy",
-    "skip_tokenizer_init",
+VLLM_PASS_THROUGH = tuple(
+    field.name for field in dataclasses.fields(VllmSettings) if field.metadata.get("pass_through")
 )
+# verl's names of the parallel sizes and vLLM's (each must be 1 for the in-process engine).
 _SINGLE_ENGINE = {
     "tensor_model_parallel_size": "tensor_parallel_size",
     "data_parallel_size": "data_parallel_size",
     "pipeline_model_parallel_size": "pipeline_parallel_size",
 }
-
-
-def _get(cfg: Any, key: str, default: Any = ...) -> Any:
-    """`cfg[key]`; a missing key is an error naming it unless a default is given."""
-    try:
-        value = cfg[key]
-    except (KeyError, AttributeError, TypeError):
-        if default is ...:
-            raise KeyError(f"missing config key {_SECTION}.{key}") from None
-        return default
-    return default if value is None and default is not ... else value
 
 
 def vllm_dtype(name: str) -> str:
@@ -68,42 +91,49 @@ def load_format(name: str) -> str:
     return "dummy" if str(name).startswith("dummy") else "auto"
 
 
-def engine_kwargs(
-    rollout_cfg: Any, *, model_path: str, trust_remote_code: bool = False
-) -> dict[str, Any]:
-    """Keyword arguments of `vllm.LLM` from the rollout section; `engine_kwargs.vllm` entries
-    are applied last and win. Raises for settings this in-process engine cannot run."""
-    prompt_length = int(_get(rollout_cfg, "prompt_length"))
-    response_length = int(_get(rollout_cfg, "response_length"))
-    kwargs: dict[str, Any] = {
-        "model": os.path.expanduser(str(model_path)),
-        "dtype": vllm_dtype(_get(rollout_cfg, "dtype")),
-        "gpu_memory_utilization": float(_get(rollout_cfg, "gpu_memory_utilization")),
-        "enforce_eager": bool(_get(rollout_cfg, "enforce_eager")),
-        "enable_sleep_mode": bool(_get(rollout_cfg, "free_cache_engine")),
-        "load_format": load_format(_get(rollout_cfg, "load_format")),
-        "max_num_batched_tokens": int(_get(rollout_cfg, "max_num_batched_tokens")),
-        "max_num_seqs": int(_get(rollout_cfg, "max_num_seqs")),
-        "max_model_len": int(_get(rollout_cfg, "max_model_len", prompt_length + response_length)),
-        "seed": int(_get(rollout_cfg, "seed", 0)),
-        "trust_remote_code": bool(trust_remote_code),
+def engine_sizes(spec: RolloutSpec) -> dict[str, int]:
+    """verl's parallel sizes of `spec` by key name (`_SINGLE_ENGINE`'s keys)."""
+    vllm = spec.vllm
+    return {
+        "tensor_model_parallel_size": spec.tensor_parallel_size,
+        "data_parallel_size": vllm.data_parallel_size,
+        "pipeline_model_parallel_size": vllm.pipeline_model_parallel_size,
     }
-    for key, vllm_key in _SINGLE_ENGINE.items():
-        kwargs[vllm_key] = int(_get(rollout_cfg, key, 1))
+
+
+def engine_kwargs(spec: RolloutSpec) -> dict[str, Any]:
+    """Keyword arguments of `vllm.LLM` for the rollout of `spec` (its model folder, dtype, limits
+    and vLLM settings); ``engine_kwargs.vllm`` entries are applied last and win. Raises for
+    settings this in-process engine cannot run."""
+    vllm, limits = spec.vllm, spec.limits
+    kwargs: dict[str, Any] = {
+        "model": os.path.expanduser(str(spec.model_path)),
+        "dtype": vllm_dtype(spec.dtype),
+        "gpu_memory_utilization": limits.gpu_memory_utilization,
+        "enforce_eager": vllm.enforce_eager,
+        "enable_sleep_mode": limits.free_cache_engine,
+        "load_format": load_format(vllm.load_format),
+        "max_num_batched_tokens": limits.max_num_batched_tokens,
+        "max_num_seqs": limits.max_num_seqs,
+        "max_model_len": vllm.max_model_len,
+        "seed": spec.seed,
+        "trust_remote_code": spec.trust_remote_code,
+    }
+    for key, size in engine_sizes(spec).items():
+        kwargs[_SINGLE_ENGINE[key]] = size
     for key in VLLM_PASS_THROUGH:
-        value = _get(rollout_cfg, key, None)
+        value = getattr(vllm, key)
         if value is not None:
             kwargs[key] = value
-    sizes = _get(rollout_cfg, "cudagraph_capture_sizes", None)
+    sizes = vllm.cudagraph_capture_sizes
     if sizes and not kwargs["enforce_eager"]:
-        kwargs["compilation_config"] = {"cudagraph_capture_sizes": [int(s) for s in sizes]}
-    extra = _get(_get(rollout_cfg, "engine_kwargs", {}), "vllm", None) or {}
-    kwargs.update(extra.to_dict() if hasattr(extra, "to_dict") else dict(extra))
-    _check_engine(rollout_cfg, kwargs)
+        kwargs["compilation_config"] = {"cudagraph_capture_sizes": list(sizes)}
+    kwargs.update(vllm.engine_kwargs)
+    _check_engine(vllm, kwargs)
     return kwargs
 
 
-def _check_engine(rollout_cfg: Any, kwargs: Mapping[str, Any]) -> None:
+def _check_engine(vllm: VllmSettings, kwargs: Mapping[str, Any]) -> None:
     """Reject what needs more than one in-process engine on one GPU, or quantized weights."""
     for key, vllm_key in _SINGLE_ENGINE.items():
         if kwargs[vllm_key] != 1:
@@ -112,9 +142,9 @@ def _check_engine(rollout_cfg: Any, kwargs: Mapping[str, Any]) -> None:
                 f"engine on one GPU; set {_SECTION}.{key}=1 (or use rollout.name=jax, which "
                 "shards over the mesh)"
             )
-    if int(_get(rollout_cfg, "expert_parallel_size", 1)) != 1:
+    if vllm.expert_parallel_size != 1:
         raise ValueError(f"{_SECTION}.expert_parallel_size must be 1 for the vllm rollout")
-    if _get(rollout_cfg, "quantization", None) or kwargs.get("quantization"):
+    if vllm.quantization or kwargs.get("quantization"):
         raise ValueError(
             f"{_SECTION}.quantization is not supported by the vllm rollout: weights are synced "
             "from the actor in the rollout dtype; set it to null"

@@ -42,6 +42,7 @@ from jrl.models import CausalLM
 from jrl.models.hf_export import hf_torch_tensors
 from jrl.rollout.layout import check_prompts, rollout_batch
 from jrl.rollout.sampling import SamplingParams, as_token_ids
+from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.vllm_args import check_vllm_version, engine_kwargs, sampling_kwargs, vllm_dtype
 
 _SLEEP_LEVEL = 1
@@ -205,21 +206,20 @@ class VllmRollout:
     """Generates with vLLM from the prompts of a `Batch`, with the actor's current weights.
 
     `model` gives the parameter structure (and the first weights, pushed at construction);
-    `rollout_cfg` is verl's `actor_rollout_ref.rollout` section (engine, memory and sampling
-    keys, `engine_kwargs.vllm`); `model_path` is the HF folder vLLM builds its model from
-    (its weights are read only when `load_format` is not `dummy_*`).
+    `spec` is the run's rollout: vLLM's arguments (`engine_kwargs`: the HF folder `model_path`
+    vLLM builds its model from, whose weights are read only when `load_format` is not
+    `dummy_*`; memory limits, vLLM's settings) and the response length. `mesh` is not used:
+    vLLM runs on one GPU.
     """
 
     def __init__(
         self,
         model: CausalLM,
+        spec: RolloutSpec,
         *,
-        rollout_cfg: Any,
-        model_path: str,
-        response_length: int,
         pad_token_id: int,
         eos_token_ids: int | Iterable[int] | None,
-        trust_remote_code: bool = False,
+        mesh: Any = None,
     ):
         if importlib.util.find_spec("vllm") is None:
             raise ImportError(
@@ -232,22 +232,18 @@ class VllmRollout:
                 "the vllm rollout runs in a single JAX process; use rollout.name=jax on "
                 "multi-host runs"
             )
-        if response_length < 1:
-            raise ValueError(f"response_length={response_length} must be at least 1")
         if _LIVE_ENGINES:
             raise RuntimeError(
                 "a vllm rollout engine already lives in this process and vLLM's sleep mode "
                 "serves one per process: generate with that engine (validation does), or drop "
                 "every reference to it before building another"
             )
-        kwargs = engine_kwargs(
-            rollout_cfg, model_path=model_path, trust_remote_code=trust_remote_code
-        )
+        kwargs = engine_kwargs(spec)
         problem = handover_problem(os.environ, kwargs["gpu_memory_utilization"])
         if problem and any(d.platform == "gpu" for d in jax.local_devices()):
             raise RuntimeError(problem)
         _in_process_v1()
-        self.response_length = int(response_length)
+        self.response_length = spec.response_length
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = as_token_ids(eos_token_ids)
         self.free_cache_engine = bool(kwargs["enable_sleep_mode"])

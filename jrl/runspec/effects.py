@@ -27,7 +27,7 @@ from jrl.config.loading import load_card
 from jrl.config.megatron import MEGATRON_ROLES
 from jrl.config.moved import follows, key_matches, leaves, moved_settings, value_at
 from jrl.config.overrides import parse_command_line, split_key
-from jrl.rollout.vllm_args import VLLM_PASS_THROUGH
+from jrl.rollout.engines import ENGINES, Engine
 from jrl.runspec.loading import load_config
 from jrl.runspec.models import LORA_OPTIONS, lora_rank
 from jrl.runspec.optim import scheduler_kind, warmup_steps
@@ -38,20 +38,6 @@ from jrl.runspec.unsupported import unsupported_reason
 _ROLLOUT = "actor_rollout_ref.rollout"
 _ACTOR = "actor_rollout_ref.actor"
 _REF = "actor_rollout_ref.ref"
-# Keys only vLLM reads (`jrl.rollout.vllm_args`): no effect when jrl's JAX sampler generates
-# (`logprobs_mode` is read by both engines).
-VLLM_ONLY = (
-    *(key for key in VLLM_PASS_THROUGH if key != "logprobs_mode"),
-    "enforce_eager",
-    "load_format",
-    "layered_summon",
-    "cudagraph_capture_sizes",
-    "max_model_len",
-    "data_parallel_size",
-    "expert_parallel_size",
-    "pipeline_model_parallel_size",
-    "engine_kwargs.vllm.*",
-)
 
 Applies = Callable[[ConfigDict, str], bool]  # (config, generating engine) -> the entry applies
 
@@ -64,6 +50,11 @@ def _jax_sampler(config: ConfigDict, engine: str) -> bool:
     return engine == "jax"
 
 
+def _not_generating(engine: Engine) -> Applies:
+    """Applies while another engine than `engine` generates (`jrl.rollout.engines.serving`)."""
+    return lambda config, generating: generating != engine.name
+
+
 def _off(key: str) -> Applies:
     """Applies while the bool `key` is off."""
     return lambda config, engine: not config[key]
@@ -73,7 +64,7 @@ def _off(key: str) -> Applies:
 class NoEffect:
     """Keys matching `pattern` (dotted, ``*`` matches any part) but not listed in `unless` have
     no effect, for `reason`, in a run whose config and generating rollout `engine` (jax or vllm,
-    `jrl.rollout.serving_engine`) `applies` to (`given_only`: see `no_effect_reason`)."""
+    `jrl.rollout.build.serving_engine`) `applies` to (`given_only`: see `no_effect_reason`)."""
 
     pattern: str
     reason: str
@@ -481,9 +472,6 @@ NO_EFFECT = (
     NoEffect("critic.model.tokenizer_path", "the critic reads the actor's tokens (model.path's)"),
     NoEffect(f"{_ROLLOUT}.mode", "verl's rollout servers: jrl's sampler runs in the trainer"),
     NoEffect(f"{_ROLLOUT}.prompt_length", "jrl's rollout takes prompts as data.max_prompt_length"),
-    NoEffect(f"{_ROLLOUT}.over_sample_rate", "the sglang engine's option"),
-    NoEffect(f"{_ROLLOUT}.multi_stage_wake_up", "the sglang engine's option"),
-    NoEffect(f"{_ROLLOUT}.engine_kwargs.sglang.*", "the sglang engine's options"),
     NoEffect(f"{_ROLLOUT}.checkpoint_engine.*", _WEIGHT_TRANSFER),
     NoEffect(f"{_ROLLOUT}.update_weights_bucket_megabytes", _WEIGHT_TRANSFER),
     NoEffect("ray_kwargs.*", "Ray's options: jrl runs without Ray"),
@@ -501,8 +489,13 @@ NO_EFFECT = (
         "algorithm.filter_groups.*", "read by verl's DAPO recipe only, not by the PPO trainer"
     ),
     *(
-        NoEffect(f"{_ROLLOUT}.{key}", "vLLM's option: jrl's JAX sampler generates", _jax_sampler)
-        for key in VLLM_ONLY
+        NoEffect(
+            f"{_ROLLOUT}.{key}",
+            f"{engine.label}'s option: {engine.label} does not generate in this run",
+            _not_generating(engine),
+        )
+        for engine in ENGINES.values()
+        for key in engine.only_keys
     ),
     # Parts of the run that are switched off.
     NoEffect(

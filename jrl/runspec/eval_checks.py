@@ -8,13 +8,14 @@ from collections.abc import Iterator
 from ml_collections import ConfigDict
 
 from jrl.config.errors import ConfigError
-from jrl.runspec.validate import ROLLOUT_NAMES, TRUNCATIONS
+from jrl.rollout.engines import ENGINES
+from jrl.runspec.validate import TRUNCATIONS
 
 
 def _generation_problems(config: ConfigDict) -> Iterator[str]:
     rollout, data = config.rollout, config.data
-    if rollout.name not in ROLLOUT_NAMES:
-        yield f"rollout.name={rollout.name!r} is not one of {', '.join(ROLLOUT_NAMES)}"
+    if rollout.name not in ENGINES:
+        yield f"rollout.name={rollout.name!r} is not one of {', '.join(ENGINES)}"
     if data.truncation not in TRUNCATIONS:
         yield f"data.truncation={data.truncation!r} is not one of {', '.join(TRUNCATIONS)}"
     if rollout.n != 1:

@@ -1,9 +1,9 @@
 """`RunSpec`: the one frozen tree a run is built from, resolved once from verl's keys.
 
 `resolve_run(config)` reads the checked ConfigDict through a `KeyReads` view and returns the
-parts resolved so far (mesh, algorithm, cadence, checkpoints, logging, reward, the run's shape)
-with `reads`, every key it read; `resolve_sft_run` does the same for SFT's tree. Hot paths read the
-spec, never the config tree.
+parts resolved so far (mesh, algorithm, cadence, checkpoints, logging, reward, rollout, the run's
+shape) with `reads`, every key it read; `resolve_sft_run` does the same for SFT's tree. Hot paths
+read the spec, never the config tree.
 """
 
 from __future__ import annotations
@@ -14,9 +14,11 @@ from collections.abc import Mapping
 from ml_collections import ConfigDict
 
 from jrl.reward.settings import RewardSettings
+from jrl.rollout.spec import RolloutSpec
 from jrl.runspec.algorithm import AlgorithmSpec, resolve_algorithm
 from jrl.runspec.reads import KeyReads
 from jrl.runspec.reward import reward_settings
+from jrl.runspec.rollout import rollout_spec
 from jrl.runspec.run import (
     CadenceSpec,
     CheckpointSpec,
@@ -34,7 +36,7 @@ from jrl.runspec.shape import uses_critic, uses_reference
 @dataclasses.dataclass(frozen=True)
 class RunSpec:
     """A PPO-family run: its mesh, algorithm (estimator, KL, the actor's objective, rollout
-    correction), cadence, checkpoints, loggers and rewards; whether it trains a critic
+    correction), cadence, checkpoints, loggers, rewards and rollout; whether it trains a critic
     (`trains_critic`: ``critic.enable``, or the estimator's need of values) and needs a
     reference policy (`has_reference`: a KL loss or KL in the reward); `key_fields`: each key
     resolved -> the fields it became."""
@@ -45,6 +47,7 @@ class RunSpec:
     checkpoint: CheckpointSpec
     logging: LoggingSpec
     reward: RewardSettings
+    rollout: RolloutSpec
     trains_critic: bool
     has_reference: bool
     key_fields: Mapping[str, tuple[str, ...]]
@@ -66,6 +69,7 @@ def resolve_run(config: ConfigDict) -> RunSpec:
         checkpoint=view.resolve("checkpoint", ppo_checkpoint_spec, view, trains_critic),
         logging=view.resolve("logging", logging_spec, view),
         reward=view.resolve("reward", reward_settings, view),
+        rollout=view.resolve("rollout", rollout_spec, view),
         trains_critic=trains_critic,
         has_reference=view.resolve("has_reference", uses_reference, view),
         key_fields=view.ledger.fields(),

@@ -12,12 +12,13 @@ from ml_collections import ConfigDict
 from jrl.algos.estimator import ADV_ESTIMATORS
 from jrl.algos.policy_loss import POLICY_LOSS_TERMS
 from jrl.config.errors import ConfigError
+from jrl.rollout.engines import ENGINES
 from jrl.runspec.models import lora_problems, lora_rank
 from jrl.runspec.optim import optimizer_problems, sft_optimizer_problems
 from jrl.runspec.reward import reward_manager_problems
+from jrl.runspec.rollout import rollout_problems
 from jrl.runspec.rollout_correction_checks import rollout_correction_problems
 from jrl.runspec.run import CHECKPOINT_ITEMS
-from jrl.runspec.sampling_checks import sampling_problems
 from jrl.runspec.shape import estimator_needs_critic, n_gpus, uses_critic, uses_reference
 from jrl.runspec.unsupported import unsupported_settings
 
@@ -27,7 +28,6 @@ LOSS_AGG_MODES = (
     "seq-mean-token-mean",
     "seq-mean-token-sum-norm",
 )
-ROLLOUT_NAMES = ("jax", "vllm")
 TRUNCATIONS = ("error", "left", "right", "middle")
 RESUME_MODES = ("auto", "disable", "resume_path")
 # `jrl_kernels.logprob_entropy` implementation of each ``fused_kernel_options.impl_backend``:
@@ -55,7 +55,7 @@ def _choices(config: ConfigDict) -> Iterator[str]:
         ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES, ""),
         ("algorithm.adv_estimator", tuple(ADV_ESTIMATORS.names()), ""),
         ("actor_rollout_ref.actor.policy_loss.loss_mode", tuple(POLICY_LOSS_TERMS.names()), ""),
-        ("actor_rollout_ref.rollout.name", ROLLOUT_NAMES, " (jrl supports jax and vllm)"),
+        ("actor_rollout_ref.rollout.name", tuple(ENGINES), ""),
         ("data.truncation", TRUNCATIONS, ""),
         ("trainer.resume_mode", RESUME_MODES, ""),
         ("trainer.device", tuple(BACKENDS), ""),
@@ -364,7 +364,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     problems += _custom_dataset(config)
     problems += _response_length(config)
     problems += rollout_correction_problems(config)
-    problems += sampling_problems(config)
+    problems += rollout_problems(config)
     problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")
     if uses_critic(config):
         problems += _memory_options(config.critic.model, "critic.model")

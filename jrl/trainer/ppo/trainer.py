@@ -147,16 +147,17 @@ class PPOTrainer:
         if self.critic is not None:
             self.model_configs["critic"] = self.critic.learner.model().config
         self.vocab_size = int(self.model_configs["actor"].vocab_size)
+        actor = self.actor
         self.rollout = build_rollout(
-            config,
-            self.actor.learner.graphdef,
-            self.actor.params,
-            self.actor.mesh,
+            run.rollout,
+            actor.learner.graphdef,
+            actor.params,
+            actor.mesh,
             self.tokenizer,
-            lora=self.actor.spec.model.lora,
+            lora=actor.spec.model.lora,
         )
-        self.sampling = sampling_params(actor_cfg.rollout, self.rollout)
-        self.val_sampling = sampling_params(actor_cfg.rollout, self.rollout, validate=True)
+        self.sampling = sampling_params(run.rollout.sampling, self.rollout)
+        self.val_sampling = sampling_params(run.rollout.validation, self.rollout)
         self.reward_model = RewardModel(config, self.mesh) if config.reward_model.enable else None
         self.reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=1)

@@ -1,0 +1,43 @@
+"""`RolloutSpec`: what the rollout engines read of a run, resolved once from verl's keys by
+`jrl.runspec.rollout` (no JAX here)."""
+
+from __future__ import annotations
+
+import dataclasses
+from jrl.config.errors import check_settings
+from jrl.rollout.limits import EngineLimits
+from jrl.rollout.sampling import SamplingParams
+from jrl.rollout.vllm_args import VllmSettings
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutSpec:
+    """The rollout of a run.
+
+    `engine` is the name of `jrl.rollout.engines.ENGINES` the run asks for (``rollout.name``);
+    `sampling` and `validation` are the training and validation sampling (None: the run does not
+    validate), their token ids still unset (`jrl.rollout.sampling_params` sets the engine's);
+    `sampling.max_new_tokens` is the response length. The engine computes in `dtype` over the
+    actor's parameters, `tensor_parallel_size` devices per model replica; vLLM builds from the
+    Hugging Face folder `model_path` and seeds with `seed`.
+    """
+
+    engine: str
+    sampling: SamplingParams
+    validation: SamplingParams | None
+    limits: EngineLimits
+    vllm: VllmSettings
+    dtype: str
+    model_path: str
+    tensor_parallel_size: int = 1
+    seed: int = 0
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        rules = {"tensor_parallel_size": (self.tensor_parallel_size >= 1, "must be at least 1")}
+        check_settings(self, rules)
+
+    @property
+    def response_length(self) -> int:
+        """Tokens per response (the engine's output width)."""
+        return self.sampling.max_new_tokens
