@@ -96,26 +96,39 @@ def engine_limits(section: Any, prefix: str) -> EngineLimits:
         raise _keyed(err, prefix) from None
 
 
+def _int_list(value: Any) -> tuple[int, ...]:
+    return tuple(int(item) for item in value)
+
+
+# vLLM's keys that hold numbers, with their conversion and what the value must be.
+_VLLM_NUMBERS = {
+    **{key: (int, "an integer") for key in ("max_model_len", *_VLLM_SIZES)},
+    "cudagraph_capture_sizes": (_int_list, "a list of integers"),
+}
+
+
 def vllm_settings(section: Any, prefix: str) -> VllmSettings:
     """vLLM's keys of the rollout section `section` (at `prefix`); ``max_model_len`` defaults to
     prompt_length + response_length, as in verl."""
-    longest = int(_read(section, "prompt_length", prefix)) + int(
-        _read(section, "response_length", prefix)
-    )
-    given_length, sizes = section.get("max_model_len"), section.get("cudagraph_capture_sizes")
-    extra = (section.get("engine_kwargs") or {}).get("vllm") or {}
-    try:
-        return VllmSettings(
-            max_model_len=int(longest if given_length is None else given_length),
-            enforce_eager=bool(_read(section, "enforce_eager", prefix)),
-            load_format=str(_read(section, "load_format", prefix)),
-            cudagraph_capture_sizes=None if sizes is None else tuple(int(s) for s in sizes),
-            engine_kwargs=dict(extra.whole() if isinstance(extra, KeyReads) else plain(extra)),
-            **{key: int(size) for key, size in _given(section, _VLLM_SIZES).items()},
-            **_given(section, ("quantization", *VLLM_PASS_THROUGH)),
+    numbers = {}
+    for key, value in _given(section, tuple(_VLLM_NUMBERS)).items():
+        convert, kind = _VLLM_NUMBERS[key]
+        try:
+            numbers[key] = convert(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"{prefix}.{key}={value!r} must be {kind}") from None
+    if "max_model_len" not in numbers:
+        numbers["max_model_len"] = int(_read(section, "prompt_length", prefix)) + int(
+            _read(section, "response_length", prefix)
         )
-    except (TypeError, ValueError) as err:
-        raise ConfigError(f"invalid vLLM settings under {prefix}: {err}") from None
+    extra = (section.get("engine_kwargs") or {}).get("vllm") or {}
+    return VllmSettings(
+        enforce_eager=bool(_read(section, "enforce_eager", prefix)),
+        load_format=str(_read(section, "load_format", prefix)),
+        engine_kwargs=dict(extra.whole() if isinstance(extra, KeyReads) else plain(extra)),
+        **numbers,
+        **_given(section, ("quantization", *VLLM_PASS_THROUGH)),
+    )
 
 
 def _resolve(
