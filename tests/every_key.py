@@ -159,7 +159,6 @@ VALUES = {
     "critic.data_loader_seed": 7,
     f"{ROLLOUT}.top_k": 5,  # 0 disables top-k, as -1 does
     f"{ROLLOUT}.logprobs_mode": "raw_logprobs",
-    f"{ROLLOUT}.cudagraph_capture_sizes": [1, 8],
     f"{ROLLOUT}.max_num_seqs": 2,
     f"{ROLLOUT}.max_num_batched_tokens": 64,
     "data.truncation": "right",

@@ -38,6 +38,7 @@ REFUSED = {
     "grpo_trainer/run_gptoss_20b.sh": f"+{AR}.actor.fsdp_config.model_dtype",
     "grpo_trainer/run_moonlight16b_math_megatron.sh": _EXPERTS,
     "grpo_trainer/run_qwen2-7b_math_megatron.sh": _EMPTY,
+    "grpo_trainer/run_qwen2-7b_sgl_megatron.sh": _PIPELINE,
     "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": _PIPELINE,
     "grpo_trainer/run_qwen2_5-7b_math_megatron_diff_tp.sh": _PIPELINE,
     "grpo_trainer/run_qwen2_5_32b_grpo_npu.sh": _NPU,
@@ -47,9 +48,12 @@ REFUSED = {
     "grpo_trainer/run_qwen2_5_vl_32b_npu.sh": _NPU,
     "grpo_trainer/run_qwen2_5_vl_3b_npu.sh": _NPU,
     "grpo_trainer/run_qwen2_5_vl_7b_npu.sh": _NPU,
+    "grpo_trainer/run_qwen2_5_vl-7b-sglang.sh": "global_profiler.tool",
     "grpo_trainer/run_qwen3-235b_megatron_96gb.sh": _MEGATRON_OPTIMIZER,
     "grpo_trainer/run_qwen3-32b_npu.sh": _NPU,
     "grpo_trainer/run_qwen3-8b_npu.sh": _NPU,
+    "grpo_trainer/run_qwen3_8b_grpo_sglang_1k_spmd_npu.sh": _NPU,
+    "grpo_trainer/run_qwen3_8b_grpo_sglang_32k_spmd_npu.sh": _NPU,
     "grpo_trainer/run_qwen3_vl-30b-megatron.sh": _MEGATRON_OPTIMIZER,
     # Megatron's scheduler key: jrl's schedule is optim.lr_scheduler_type.
     "grpo_trainer/run_qwen3moe-30b_megatron_96gb.sh": f"{AR}.actor.optim.lr_decay_style",
@@ -70,8 +74,6 @@ REFUSED = {
     "sft/gsm8k/run_seed_oss_36b_sft.sh": _SFT_ULYSSES,
     "sft/multiturn/run_qwen_05_sp2.sh": _SFT_ULYSSES,
 }
-# sglang is served by the JAX sampler once that lands; until then it is refused by name.
-SGLANG = f"{AR}.rollout.name"
 
 
 def _load(entry: str, argv: list[str]):
@@ -79,10 +81,6 @@ def _load(entry: str, argv: list[str]):
     if entry == "ppo":
         return load_config([f"--config={PPO_CARD}", *argv])[0]
     return load_entry_config([f"--config={SFT_CARD}", *argv], SFT, validate_sft)
-
-
-def _uses_sglang(argv: list[str]) -> bool:
-    return f"{SGLANG}=sglang" in argv
 
 
 def test_the_fixture_is_verls_ppo_family_and_sft_examples():
@@ -98,12 +96,7 @@ def test_each_example_loads_or_names_the_missing_feature(item):
     if script in REFUSED:
         with pytest.raises(ConfigError, match=re.escape(REFUSED[script])):
             _load(entry, argv)
-    elif _uses_sglang(argv):
-        try:
-            _load(entry, argv)
-        except ConfigError as error:
-            assert f"{SGLANG}='sglang'" in str(error)
-    else:
+    else:  # rollout.name=sglang too: jrl's JAX sampler serves it
         _load(entry, argv)
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+
 from jrl.config.errors import check_settings
 from jrl.rollout.limits import EngineLimits
 from jrl.rollout.sampling import SamplingParams
@@ -17,18 +18,19 @@ class RolloutSpec:
     `engine` is the name of `jrl.rollout.engines.ENGINES` the run asks for (``rollout.name``);
     `sampling` and `validation` are the training and validation sampling (None: the run does not
     validate), their token ids still unset (`jrl.rollout.sampling_params` sets the engine's);
-    `sampling.max_new_tokens` is the response length. The engine computes in `dtype` over the
-    actor's parameters, `tensor_parallel_size` devices per model replica; vLLM builds from the
-    Hugging Face folder `model_path` and seeds with `seed`.
+    `sampling.max_new_tokens` is the response length; `vllm` holds vLLM's own settings where the
+    run names vLLM (None elsewhere: no other engine reads them). The engine computes in `dtype`
+    over the actor's parameters, `tensor_parallel_size` devices per model replica; vLLM builds
+    from the Hugging Face folder `model_path` and seeds with `seed`.
     """
 
     engine: str
     sampling: SamplingParams
     validation: SamplingParams | None
     limits: EngineLimits
-    vllm: VllmSettings
     dtype: str
     model_path: str
+    vllm: VllmSettings | None = None
     tensor_parallel_size: int = 1
     seed: int = 0
     trust_remote_code: bool = False

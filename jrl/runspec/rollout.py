@@ -9,7 +9,7 @@ verl's key paths stop here: below, the engines read typed fields only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from ml_collections import ConfigDict
@@ -143,22 +143,30 @@ def _resolve(
     holds the spec's model fields (path, trust_remote_code)."""
     problems: list[str] = []
 
-    def attempt(build: Any) -> Any:
+    def attempt(build: Callable[[], Any], field: str | None = None) -> Any:
+        """`build()` (a KeyReads view records its reads as going into ``rollout.<field>``), or
+        None with its problems listed."""
         try:
+            if field is not None and isinstance(section, KeyReads):
+                return section.resolve(f"rollout.{field}", build)
             return build()
         except ConfigError as err:
             problems.extend(line for line in str(err).split("\n") if line not in problems)
             return None
 
     parts = dict(
-        sampling=attempt(lambda: sampling_settings(section, prefix, n=n)),
+        sampling=attempt(lambda: sampling_settings(section, prefix, n=n), "sampling"),
         validation=(
-            attempt(lambda: sampling_settings(section, prefix, validate=True))
+            attempt(lambda: sampling_settings(section, prefix, validate=True), "validation")
             if validates
             else None
         ),
-        limits=attempt(lambda: engine_limits(section, prefix)),
-        vllm=attempt(lambda: vllm_settings(section, prefix)),
+        limits=attempt(lambda: engine_limits(section, prefix), "limits"),
+        vllm=(
+            attempt(lambda: vllm_settings(section, prefix), "vllm")
+            if _read(section, "name", prefix) == "vllm"
+            else None
+        ),
     )
     if problems:
         return None, problems
