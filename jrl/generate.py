@@ -38,6 +38,16 @@ from jrl.compile_cache import enable_compilation_cache
 from jrl.config.entry import load_entry_config, run_entry
 from jrl.config.trees import GENERATION
 from jrl.data.atomic import atomic_file
+from jrl.data.files import local_path, read_parquet
+from jrl.data.loader import DataLoader
+from jrl.data.rl_dataset import RLDataset
+from jrl.data.tokenizer import load_tokenizer
+from jrl.models import from_pretrained
+from jrl.models.dtypes import parse_dtype
+from jrl.parallel import make_mesh
+from jrl.parallel.devices import check_device
+from jrl.rollout.build import generating_engine, make_rollout, sampling_params
+from jrl.rollout.sampling import as_token_ids
 from jrl.rollout.spec import RolloutSpec
 from jrl.runspec.eval_checks import validate_generation
 from jrl.runspec.rollout import generation_spec
@@ -47,8 +57,6 @@ RESPONSES = "responses"
 
 def prompt_dataset(config: ConfigDict, tokenizer: Any) -> Any:
     """The prompts of ``data.path`` tokenised as the RL trainer tokenises them."""
-    from jrl.data.rl_dataset import RLDataset
-
     data = ConfigDict(
         {
             "prompt_key": config.data.prompt_key,
@@ -63,13 +71,6 @@ def prompt_dataset(config: ConfigDict, tokenizer: Any) -> Any:
 def build_rollout(config: ConfigDict, spec: RolloutSpec, tokenizer: Any) -> Any:
     """The rollout engine of `spec` (``rollout.name``; one that cannot serve this host falls back
     to jrl's JAX sampler, announced) with the model of ``model.path`` on the mesh."""
-    from jrl.models import from_pretrained
-    from jrl.models.dtypes import parse_dtype
-    from jrl.parallel import make_mesh
-    from jrl.parallel.devices import check_device
-    from jrl.rollout.build import generating_engine, make_rollout
-    from jrl.rollout.sampling import as_token_ids
-
     check_device(config)
     mesh = make_mesh(config.trainer.nnodes * config.trainer.n_gpus_per_node)
     dtype = parse_dtype(spec.dtype)
@@ -94,10 +95,6 @@ def build_rollout(config: ConfigDict, spec: RolloutSpec, tokenizer: Any) -> Any:
 
 def generate_responses(config: ConfigDict) -> list[list[str]]:
     """``data.n_samples`` decoded responses for each prompt row of ``data.path``, in row order."""
-    from jrl.data.loader import DataLoader
-    from jrl.data.tokenizer import load_tokenizer
-    from jrl.rollout.build import sampling_params
-
     spec = generation_spec(config)
     try:
         tokenizer = load_tokenizer(spec.model_path, trust_remote_code=spec.trust_remote_code)
@@ -125,8 +122,6 @@ def generate_responses(config: ConfigDict) -> list[list[str]]:
 
 def write_output(config: ConfigDict, responses: list[list[str]]) -> Path:
     """``data.path`` with the `RESPONSES` column added, written to ``data.output_path``."""
-    from jrl.data.files import local_path, read_parquet
-
     table = read_parquet(
         local_path(config.data.path, None, "data.path"), config.data.path, "data.path"
     )

@@ -61,6 +61,7 @@ from jrl.runspec import load_config, n_gpus
 from jrl.runspec.effects import command_line_keys, explain, no_effect_notice
 from jrl.runspec.rollout import rollout_spec
 from jrl.trainer.loop.stopping import NonFiniteLossError
+from jrl.trainer.ppo.trainer import PPOTrainer
 
 
 def planned_engine(config: Any) -> str:
@@ -88,7 +89,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     )
     enable_compilation_cache()
     prepare_for(config)
-    from jrl.trainer.ppo.trainer import PPOTrainer
 
     start = time.perf_counter()
     trainer = PPOTrainer(config)

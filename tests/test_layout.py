@@ -185,3 +185,42 @@ def test_settings_registries_and_package_doors_import_no_jax(module):
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def hidden_imports(files: list[Path]) -> list[str]:
+    """``module:line -> imported`` for each import of another jrl package made inside a function:
+    every dependency of a module stands at its top, where the layer check sees it."""
+    found = set()
+    for path in files:
+        here = module_name(path)
+        package = ".".join(here.split(".")[:2])
+        for function in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                names = []
+                if isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                    names = [node.module]
+                for name in names:
+                    if name.split(".")[0] in ("jrl", "jrl_kernels") and not (
+                        name == package or name.startswith(package + ".")
+                    ):
+                        found.add(f"{here}:{node.lineno} -> {name}")
+    return sorted(found)
+
+
+def test_no_package_imports_another_inside_a_function():
+    assert hidden_imports(python_files("jrl", "jrl_kernels")) == []
+
+
+def test_the_check_sees_a_hidden_import(tmp_path, monkeypatch):
+    (tmp_path / "jrl" / "models").mkdir(parents=True)
+    module = tmp_path / "jrl" / "models" / "x.py"
+    module.write_text(
+        "from jrl.models import y\n\ndef f():\n    from jrl.models import z\n"
+        "    from jrl.parallel import mesh\n    return mesh\n"
+    )
+    monkeypatch.setitem(globals(), "ROOT", tmp_path)
+    assert hidden_imports([module]) == ["jrl.models.x:5 -> jrl.parallel"]

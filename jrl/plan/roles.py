@@ -14,6 +14,7 @@ from typing import Any
 
 from jax.sharding import Mesh
 
+from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import make_mesh
 from jrl.parallel.topology import Slice
 from jrl.rollout.build import build_rollout, sampling_params
@@ -47,8 +48,6 @@ def _token_ids(config: Any, model_config: Any) -> Any:
         config.actor_rollout_ref.model.get("tokenizer_path") or config.actor_rollout_ref.model.path
     )
     try:
-        from jrl.data.tokenizer import load_tokenizer
-
         return load_tokenizer(path)
     except Exception:  # no tokenizer files: the ids come from config.json
         eos = model_config.eos_token_id

@@ -27,7 +27,9 @@ from jrl.config.loading import load_card
 from jrl.config.megatron import MEGATRON_ROLES
 from jrl.config.moved import follows, key_matches, leaves, moved_settings, value_at
 from jrl.config.overrides import parse_command_line, split_key
+from jrl.models.decoder import OFFLOAD_BACKENDS
 from jrl.rollout.engines import ENGINES, Engine
+from jrl.rollout.limits import free_device_bytes
 from jrl.runspec.loading import load_config
 from jrl.runspec.models import LORA_OPTIONS, lora_rank
 from jrl.runspec.optim import scheduler_kind, warmup_steps
@@ -189,8 +191,6 @@ def _no_host_offload(config: ConfigDict, engine: str) -> bool:
     rule, `jrl.models.decoder.OFFLOAD_BACKENDS`: CPU)."""
     import jax
 
-    from jrl.models.decoder import OFFLOAD_BACKENDS
-
     return jax.default_backend() not in OFFLOAD_BACKENDS
 
 
@@ -198,8 +198,6 @@ def _no_memory_report(config: ConfigDict, engine: str) -> bool:
     """Applies where the JAX sampler generates and the device reports no memory to take a share
     of (the sampler's rule, `jrl.rollout.limits.free_device_bytes`: CPU)."""
     import jax
-
-    from jrl.rollout.limits import free_device_bytes
 
     return engine == "jax" and free_device_bytes(jax.local_devices()[0]) is None
 

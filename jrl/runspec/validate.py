@@ -10,8 +10,12 @@ from collections.abc import Iterator, Sequence
 from ml_collections import ConfigDict
 
 from jrl.algos.estimator import ADV_ESTIMATORS
+from jrl.algos.kl import KL_CONTROLLERS, KL_ESTIMATORS
 from jrl.algos.policy_loss import POLICY_LOSS_TERMS
 from jrl.config.errors import ConfigError
+from jrl.models.config import ATTN_IMPLEMENTATIONS
+from jrl.models.dtypes import DTYPES
+from jrl.parallel.devices import BACKENDS
 from jrl.rollout.engines import ENGINES
 from jrl.runspec.models import lora_problems, lora_rank
 from jrl.runspec.optim import optimizer_problems, sft_optimizer_problems
@@ -49,8 +53,6 @@ def _not_one_of(key: str, value: object, allowed: Sequence[str], note: str = "")
 
 
 def _choices(config: ConfigDict) -> Iterator[str]:
-    from jrl.parallel.devices import BACKENDS
-
     rules = [
         ("actor_rollout_ref.actor.loss_agg_mode", LOSS_AGG_MODES, ""),
         ("algorithm.adv_estimator", tuple(ADV_ESTIMATORS.names()), ""),
@@ -82,8 +84,6 @@ def _choices(config: ConfigDict) -> Iterator[str]:
 
 def _attention_choices(config: ConfigDict) -> Iterator[str]:
     """Each model's ``override_config.attn_implementation`` names a kernel jrl has."""
-    from jrl.models.config import ATTN_IMPLEMENTATIONS
-
     for prefix in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
         override = config[prefix].get("override_config") or {}
         attention = override.get("attn_implementation")
@@ -294,8 +294,6 @@ def _optimizers(config: ConfigDict, sections: list[str]) -> Iterator[str]:
 def _kl(config: ConfigDict) -> Iterator[str]:
     """The KL estimators in use (`jrl.algos.kl.KL_ESTIMATORS`, each optionally with a '+'
     suffix) and, with KL in the reward, the controller type."""
-    from jrl.algos.kl import KL_CONTROLLERS, KL_ESTIMATORS
-
     algorithm, actor = config.algorithm, config.actor_rollout_ref.actor
     keys = ["algorithm.kl_penalty"] if algorithm.use_kl_in_reward else []
     keys += ["actor_rollout_ref.actor.kl_loss_type"] if actor.use_kl_loss else []
@@ -341,8 +339,6 @@ def _custom_dataset(config: ConfigDict) -> Iterator[str]:
 
 def _dtypes(config: ConfigDict) -> Iterator[str]:
     """Dtypes (`jrl.models.dtypes.DTYPES`) of the roles in use and of the rollout."""
-    from jrl.models.dtypes import DTYPES
-
     sections = ["actor_rollout_ref.actor.fsdp_config"]
     sections += ["actor_rollout_ref.ref.fsdp_config"] if uses_reference(config) else []
     sections += ["critic.model.fsdp_config"] if uses_critic(config) else []
@@ -397,8 +393,6 @@ def _micro_rows(config: ConfigDict, world: int) -> Iterator[str]:
 
 
 def _sft_choices(config: ConfigDict) -> Iterator[str]:
-    from jrl.models.dtypes import DTYPES
-
     rules = [
         ("data.truncation", SFT_TRUNCATIONS),
         ("model.strategy", SFT_STRATEGIES),
