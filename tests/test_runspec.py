@@ -9,6 +9,7 @@ from ml_collections import ConfigDict
 
 from jrl.config import sft_config
 from jrl.runspec import load_config
+from jrl.runspec.effects import explain
 from jrl.runspec.reads import KeyReads, was_read
 from jrl.runspec.spec import resolve_run, resolve_sft_run
 
@@ -67,3 +68,12 @@ def test_sft_resolves_its_one_role():
     run = resolve_sft_run(config, "actor")
     assert run.checkpoint.retention == {"actor": config.trainer.max_ckpt_to_keep}
     assert run.cadence.test_freq == config.trainer.test_freq
+
+
+def test_explain_names_the_runspec_field_each_key_became():
+    lines = explain([GRPO], lambda config: "jax").splitlines()
+    line = {text.split(" = ")[0]: text for text in lines}
+    assert line["trainer.save_freq"].endswith("-> cadence")
+    assert line["trainer.nnodes"].endswith("-> mesh")
+    assert "->" not in line["algorithm.gamma"]  # grpo does not read it: announced instead
+    assert "no effect" in line["algorithm.gamma"]

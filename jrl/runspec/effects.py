@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from ml_collections import ConfigDict
@@ -35,6 +35,7 @@ from jrl.runspec.models import LORA_OPTIONS, lora_rank
 from jrl.runspec.optim import scheduler_kind, warmup_steps
 from jrl.runspec.reward import manager_name
 from jrl.runspec.shape import estimator_needs_critic, uses_critic, uses_reference
+from jrl.runspec.spec import resolve_run
 from jrl.runspec.unsupported import unsupported_reason
 
 _ROLLOUT = "actor_rollout_ref.rollout"
@@ -666,11 +667,12 @@ def no_effect_notice(config: ConfigDict, engine: str, given: Collection[str] = (
 
 def explain(argv: Sequence[str], engine: Callable[[ConfigDict], str]) -> str:
     """The resolved config of a command line, one key a line: value, source (default / card /
-    override) and where it acts (or why it has no effect) with the rollout engine that
-    `engine(config)` says generates."""
+    override), where it acts (or why it has no effect) with the rollout engine that
+    `engine(config)` says generates, and the RunSpec field(s) it became (``-> rollout``)."""
     spec = parse_command_line(argv).spec
     config = load_config(argv)[0]
     generating = engine(config)
+    fields = resolve_run(config).key_fields
     defaults = resolve(default_config())
     card = resolve(load_card(spec)[0]) if spec else defaults
     overridden = command_line_keys(argv)
@@ -688,5 +690,17 @@ def explain(argv: Sequence[str], engine: Callable[[ConfigDict], str]) -> str:
             where = f"not supported away from its default: {unsupported}"
         else:
             where = f"no effect: {reason}" if reason else home(key)
-        lines.append(f"{key} = {value!r}  [{source}]  {where}")
+        became = fields_of(key, fields)
+        lines.append(f"{key} = {value!r}  [{source}]  {where}{became}")
     return "\n".join(lines)
+
+
+def fields_of(key: str, fields: Mapping[str, tuple[str, ...]]) -> str:
+    """`` -> f1, f2``: the RunSpec fields `key` (or a section holding it, read whole) became;
+    empty when the resolver did not read it."""
+    parts = key.split(".")
+    for n in range(len(parts), 0, -1):
+        found = fields.get(".".join(parts[:n]))
+        if found is not None:
+            return f"  -> {', '.join(found)}" if found else ""
+    return ""
