@@ -3,12 +3,15 @@ shape and the no-effect notice what it needs and reads; verl's plain decorator k
 calling convention."""
 
 import math
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 from reference import MASK, UIDS, B, close, rand
 
 from jrl import algos, train
+from jrl.algos.policy_loss import POLICY_LOSSES
 from jrl.config import ConfigError
 from jrl.runspec import load_config, uses_critic
 from jrl.runspec.effects import command_line_keys, ignored_settings
@@ -20,9 +23,23 @@ PPO = "--config=configs/gsm8k_ppo.py:tiny"
 @pytest.fixture
 def registry(monkeypatch):
     """The estimator registry; what a test registers is gone after it."""
+    algos.ADV_ESTIMATORS.names()  # jrl's own estimators are in before the copy
     entries = dict(algos.ADV_ESTIMATORS._entries)
     monkeypatch.setattr(algos.ADV_ESTIMATORS, "_entries", entries)
     return algos.ADV_ESTIMATORS
+
+
+def test_a_registry_reached_through_its_own_module_holds_every_built_in():
+    """The package imports its names lazily; each registry imports jrl's own entries itself."""
+    probe = (
+        "from jrl.algos.estimator import ADV_ESTIMATORS; "
+        "from jrl.algos.policy_loss import POLICY_LOSSES, POLICY_LOSS_TERMS; "
+        "print([r.names() for r in (ADV_ESTIMATORS, POLICY_LOSSES, POLICY_LOSS_TERMS)])"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    registries = (algos.ADV_ESTIMATORS, POLICY_LOSSES, algos.POLICY_LOSS_TERMS)
+    assert out.stdout.strip() == str([r.names() for r in registries])
+    assert "rloo" in algos.ADV_ESTIMATORS.names() and "gspo" in POLICY_LOSSES.names()
 
 
 def register_greedy_discounted(calls: list) -> None:

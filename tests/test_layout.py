@@ -168,6 +168,8 @@ def test_the_key_tree_imports_no_jax_and_no_other_jrl_package():
     "module",
     [
         "jrl.optim.settings",
+        "jrl.algos",
+        "jrl.algos.estimator",
         "jrl.rollout.engines",
         "jrl.rollout.spec",
         "jrl.rollout",

@@ -91,7 +91,10 @@ class Estimator:
 
 
 ADV_ESTIMATORS: Registry[Estimator] = Registry(
-    "advantage estimator", "algorithm.adv_estimator", lambda entry: entry.fn
+    "advantage estimator",
+    "algorithm.adv_estimator",
+    lambda entry: entry.fn,
+    built_in=("jrl.algos.advantages", "jrl.algos.group_baselines", "jrl.algos.token_returns"),
 )
 
 

@@ -23,9 +23,18 @@ LOG_RATIO_CLAMP = 20.0
 
 PolicyLossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 PolicyLossTermsFn = Callable[..., LossTerms]
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss", "actor.policy_loss.loss_mode")
+# The modules that register jrl's losses besides this one's vanilla.
+_LOSS_MODULES = (
+    "jrl.algos.bypass_loss",
+    "jrl.algos.covariance_losses",
+    "jrl.algos.sequence_losses",
+    "jrl.algos.token_losses",
+)
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry(
+    "policy loss", "actor.policy_loss.loss_mode", built_in=_LOSS_MODULES
+)
 POLICY_LOSS_TERMS: Registry[PolicyLossTermsFn] = Registry(
-    "per-token policy loss", "actor.policy_loss.loss_mode"
+    "per-token policy loss", "actor.policy_loss.loss_mode", built_in=_LOSS_MODULES
 )
 register_policy_loss = POLICY_LOSSES.register
 get_policy_loss_fn = POLICY_LOSSES.get

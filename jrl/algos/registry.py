@@ -1,9 +1,13 @@
 """Name -> entry registries: policy losses (entries are the functions) and advantage estimators
-(entries are descriptors holding the function, `jrl.algos.estimator`)."""
+(entries are descriptors holding the function, `jrl.algos.estimator`).
+
+A registry imports the modules that register jrl's own entries on its first lookup, so it is
+complete however it was reached (the package's names are imported lazily, `jrl.lazy`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 E = TypeVar("E")
@@ -16,15 +20,29 @@ def _itself(entry: Callable) -> Callable:
 
 class Registry(Generic[E]):
     """Entries looked up by the name a config uses (e.g. `algorithm.adv_estimator`);
-    `function_of` gives an entry's function (the entry itself for a registry of functions)."""
+    `function_of` gives an entry's function (the entry itself for a registry of functions);
+    `built_in` names the modules that register jrl's own entries (imported on the first lookup).
+    """
 
     def __init__(
-        self, kind: str, config_key: str, function_of: Callable[[E], Callable] = _itself
+        self,
+        kind: str,
+        config_key: str,
+        function_of: Callable[[E], Callable] = _itself,
+        built_in: Sequence[str] = (),
     ) -> None:
         self.kind = kind
         self.config_key = config_key
         self._function_of = function_of
+        self._built_in = tuple(built_in)
         self._entries: dict[str, E] = {}
+
+    def _entries_with_built_ins(self) -> dict[str, E]:
+        """The entries, jrl's own modules imported first (once)."""
+        modules, self._built_in = self._built_in, ()
+        for module in modules:
+            importlib.import_module(module)
+        return self._entries
 
     def add(self, name: object, entry: E) -> E:
         """Adds `entry` under `name`; a different function may not reuse a name."""
@@ -49,7 +67,7 @@ class Registry(Generic[E]):
 
     def find(self, name: object) -> E | None:
         """The entry registered under `name`, or None."""
-        return self._entries.get(entry_name(name))
+        return self._entries_with_built_ins().get(entry_name(name))
 
     def get(self, name: object) -> E:
         """The entry registered under `name`; an unknown name lists the known ones."""
@@ -68,7 +86,7 @@ class Registry(Generic[E]):
 
     def names(self) -> list[str]:
         """Registered names, sorted."""
-        return sorted(self._entries)
+        return sorted(self._entries_with_built_ins())
 
 
 def entry_name(name: object) -> str:
