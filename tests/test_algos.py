@@ -197,7 +197,8 @@ def test_accumulated_policy_gradient_equals_whole_batch_gradient(mode):
         denominator = algos.global_denominator(MASK, mode)
         total = 0.0
         for rows in np.split(np.arange(B), 2):
-            terms = terms_fn(old[rows], lp[rows], adv[rows], MASK[rows], config)
+            rows_in = algos.PolicyInputs(old[rows], lp[rows], adv[rows], MASK[rows])
+            terms = terms_fn(rows_in, config)
             total += algos.agg_loss_terms(terms.loss_mat, MASK[rows], mode)[0] / denominator
         return total
 

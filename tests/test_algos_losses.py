@@ -172,11 +172,47 @@ def test_every_loss_is_in_both_registries():
         assert algos.get_policy_loss_terms_fn(name) is getattr(algos, f"policy_loss_terms_{name}")
 
 
+# A second value of each option, every one changing the losses that read it on `inputs()`.
+OTHER_OPTIONS = {
+    "clip_ratio": 0.1,
+    "clip_ratio_low": 0.05,
+    "clip_ratio_high": 0.1,
+    "clip_ratio_c": 1.01,
+    "tau_pos": 3.0,
+    "tau_neg": 3.0,
+    "clip_cov_ratio": 0.0002,
+    "clip_cov_lb": 0.0,
+    "clip_cov_ub": 0.0,
+    "kl_cov_ratio": 0.5,
+    "ppo_kl_coef": 5.0,
+}
+
+
+@pytest.mark.parametrize("name", LOSSES)
+def test_a_loss_reads_the_options_its_descriptor_names_and_no_other(name):
+    """The no-effect notice announces an option the run's loss does not declare: it must not act."""
+    loss = algos.get_policy_loss(name)
+    assert not loss.follows_verl and loss.terms is getattr(algos, f"policy_loss_terms_{name}")
+    old, new, adv, w = inputs()
+    batch = algos.PolicyInputs(old, new, adv, MASK, w)
+    # Clip-Cov detaches every token it may, so each of its options changes the loss.
+    wide = {"clip_cov_ratio": 1.0, "clip_cov_lb": -50.0, "clip_cov_ub": 50.0}
+    plain = {**ACTOR_OPTIONS, **wide, "clip_ratio_low": None, "clip_ratio_high": None}
+    base = loss(batch, algos.PolicyLossSettings(**plain))
+    for option, value in OTHER_OPTIONS.items():
+        changed = loss(batch, algos.PolicyLossSettings(**{**plain, option: value}))
+        same = np.array_equal(changed.loss_mat, base.loss_mat)
+        assert same != loss.reads(option), (name, option)
+    with pytest.raises(ValueError, match="unknown options \\['clip'\\]"):
+        algos.register_policy_loss_terms("typo", options=("clip",))
+
+
 @pytest.mark.parametrize("name", LOSSES)
 def test_losses_are_finite_on_padding_and_follow_their_mode(name):
     old, new, adv, w = inputs()
     dirty_new = np.where(VALID, new, np.nan)  # padding log-probs may be garbage
-    terms = algos.get_policy_loss_terms_fn(name)(old, dirty_new, adv, MASK, actor_config())
+    padded = algos.PolicyInputs(old, dirty_new, adv, MASK)
+    terms = algos.get_policy_loss_terms_fn(name)(padded, actor_config())
     expected_mode = {
         "gspo": "seq-mean-token-mean",
         "sapo": "seq-mean-token-mean",
@@ -205,7 +241,8 @@ def test_accumulated_gradient_equals_whole_batch(name):
     def accumulated(lp):
         total = 0.0
         for rows in np.split(np.arange(B), 4):
-            terms = terms_fn(old[rows], lp[rows], adv[rows], MASK[rows], cfg, w[rows])
+            rows_in = algos.PolicyInputs(old[rows], lp[rows], adv[rows], MASK[rows], w[rows])
+            terms = terms_fn(rows_in, cfg)
             own_mode = terms.loss_agg_mode or mode
             numerator = algos.agg_loss_terms(terms.loss_mat, MASK[rows], own_mode)[0]
             total += numerator / algos.global_denominator(MASK, own_mode)

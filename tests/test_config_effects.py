@@ -75,6 +75,7 @@ CUSTOM_MANAGER = ("reward_manager.source=importlib", "reward_manager.module.path
         (f"{ACTOR}.tau_pos=0.5", [], [f"{ACTOR}.policy_loss.loss_mode=sapo"]),
         (f"{ACTOR}.policy_loss.kl_cov_ratio=0.1", [], [f"{ACTOR}.policy_loss.loss_mode=kl_cov"]),
         (f"{ACTOR}.policy_loss.clip_cov_ub=4.0", [], [f"{ACTOR}.policy_loss.loss_mode=clip_cov"]),
+        (f"{ACTOR}.clip_ratio_c=2.0", [f"{ACTOR}.policy_loss.loss_mode=gpg"], []),
         (f"{ACTOR}.optim.min_lr_ratio=0.1", [], [f"{ACTOR}.optim.lr_scheduler_type=cosine"]),
         (
             f"{ACTOR}.optim.lr_warmup_steps_ratio=0.1",

@@ -27,6 +27,8 @@ import jax.numpy as jnp
 from jrl.algos.aggregation import LossTerms
 from jrl.algos.correction_settings import CorrectionOptions
 from jrl.algos.policy_loss import (
+    CLIP_RANGES,
+    PolicyInputs,
     policy_loss_terms_vanilla,
     register_policy_loss_terms,
     verl_policy_loss,
@@ -38,9 +40,9 @@ from jrl.algos.token_losses import policy_loss_terms_gpg
 BYPASS_LOSS_MODE = "bypass_mode"
 
 
-def bypass_correction(config: PolicyLossSettings | None) -> CorrectionOptions:
+def bypass_correction(settings: PolicyLossSettings | None) -> CorrectionOptions:
     """The ``algorithm.rollout_correction`` options that the bypass loss's settings carry."""
-    options = None if config is None else config.rollout_correction
+    options = None if settings is None else settings.rollout_correction
     if options is None:
         raise ValueError(
             "policy_loss.loss_mode='bypass_mode' needs the algorithm.rollout_correction "
@@ -50,27 +52,21 @@ def bypass_correction(config: PolicyLossSettings | None) -> CorrectionOptions:
     return options
 
 
-@register_policy_loss_terms(BYPASS_LOSS_MODE)
+@register_policy_loss_terms(BYPASS_LOSS_MODE, options=(*CLIP_RANGES, "rollout_correction"))
 def policy_loss_terms_bypass_mode(
-    old_log_prob: jax.Array,
-    log_prob: jax.Array,
-    advantages: jax.Array,
-    response_mask: jax.Array,
-    config: PolicyLossSettings | None = None,
-    rollout_is_weights: jax.Array | None = None,
+    inputs: PolicyInputs, settings: PolicyLossSettings | None = None
 ) -> LossTerms:
-    """Per-token bypass-mode loss, `old_log_prob` being the rollout's log-probs (see the module
-    docstring); `rollout_is_weights` is ignored: the weights are computed here."""
-    section = bypass_correction(config)
+    """Per-token bypass-mode loss, `inputs.old_log_prob` being the rollout's log-probs (see the
+    module docstring); `inputs.rollout_is_weights` is ignored: the weights are computed here."""
+    section = bypass_correction(settings)
+    old_log_prob, log_prob, _, response_mask, _ = inputs
     current = jax.lax.stop_gradient(log_prob)
     weights, kept, correction = correction_arrays(section, current, old_log_prob, response_mask)
     loss_type = section.loss_type
     if loss_type == "ppo_clip":
-        terms = policy_loss_terms_vanilla(old_log_prob, log_prob, advantages, response_mask, config)
+        terms = policy_loss_terms_vanilla(inputs._replace(rollout_is_weights=None), settings)
     elif loss_type == "reinforce":  # GPG's plain policy gradient, with the bypass weights
-        terms = policy_loss_terms_gpg(
-            old_log_prob, log_prob, advantages, response_mask, config, weights
-        )
+        terms = policy_loss_terms_gpg(inputs._replace(rollout_is_weights=weights), settings)
         terms.metrics["actor/ppo_kl"] = jax.lax.stop_gradient(old_log_prob - log_prob)
     else:
         raise ValueError(

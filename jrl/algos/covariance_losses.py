@@ -16,6 +16,8 @@ import jax.numpy as jnp
 from jrl.algos.aggregation import LossTerms
 from jrl.algos.numerics import masked_sum, safe_divide
 from jrl.algos.policy_loss import (
+    CLIP_BOUNDS,
+    PolicyInputs,
     clip_bounds,
     register_policy_loss_terms,
     verl_policy_loss,
@@ -50,15 +52,11 @@ def _positive_ratio(value: float, key: str) -> float:
     return float(value)
 
 
-@register_policy_loss_terms("clip_cov")
+@register_policy_loss_terms(
+    "clip_cov", options=(*CLIP_BOUNDS, "clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")
+)
 def policy_loss_terms_clip_cov(
-    old_log_prob: jax.Array,
-    log_prob: jax.Array,
-    advantages: jax.Array,
-    response_mask: jax.Array,
-    config: PolicyLossSettings | None = None,
-    rollout_is_weights: jax.Array | None = None,
-    rng: jax.Array | None = None,
+    inputs: PolicyInputs, settings: PolicyLossSettings | None = None, rng: jax.Array | None = None
 ) -> LossTerms:
     """Clip-Cov: PPO's clipped loss with a random few high-covariance tokens detached.
 
@@ -70,9 +68,10 @@ def policy_loss_terms_clip_cov(
     (a JAX key; default key(0) for determinism; pass one derived from the step to vary it).
     Metrics: pg_clipfrac (fraction of tokens with corr = 0), ppo_kl.
     """
-    low, high = clip_bounds(config)
-    fraction = _positive_ratio(config.clip_cov_ratio, "clip_cov_ratio")
-    lower, upper = float(config.clip_cov_lb), float(config.clip_cov_ub)
+    low, high = clip_bounds(settings)
+    fraction = _positive_ratio(settings.clip_cov_ratio, "clip_cov_ratio")
+    lower, upper = float(settings.clip_cov_lb), float(settings.clip_cov_ub)
+    old_log_prob, log_prob, advantages, response_mask, rollout_is_weights = inputs
     neg_kl = log_prob - old_log_prob
     ratio = jnp.exp(neg_kl)
     unclipped = -advantages * ratio
@@ -88,14 +87,9 @@ def policy_loss_terms_clip_cov(
     return LossTerms(losses, jax.lax.stop_gradient(metrics))
 
 
-@register_policy_loss_terms("kl_cov")
+@register_policy_loss_terms("kl_cov", options=("kl_cov_ratio", "ppo_kl_coef"))
 def policy_loss_terms_kl_cov(
-    old_log_prob: jax.Array,
-    log_prob: jax.Array,
-    advantages: jax.Array,
-    response_mask: jax.Array,
-    config: PolicyLossSettings | None = None,
-    rollout_is_weights: jax.Array | None = None,
+    inputs: PolicyInputs, settings: PolicyLossSettings | None = None
 ) -> LossTerms:
     """KL-Cov: unclipped policy gradient with a KL penalty on the highest-covariance tokens.
 
@@ -103,11 +97,12 @@ def policy_loss_terms_kl_cov(
     k = max(⌊N·kl_cov_ratio⌋, 1) valid tokens with the largest
     cov_t = (A - mean A)·(logπ - mean logπ) (means over the N valid tokens); × rollout_is_weights.
     policy_loss.kl_cov_ratio defaults to 2e-4, policy_loss.ppo_kl_coef to 1 when null or without
-    `config` (the configuration's default is 0.1). Metric: ppo_kl = |log ratio|.
+    `settings` (the configuration's default is 0.1). Metric: ppo_kl = |log ratio|.
     """
-    options = config or PolicyLossSettings()
+    options = settings or PolicyLossSettings()
     fraction = _positive_ratio(options.kl_cov_ratio, "kl_cov_ratio")
     coef = float(options.ppo_kl_coef)
+    old_log_prob, log_prob, advantages, response_mask, rollout_is_weights = inputs
     neg_kl = log_prob - old_log_prob
     abs_kl = jnp.abs(neg_kl)
     pg_losses = -advantages * jnp.exp(neg_kl)

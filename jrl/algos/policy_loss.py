@@ -1,28 +1,85 @@
-"""Policy-gradient losses (`actor.policy_loss.loss_mode`) and their registry.
+"""Policy-gradient losses (`actor.policy_loss.loss_mode`): their descriptors, their registries
+and the vanilla PPO loss.
 
-Each loss exists in two forms sharing one implementation: a per-token form returning `LossTerms`
-(for exact accumulation over micro-batches, see `jrl.algos.aggregation`) and verl's single-batch
-form `(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
-rollout_is_weights) -> (loss, metrics)`. jrl's losses take `config` as `PolicyLossSettings`
-(`jrl.algos.settings`); a loss a user registers gets verl's actor section (`policy_loss_terms`).
+A loss's descriptor (`PolicyLoss`, registry `POLICY_LOSS_TERMS`) holds its per-token form, which
+returns `LossTerms` (exact accumulation over micro-batches, see `jrl.algos.aggregation`), and the
+`PolicyLossSettings` options it reads (the no-effect notice asks it). jrl's losses take one
+`PolicyInputs` and their settings:
+
+    @register_policy_loss_terms("my_loss", options=("clip_ratio",))
+    def policy_loss_terms_my_loss(inputs: PolicyInputs, settings: PolicyLossSettings) -> LossTerms:
+        ...
+
+A loss registered without `options` follows verl's calling convention: it is called
+``terms(old_log_prob, log_prob, advantages, response_mask, config, rollout_is_weights=...)`` with
+the actor section, read-only, as `config` (`settings.verl_config`). verl's single-batch form
+``(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config, rollout_is_weights)
+-> (loss, metrics)`` of each of jrl's losses is in `POLICY_LOSSES` (`get_policy_loss_fn`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from jrl.algos.aggregation import LossTerms, reduce_loss_terms
-from jrl.algos.registry import Registry
+from jrl.algos.registry import Registry, entry_name
 from jrl.algos.settings import PolicyLossSettings
 
 LOG_RATIO_CLAMP = 20.0
 
 PolicyLossFn = Callable[..., tuple[jax.Array, dict[str, jax.Array]]]
 PolicyLossTermsFn = Callable[..., LossTerms]
+# The PolicyLossSettings fields a loss may declare (the others name the loss, hand verl's section
+# or scale every loss's aggregation).
+OPTIONS = tuple(
+    f.name
+    for f in dataclasses.fields(PolicyLossSettings)
+    if f.name not in ("loss_mode", "verl_config", "loss_scale_factor")
+)
+# The clip range (`clip_bounds`), and with dual clip's c (`clip_ranges`).
+CLIP_BOUNDS = ("clip_ratio", "clip_ratio_low", "clip_ratio_high")
+CLIP_RANGES = (*CLIP_BOUNDS, "clip_ratio_c")
+
+
+class PolicyInputs(NamedTuple):
+    """The per-token arrays of one (micro-)batch that a policy loss reads."""
+
+    old_log_prob: jax.Array  # (batch, response): logπ_old (the rollout's in bypass mode)
+    log_prob: jax.Array  # (batch, response): logπ_θ, the one differentiated
+    advantages: jax.Array  # (batch, response): A
+    response_mask: jax.Array  # (batch, response): 1 on response tokens, 0 on padding
+    rollout_is_weights: jax.Array | None = None  # (batch, response): IS weights, or None
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyLoss:
+    """A policy loss: its per-token function `terms` and the `PolicyLossSettings` `options` it
+    reads (besides ``loss_scale_factor``, which the aggregation reads for every loss);
+    `follows_verl`: registered without options, called with verl's arguments (module
+    docstring)."""
+
+    name: str
+    terms: PolicyLossTermsFn
+    options: tuple[str, ...]
+    follows_verl: bool = False
+
+    def reads(self, option: str) -> bool:
+        """Whether it reads `option` (verl's convention: it may read any)."""
+        return self.follows_verl or option in self.options
+
+    def __call__(self, inputs: PolicyInputs, settings: PolicyLossSettings) -> LossTerms:
+        """Its per-token terms; a loss that follows verl gets `settings.verl_config`."""
+        if not self.follows_verl:
+            return self.terms(inputs, settings)
+        *arrays, weights = inputs
+        return self.terms(*arrays, settings.verl_config, rollout_is_weights=weights)
+
+
 # The modules that register jrl's losses besides this one's vanilla.
 _LOSS_MODULES = (
     "jrl.algos.bypass_loss",
@@ -33,13 +90,45 @@ _LOSS_MODULES = (
 POLICY_LOSSES: Registry[PolicyLossFn] = Registry(
     "policy loss", "actor.policy_loss.loss_mode", built_in=_LOSS_MODULES
 )
-POLICY_LOSS_TERMS: Registry[PolicyLossTermsFn] = Registry(
-    "per-token policy loss", "actor.policy_loss.loss_mode", built_in=_LOSS_MODULES
+POLICY_LOSS_TERMS: Registry[PolicyLoss] = Registry(
+    "per-token policy loss",
+    "actor.policy_loss.loss_mode",
+    lambda entry: entry.terms,
+    built_in=_LOSS_MODULES,
 )
 register_policy_loss = POLICY_LOSSES.register
 get_policy_loss_fn = POLICY_LOSSES.get
-register_policy_loss_terms = POLICY_LOSS_TERMS.register
-get_policy_loss_terms_fn = POLICY_LOSS_TERMS.get
+
+
+def register_policy_loss_terms(
+    name: object, *, options: Sequence[str] | None = None
+) -> Callable[[PolicyLossTermsFn], PolicyLossTermsFn]:
+    """Decorator registering a per-token loss under `name` with the `options` (fields of
+    `PolicyLossSettings`) it reads; without `options` it follows verl's calling convention."""
+    follows_verl = options is None
+    options = tuple(options or ())
+    unknown = [option for option in options if option not in OPTIONS]
+    if unknown:
+        raise ValueError(
+            f"policy loss {name!r}: unknown options {unknown}; options are {', '.join(OPTIONS)}"
+        )
+
+    def decorator(fn: PolicyLossTermsFn) -> PolicyLossTermsFn:
+        key = entry_name(name)
+        POLICY_LOSS_TERMS.add(key, PolicyLoss(key, fn, options, follows_verl))
+        return fn
+
+    return decorator
+
+
+def get_policy_loss(name: object) -> PolicyLoss:
+    """The descriptor registered under `name` (an unknown name lists the registered ones)."""
+    return POLICY_LOSS_TERMS.get(name)
+
+
+def get_policy_loss_terms_fn(name: object) -> PolicyLossTermsFn:
+    """The per-token function registered under `name`."""
+    return POLICY_LOSS_TERMS.get(name).terms
 
 
 def clip_bounds(config: PolicyLossSettings | None) -> tuple[float, float]:
@@ -81,7 +170,7 @@ def weighted(losses: jax.Array, rollout_is_weights: jax.Array | None) -> jax.Arr
 
 
 def verl_policy_loss(name: str, terms_fn: PolicyLossTermsFn) -> PolicyLossFn:
-    """verl's single-batch form of a per-token loss, registered under `name`.
+    """verl's single-batch form of jrl's per-token loss `terms_fn`, registered under `name`.
 
     The result takes (old_log_prob, log_prob, advantages, response_mask, loss_agg_mode, config,
     rollout_is_weights, **extra), `config` a `PolicyLossSettings`, and returns (loss, metrics):
@@ -100,9 +189,8 @@ def verl_policy_loss(name: str, terms_fn: PolicyLossTermsFn) -> PolicyLossFn:
         rollout_is_weights: jax.Array | None = None,
         **extra: Any,
     ) -> tuple[jax.Array, dict[str, jax.Array]]:
-        terms = terms_fn(
-            old_log_prob, log_prob, advantages, response_mask, config, rollout_is_weights, **extra
-        )
+        inputs = PolicyInputs(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+        terms = terms_fn(inputs, config, **extra)
         factor = None if config is None else config.loss_scale_factor
         return reduce_loss_terms(terms, response_mask, loss_agg_mode, factor)
 
@@ -113,14 +201,9 @@ def verl_policy_loss(name: str, terms_fn: PolicyLossTermsFn) -> PolicyLossFn:
     return register_policy_loss(name)(loss_fn)
 
 
-@register_policy_loss_terms("vanilla")
+@register_policy_loss_terms("vanilla", options=CLIP_RANGES)
 def policy_loss_terms_vanilla(
-    old_log_prob: jax.Array,
-    log_prob: jax.Array,
-    advantages: jax.Array,
-    response_mask: jax.Array,
-    config: PolicyLossSettings | None = None,
-    rollout_is_weights: jax.Array | None = None,
+    inputs: PolicyInputs, settings: PolicyLossSettings | None = None
 ) -> LossTerms:
     """Per-token PPO clipped loss with dual clip for negative advantages.
 
@@ -128,8 +211,9 @@ def policy_loss_terms_vanilla(
     Lc = max(L1, L2); L3 = -A·c; loss = min(L3, Lc) where A < 0 else Lc; × rollout_is_weights.
     `response_mask` only matters to the aggregation and metrics done by the caller.
     """
-    low, high, clip_ratio_c = clip_ranges(config)
-    log_r = log_ratio(log_prob, old_log_prob)
+    low, high, clip_ratio_c = clip_ranges(settings)
+    advantages = inputs.advantages
+    log_r = log_ratio(inputs.log_prob, inputs.old_log_prob)
     ratio = jnp.exp(log_r)
     unclipped = -advantages * ratio
     clipped = -advantages * jnp.clip(ratio, 1 - low, 1 + high)
@@ -137,7 +221,7 @@ def policy_loss_terms_vanilla(
     dual = -advantages * clip_ratio_c
     negative = advantages < 0
     losses = weighted(
-        jnp.where(negative, jnp.minimum(dual, clip_max), clip_max), rollout_is_weights
+        jnp.where(negative, jnp.minimum(dual, clip_max), clip_max), inputs.rollout_is_weights
     )
     metrics = {
         "actor/pg_clipfrac": (clipped > unclipped).astype(jnp.float32),
@@ -190,15 +274,7 @@ def policy_loss_terms(
     response_mask: jax.Array,
     rollout_is_weights: jax.Array | None = None,
 ) -> LossTerms:
-    """The per-token terms of `settings.loss_mode`: jrl's losses take `settings` as `config`, a
-    loss a user registers verl's (`settings.verl_config`, the actor section read-only)."""
-    terms_fn = get_policy_loss_terms_fn(settings.loss_mode)
-    config = settings if settings.verl_config is None else settings.verl_config
-    return terms_fn(
-        old_log_prob,
-        log_prob,
-        advantages,
-        response_mask,
-        config,
-        rollout_is_weights=rollout_is_weights,
-    )
+    """The per-token terms of `settings.loss_mode` (its descriptor calls it: jrl's losses get
+    `settings`, a loss that follows verl the actor section)."""
+    inputs = PolicyInputs(old_log_prob, log_prob, advantages, response_mask, rollout_is_weights)
+    return get_policy_loss(settings.loss_mode)(inputs, settings)

@@ -1,5 +1,6 @@
-"""Name -> entry registries: policy losses (entries are the functions) and advantage estimators
-(entries are descriptors holding the function, `jrl.algos.estimator`).
+"""Name -> entry registries: verl's single-batch policy losses (entries are the functions), the
+per-token policy losses and the advantage estimators (entries are descriptors holding the
+function, `jrl.algos.policy_loss` and `jrl.algos.estimator`).
 
 A registry imports the modules that register jrl's own entries on its first lookup, so it is
 complete however it was reached (the package's names are imported lazily, `jrl.lazy`)."""
@@ -78,11 +79,6 @@ class Registry(Generic[E]):
                 f"registered: {', '.join(sorted(self._entries))}"
             )
         return entry
-
-    def is_built_in(self, name: object) -> bool:
-        """Whether `name` is registered by jrl itself (not by a user's module)."""
-        entry = self.find(name)
-        return entry is not None and self._function_of(entry).__module__.split(".")[0] == "jrl"
 
     def names(self) -> list[str]:
         """Registered names, sorted."""

@@ -15,6 +15,8 @@ import jax.numpy as jnp
 from jrl.algos.aggregation import SEQ_MEAN_TOKEN_MEAN, SEQ_MEAN_TOKEN_SUM, LossTerms
 from jrl.algos.numerics import MEAN_EPS, masked_sum
 from jrl.algos.policy_loss import (
+    CLIP_BOUNDS,
+    PolicyInputs,
     clip_bounds,
     register_policy_loss_terms,
     verl_policy_loss,
@@ -26,14 +28,9 @@ GSPO_LOG_RATIO_MAX = 10.0
 IS_WEIGHT_EPS = 1e-10
 
 
-@register_policy_loss_terms("gspo")
+@register_policy_loss_terms("gspo", options=CLIP_BOUNDS)
 def policy_loss_terms_gspo(
-    old_log_prob: jax.Array,
-    log_prob: jax.Array,
-    advantages: jax.Array,
-    response_mask: jax.Array,
-    config: PolicyLossSettings | None = None,
-    rollout_is_weights: jax.Array | None = None,
+    inputs: PolicyInputs, settings: PolicyLossSettings | None = None
 ) -> LossTerms:
     """GSPO: PPO clipping on a sequence-level ratio with per-token gradients.
 
@@ -43,7 +40,8 @@ def policy_loss_terms_gspo(
     seq-mean-token-mean whatever `loss_agg_mode` says. Metrics: pg_clipfrac (clipped term larger),
     ppo_kl (logπ_old - logπ), pg_clipfrac_lower (always 0).
     """
-    low, high = clip_bounds(config)
+    low, high = clip_bounds(settings)
+    old_log_prob, log_prob, advantages, response_mask, rollout_is_weights = inputs
     neg_kl = log_prob - old_log_prob
     lengths = jnp.maximum(jnp.sum(response_mask, axis=-1), 1)
     seq_log_ratio = masked_sum(neg_kl, response_mask, axis=-1) / lengths
@@ -61,14 +59,9 @@ def policy_loss_terms_gspo(
     return LossTerms(losses, jax.lax.stop_gradient(metrics), SEQ_MEAN_TOKEN_MEAN)
 
 
-@register_policy_loss_terms("geo_mean")
+@register_policy_loss_terms("geo_mean", options=CLIP_BOUNDS)
 def policy_loss_terms_geo_mean(
-    old_log_prob: jax.Array,
-    log_prob: jax.Array,
-    advantages: jax.Array,
-    response_mask: jax.Array,
-    config: PolicyLossSettings | None = None,
-    rollout_is_weights: jax.Array | None = None,
+    inputs: PolicyInputs, settings: PolicyLossSettings | None = None
 ) -> LossTerms:
     """GMPO: a geometric-mean ratio per row, clipped token-wise in log space (no ±20 clamp).
 
@@ -79,7 +72,8 @@ def policy_loss_terms_geo_mean(
     (mode seq-mean-token-sum, see the module docstring). Metrics: pg_clipfrac (d clipped and
     A > 0), pg_clipfrac_lower (d clipped and A < 0), ppo_kl (-d).
     """
-    low, high = clip_bounds(config)
+    low, high = clip_bounds(settings)
+    old_log_prob, log_prob, advantages, response_mask, rollout_is_weights = inputs
     neg_kl = log_prob - old_log_prob
     neg_kl_clipped = jnp.clip(neg_kl, -low, high)
     sign = jnp.sign(advantages)

@@ -118,7 +118,7 @@ def _policy_loss(actor: KeyReads, correction: RolloutCorrection) -> PolicyLossSe
     options |= _given({key: actor.policy_loss[key] for key in POLICY_LOSS_KEYS})
     if correction.bypass_mode:
         options |= {"loss_mode": BYPASS_LOSS_MODE, "rollout_correction": correction.current}
-    elif not POLICY_LOSS_TERMS.is_built_in(options.get("loss_mode", VANILLA)):
+    elif POLICY_LOSS_TERMS.get(options.get("loss_mode", VANILLA)).follows_verl:
         options["verl_config"] = VerlSection(actor.whole())
     return PolicyLossSettings(**options)
 

@@ -21,6 +21,8 @@ from ml_collections import ConfigDict
 
 from jrl.algos.estimator import ADV_ESTIMATORS
 from jrl.algos.estimator import OPTIONS as ESTIMATOR_OPTIONS
+from jrl.algos.policy_loss import OPTIONS as LOSS_OPTIONS
+from jrl.algos.policy_loss import POLICY_LOSS_TERMS
 from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
 from jrl.config.loading import load_card
@@ -30,6 +32,7 @@ from jrl.config.overrides import parse_command_line, split_key
 from jrl.models.decoder import OFFLOAD_BACKENDS
 from jrl.rollout.engines import ENGINES, Engine
 from jrl.rollout.limits import free_device_bytes
+from jrl.runspec.algorithm import ACTOR_LOSS_KEYS, POLICY_LOSS_KEYS
 from jrl.runspec.loading import load_config
 from jrl.runspec.models import LORA_OPTIONS, lora_rank
 from jrl.runspec.optim import scheduler_kind, warmup_steps
@@ -147,8 +150,16 @@ def _raw_chat_unread(config: ConfigDict, engine: str) -> bool:
 _UNREAD_FIELD = "the batch carries it, but only a custom reward manager (importlib) would read it"
 
 
-def _loss_mode_is_not(mode: str) -> Applies:
-    return lambda config, engine: config[f"{_ACTOR}.policy_loss.loss_mode"] != mode
+def _policy_loss_ignores(option: str) -> Applies:
+    """Applies while the run's policy loss does not read `option` (its descriptor says; one that
+    follows verl's calling convention may read any). Bypass mode's loss needs loss_mode vanilla
+    and reads what vanilla reads."""
+
+    def applies(config: ConfigDict, engine: str) -> bool:
+        loss = POLICY_LOSS_TERMS.find(config[f"{_ACTOR}.policy_loss.loss_mode"])
+        return loss is not None and not loss.reads(option)
+
+    return applies
 
 
 def _estimator_ignores(option: str) -> Applies:
@@ -269,14 +280,9 @@ def _optim_entries() -> tuple[NoEffect, ...]:
 
 
 def _loss_entries() -> tuple[NoEffect, ...]:
-    """Options of choices the run did not make: of other policy losses, of
+    """Options of choices the run did not make: of policy losses other than the run's, of
     sampled validation, of the rollout's log-probs, of batch fields for a reward model or
     manager the run does not have, of validating before training."""
-    mode_options = (
-        (_ACTOR, "sapo", ("tau_pos", "tau_neg")),
-        (f"{_ACTOR}.policy_loss", "clip_cov", ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub")),
-        (f"{_ACTOR}.policy_loss", "kl_cov", ("kl_cov_ratio", "ppo_kl_coef")),
-    )
     entries = [
         NoEffect(
             f"{_ACTOR}.clip_ratio",
@@ -320,9 +326,12 @@ def _loss_entries() -> tuple[NoEffect, ...]:
             _off("trainer.val_before_train"),
         ),
     ]
-    for section, mode, keys in mode_options:
-        reason = f"an option of the {mode} policy loss (actor.policy_loss.loss_mode)"
-        entries += [NoEffect(f"{section}.{k}", reason, _loss_mode_is_not(mode)) for k in keys]
+    losses = [POLICY_LOSS_TERMS.get(name) for name in POLICY_LOSS_TERMS.names()]
+    for section, keys in ((_ACTOR, ACTOR_LOSS_KEYS), (f"{_ACTOR}.policy_loss", POLICY_LOSS_KEYS)):
+        for key in (key for key in keys if key in LOSS_OPTIONS):
+            readers = [loss.name for loss in losses if loss.reads(key)]
+            reason = f"the policy loss ignores it: only {', '.join(readers)} read it"
+            entries.append(NoEffect(f"{section}.{key}", reason, _policy_loss_ignores(key)))
     return tuple(entries)
 
 
