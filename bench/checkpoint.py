@@ -61,15 +61,9 @@ from jrl.models import ModelConfig, init_random  # noqa: E402
 from jrl.optim.optimizers import make_optimizer  # noqa: E402
 from jrl.optim.settings import OptimizerSettings, ScheduleSettings  # noqa: E402
 from jrl.parallel import make_mesh  # noqa: E402
-from jrl.trainer.io.checkpoint import (  # noqa: E402
-    HF_FOLDER,
-    CheckpointManager,
-    RoleSnapshot,
-    problems,
-    restore_role,
-    step_dir,
-)
+from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot, restore_role  # noqa: E402
 from jrl.trainer.io.checksums import file_entries  # noqa: E402
+from jrl.trainer.io.step_folders import HF_FOLDER, problems, step_dir  # noqa: E402
 from jrl.trainer.update.learner import Learner  # noqa: E402
 
 STEP = 1

@@ -50,7 +50,7 @@ from jrl.models import ModelConfig, apply_lora, save_pretrained
 from jrl.models.decoder import model_class
 from jrl.models.lora import LoraSettings, adapted_modules
 from jrl.models.safetensors_io import SafetensorsCheckpoint, SafetensorsTensor
-from jrl.trainer.io.checkpoint import (
+from jrl.trainer.io.step_folders import (
     HF_FOLDER,
     MANIFEST_FILE,
     TRACKER_FILE,

@@ -34,14 +34,13 @@ from jrl.models import CausalLM, from_pretrained
 from jrl.parallel import make_mesh
 from jrl.runspec import load_config
 from jrl.runspec.spec import resolve_run
-from jrl.trainer.io.checkpoint import (
+from jrl.trainer.io.checkpoint import CheckpointManager, restore_role
+from jrl.trainer.io.step_folders import (
     TRACKER_FILE,
     CheckpointError,
-    CheckpointManager,
     find_resume_dir,
     problems,
     read_manifest,
-    restore_role,
     step_dir,
 )
 from jrl.trainer.update.learner import Learner

@@ -23,10 +23,10 @@ from checkpoint_helpers import ROLES, _mesh, _ppo, _snapshot, _state, _take_step
 from jrl import merge
 from jrl.assets import prepare_tiny
 from jrl.data.loader import DataLoader
-from jrl.trainer.io.checkpoint import (
+from jrl.trainer.io.checkpoint import CheckpointManager
+from jrl.trainer.io.step_folders import (
     TRACKER_FILE,
     CheckpointError,
-    CheckpointManager,
     DamagedCheckpoint,
     find_resume_dir,
     step_dir,

@@ -21,7 +21,8 @@ from sft_digits import digits_sft_args
 from jrl import train
 from jrl.parallel.distributed import Launch, launch_from_env
 from jrl.runspec import load_config
-from jrl.trainer.io.checkpoint import problems, read_tracker, restore_role
+from jrl.trainer.io.checkpoint import restore_role
+from jrl.trainer.io.step_folders import problems, read_tracker
 from jrl.trainer.io.tracking import Tracking
 from jrl.trainer.ppo.trainer import PPOTrainer
 

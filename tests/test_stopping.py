@@ -16,7 +16,8 @@ from jrl.optim.optimizers import make_optimizer
 from jrl.parallel import make_mesh
 from jrl.runspec import load_config
 from jrl.runspec.optim import optimizer_settings
-from jrl.trainer.io.checkpoint import problems, read_tracker, restore_role
+from jrl.trainer.io.checkpoint import restore_role
+from jrl.trainer.io.step_folders import problems, read_tracker
 from jrl.trainer.loop.stopping import NonFiniteLossError, StopRequest
 from jrl.trainer.update.learner import Learner
 

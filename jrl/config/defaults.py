@@ -4,8 +4,9 @@ Values come from verl's configuration document where it gives one, otherwise fro
 defaults. A null default still has a type (`placeholder(int)`), so a wrong override fails.
 `${...}` strings follow other keys (see `jrl.config.interpolation`).
 
-It is one long module on purpose: the whole key tree of the configuration document in one
-place, section by section in the document's order, so that it can be read against it.
+The key tree of the configuration document, section by section in the document's order, so
+that it can be read against it; the rollout section (`jrl.config.rollout_defaults`), verl's
+profilers (`jrl.config.profilers`) and Megatron's sections (`jrl.config.megatron`) live beside it.
 """
 
 from __future__ import annotations
@@ -17,11 +18,9 @@ from ml_collections.config_dict import placeholder
 
 from jrl.config.interpolation import link
 from jrl.config.megatron import megatron_section
-from jrl.config.tree import section
-
-ACTOR = "actor_rollout_ref.actor"
-REF = "actor_rollout_ref.ref"
-MODEL = "actor_rollout_ref.model"
+from jrl.config.profilers import global_profiler, role_profiler, tool_free_profiler
+from jrl.config.rollout_defaults import log_prob_keys, rollout_section
+from jrl.config.tree import ACTOR, MODEL, REF, section
 
 
 def either(default: Any, *types: type) -> FieldReference:
@@ -179,75 +178,6 @@ def _router_replay() -> ConfigDict:
     return section(mode="disabled", record_file=placeholder(str), replay_file=placeholder(str))
 
 
-def _profiler() -> ConfigDict:
-    """A role's profiler (verl's ProfilerConfig); tool and folder follow ``global_profiler``."""
-    return section(
-        tool="${global_profiler.tool}",
-        enable=False,
-        all_ranks=False,
-        ranks=[],
-        save_path="${global_profiler.save_path}",
-        tool_config=section(
-            nsys=section(discrete="${global_profiler.global_tool_config.nsys.discrete}"),
-            npu=section(contents=[], level="level1", analysis=True, discrete=False),
-            torch=section(step_start=0, step_end=placeholder(int)),
-            torch_memory=section(
-                trace_alloc_max_entries=(
-                    "${global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries}"
-                ),
-                stack_depth="${global_profiler.global_tool_config.torch_memory.stack_depth}",
-            ),
-        ),
-    )
-
-
-def _tool_free_profiler(enable: Any, all_ranks: Any, ranks: Any) -> ConfigDict:
-    """A profiler whose tool options are the actor's (``tool_config`` null): the rollout's
-    (every switch the actor's) and the reward model's."""
-    return section(
-        tool="${global_profiler.tool}",
-        enable=enable,
-        all_ranks=all_ranks,
-        ranks=ranks,
-        save_path="${global_profiler.save_path}",
-        tool_config=placeholder(dict),
-    )
-
-
-def _nsight_options(**extra: Any) -> ConfigDict:
-    options = {"trace": "cuda,nvtx,cublas,ucx", "cuda-memory-usage": "true"}
-    return section(**options, **{"cuda-graph-trace": "graph"}, **extra)
-
-
-def _global_profiler() -> ConfigDict:
-    return section(
-        tool=placeholder(str),
-        steps=placeholder(list),
-        profile_continuous_steps=False,
-        save_path="outputs/profile",
-        global_tool_config=section(
-            nsys=section(
-                discrete=False,
-                controller_nsight_options=_nsight_options(),
-                worker_nsight_options=_nsight_options(
-                    **{
-                        "capture-range": "cudaProfilerApi",
-                        "capture-range-end": placeholder(str),
-                        "kill": "none",
-                    }
-                ),
-            ),
-            torch_memory=section(
-                trace_alloc_max_entries=100000,
-                stack_depth=32,
-                context="all",
-                stacks="all",
-                kw_args=section(),
-            ),
-        ),
-    )
-
-
 def _rollout_is_keys() -> dict[str, Any]:
     """The rollout importance-sampling keys of `actor` and `algorithm` (off by default)."""
     return dict(
@@ -257,16 +187,6 @@ def _rollout_is_keys() -> dict[str, Any]:
         rollout_is_level="token",
         rollout_is_mode="truncate",
         rollout_is_veto_threshold=placeholder(float),
-    )
-
-
-def _log_prob_keys() -> dict[str, Any]:
-    """The micro-batching keys of a log-prob pass (`ref`, `rollout`), following the actor's."""
-    return dict(
-        log_prob_micro_batch_size=placeholder(int),
-        log_prob_micro_batch_size_per_gpu=16,
-        log_prob_use_dynamic_bsz=f"${{{ACTOR}.use_dynamic_bsz}}",
-        log_prob_max_token_len_per_gpu=f"${{{ACTOR}.ppo_max_token_len_per_gpu}}",
     )
 
 
@@ -315,7 +235,7 @@ def _actor() -> ConfigDict:
         checkpoint=_checkpoint(),
         use_fused_kernels=f"${{{MODEL}.use_fused_kernels}}",
         router_replay=_router_replay(),
-        profiler=_profiler(),
+        profiler=role_profiler(),
         entropy_from_logits_with_chunking=False,
         entropy_checkpointing=False,
         use_remove_padding=f"${{{MODEL}.use_remove_padding}}",
@@ -331,99 +251,13 @@ def _ref() -> ConfigDict:
         use_torch_compile=f"${{{ACTOR}.use_torch_compile}}",
         fsdp_config=_fsdp(REF, forward_only=True),
         megatron=megatron_section(REF),
-        **_log_prob_keys(),
+        **log_prob_keys(),
         ulysses_sequence_parallel_size=f"${{{ACTOR}.ulysses_sequence_parallel_size}}",
         entropy_from_logits_with_chunking=False,
         entropy_checkpointing=False,
         router_replay=_router_replay(),
-        profiler=_profiler(),
+        profiler=role_profiler(),
         model=placeholder(dict),
-    )
-
-
-def _rollout() -> ConfigDict:
-    return section(
-        name="vllm",
-        mode="async",
-        temperature=1.0,
-        top_k=-1,
-        top_p=1.0,
-        prompt_length="${data.max_prompt_length}",
-        response_length="${data.max_response_length}",
-        dtype="bfloat16",
-        gpu_memory_utilization=0.5,
-        ignore_eos=False,
-        enforce_eager=True,
-        cudagraph_capture_sizes=placeholder(list),
-        free_cache_engine=True,
-        load_format="dummy_dtensor",
-        tensor_model_parallel_size=2,
-        data_parallel_size=1,
-        expert_parallel_size=1,
-        pipeline_model_parallel_size=1,
-        max_num_batched_tokens=8192,
-        max_model_len=placeholder(int),
-        max_num_seqs=1024,
-        enable_chunked_prefill=True,
-        enable_prefix_caching=True,
-        logprobs_mode="processed_logprobs",
-        scheduling_policy="fcfs",
-        **_log_prob_keys(),
-        disable_log_stats=True,
-        do_sample=True,
-        engine_kwargs=section(vllm=section(), sglang=section(), trtllm=section()),
-        n=1,
-        over_sample_rate=0.0,
-        multi_stage_wake_up=False,
-        calculate_log_probs=False,
-        val_kwargs=section(top_k=-1, top_p=1.0, temperature=0.0, n=1, do_sample=False),
-        multi_turn=section(
-            enable=False,
-            max_assistant_turns=placeholder(int),
-            tool_config_path=placeholder(str),
-            max_user_turns=placeholder(int),
-            max_parallel_calls=1,
-            max_tool_response_length=256,
-            tool_response_truncate_side="middle",
-            interaction_config_path=placeholder(str),
-            use_inference_chat_template=False,
-            tokenization_sanity_check_mode="strict",
-            format="hermes",
-            num_repeat_rollouts=placeholder(int),
-        ),
-        agent=section(
-            num_workers=8,
-            default_agent_loop="single_turn_agent",
-            agent_loop_config_path=placeholder(str),
-            custom_async_server=section(path=placeholder(str), name=placeholder(str)),
-        ),
-        checkpoint_engine=section(
-            backend="naive", update_weights_bucket_megabytes=2048, engine_kwargs=section()
-        ),
-        update_weights_bucket_megabytes=512,
-        profiler=_tool_free_profiler(
-            f"${{{ACTOR}.profiler.enable}}",
-            f"${{{ACTOR}.profiler.all_ranks}}",
-            f"${{{ACTOR}.profiler.ranks}}",
-        ),
-        trace=section(
-            backend=placeholder(str),
-            token2text=False,
-            max_samples_per_step_per_worker=placeholder(int),
-        ),
-        skip_rollout=False,
-        skip_dump_dir="/tmp/rollout_dump",
-        skip_tokenizer_init=True,
-        enable_rollout_routing_replay=False,
-        prometheus=section(
-            enable=False,
-            port=9090,
-            file="/tmp/ray/session_latest/metrics/prometheus/prometheus.yml",
-            served_model_name=f"${{{MODEL}.path}}",
-        ),
-        quantization=placeholder(str),
-        quantization_config_file=placeholder(str),
-        layered_summon=False,
     )
 
 
@@ -464,7 +298,7 @@ def _critic() -> ConfigDict:
         ulysses_sequence_parallel_size=1,
         grad_clip=1.0,
         checkpoint=_checkpoint(),
-        profiler=_profiler(),
+        profiler=role_profiler(),
     )
 
 
@@ -475,7 +309,7 @@ def _reward_model() -> ConfigDict:
         n_gpus_per_node=8,
         nnodes=0,
         strategy="fsdp",
-        profiler=_tool_free_profiler(False, False, []),
+        profiler=tool_free_profiler(False, False, []),
         model=section(
             input_tokenizer=f"${{{MODEL}.path}}",
             path="~/models/Anomy-RM-v0.1",
@@ -588,7 +422,7 @@ def default_templates() -> ConfigDict:
             model=_model(),
             actor=_actor(),
             ref=_ref(),
-            rollout=_rollout(),
+            rollout=rollout_section(),
         ),
         critic=_critic(),
         reward_model=_reward_model(),
@@ -600,7 +434,7 @@ def default_templates() -> ConfigDict:
         custom_reward_function=custom_reward_function(),
         algorithm=_algorithm(),
         trainer=_trainer(),
-        global_profiler=_global_profiler(),
+        global_profiler=global_profiler(),
         transfer_queue=section(enable=False),
         ray_kwargs=ray_kwargs(),
     )

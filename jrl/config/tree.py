@@ -11,6 +11,11 @@ from ml_collections.config_dict import MutabilityError, placeholder
 
 from jrl.config.errors import ConfigError
 
+# The PPO tree's role sections, as interpolations and checks name them.
+ACTOR = "actor_rollout_ref.actor"
+REF = "actor_rollout_ref.ref"
+MODEL = "actor_rollout_ref.model"
+
 
 def section(**fields: Any) -> ConfigDict:
     """A section whose keys keep the order written here."""

@@ -10,12 +10,11 @@ from typing import Any, NamedTuple
 
 from jrl.data.loader import DataLoader
 from jrl.runspec.run import CheckpointSpec
-from jrl.trainer.io.checkpoint import (
+from jrl.trainer.io.checkpoint import RoleRead, read_role
+from jrl.trainer.io.step_folders import (
     DamagedCheckpoint,
-    RoleRead,
     find_resume_dir,
     newest_intact,
-    read_role,
     step_dir,
     step_of,
 )
