@@ -6,6 +6,7 @@ document lists for `algorithm.adv_estimator`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -14,10 +15,18 @@ import jax.numpy as jnp
 from jrl.algos.estimator import register_adv_est
 from jrl.algos.numerics import masked_whiten
 
+Returns = tuple[jax.Array, jax.Array]  # (advantages, returns), each (batch, response)
 
-def _inputs(rewards: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    rewards, mask = (jax.lax.stop_gradient(x).astype(jnp.float32) for x in (rewards, mask))
-    return rewards, mask
+
+def _on_rewards(fn: Callable[..., Returns]) -> Callable[..., Returns]:
+    """`fn(rewards, mask, *extra)` jitted, rewards and mask taken as float32 without gradient."""
+
+    @jax.jit
+    def jitted(rewards: jax.Array, mask: jax.Array, *extra: jax.Array) -> Returns:
+        rewards, mask = (jax.lax.stop_gradient(x).astype(jnp.float32) for x in (rewards, mask))
+        return fn(rewards, mask, *extra)
+
+    return jitted
 
 
 def reward_to_go(rewards: jax.Array, mask: jax.Array) -> jax.Array:
@@ -43,11 +52,8 @@ def compute_reinforce_plus_plus_outcome_advantage(
     return _reinforce_pp(token_level_rewards, response_mask, gamma)
 
 
-@jax.jit
-def _reinforce_pp(
-    rewards: jax.Array, mask: jax.Array, gamma: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    rewards, mask = _inputs(rewards, mask)
+@_on_rewards
+def _reinforce_pp(rewards: jax.Array, mask: jax.Array, gamma: jax.Array) -> Returns:
 
     def step(running, xs):
         reward, valid = xs
@@ -84,11 +90,8 @@ def compute_remax_outcome_advantage(
     return _remax(token_level_rewards, response_mask, reward_baselines)
 
 
-@jax.jit
-def _remax(
-    rewards: jax.Array, mask: jax.Array, baselines: jax.Array
-) -> tuple[jax.Array, jax.Array]:
-    rewards, mask = _inputs(rewards, mask)
+@_on_rewards
+def _remax(rewards: jax.Array, mask: jax.Array, baselines: jax.Array) -> Returns:
     returns = reward_to_go(rewards, mask)
     baselines = jax.lax.stop_gradient(jnp.asarray(baselines, jnp.float32))
     return returns - baselines[:, None] * mask, returns
@@ -103,9 +106,8 @@ def compute_reward_advantage(
     return _reward(token_level_rewards, response_mask)
 
 
-@jax.jit
-def _reward(rewards: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
-    rewards, mask = _inputs(rewards, mask)
+@_on_rewards
+def _reward(rewards: jax.Array, mask: jax.Array) -> Returns:
     returns = reward_to_go(rewards, mask) * mask
     return returns, returns
 
