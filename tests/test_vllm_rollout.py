@@ -49,6 +49,7 @@ from jrl.models.hf_export import hf_arrays, hf_torch_tensors
 from jrl.models.layers import Linear
 from jrl.parallel import make_mesh
 from jrl.rollout import SamplingParams
+from jrl.rollout.layout import check_prompts
 from jrl.rollout.vllm_args import (
     check_vllm_version,
     engine_kwargs,
@@ -58,7 +59,6 @@ from jrl.rollout.vllm_args import (
 )
 from jrl.rollout.vllm_rollout import (
     assemble_batch,
-    check_prompts,
     load_hf_weights,
     prompt_token_ids,
     read_outputs,

@@ -26,10 +26,10 @@ from jrl.parallel import (
 )
 from jrl.rollout.layout import (
     RowLayout,
-    check_prompts,
     prompt_bucket,
     rollout_batch,
     row_layout,
+    rows_to_generate,
 )
 from jrl.rollout.limits import (
     EngineLimits,
@@ -124,13 +124,9 @@ class JaxRollout:
 
     def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
         """`Rollout.generate`; token t of row i is drawn with fold_in(fold_in(key, i), t)."""
-        check_prompts(
-            prompts,
-            sampling,
-            response_length=self.response_length,
-            pad_token_id=self.pad_token_id,
+        batch = rows_to_generate(
+            prompts, sampling, response_length=self.response_length, pad_token_id=self.pad_token_id
         )
-        batch = prompts.repeat(sampling.n, interleave=True)
         mask = np.asarray(batch["attention_mask"])
         out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, key)
         width = self.response_length - sampling.max_new_tokens

@@ -50,6 +50,15 @@ def check_prompts(
         )
 
 
+def rows_to_generate(
+    prompts: Batch, sampling: SamplingParams, *, response_length: int, pad_token_id: int
+) -> Batch:
+    """The rows a generate call samples: each prompt `sampling.n` times in a row, once
+    `check_prompts` passes."""
+    check_prompts(prompts, sampling, response_length=response_length, pad_token_id=pad_token_id)
+    return prompts.repeat(sampling.n, interleave=True)
+
+
 def rollout_batch(
     batch: Batch,
     responses: jax.Array,

@@ -40,7 +40,7 @@ from flax import nnx
 from jrl.batch import Batch
 from jrl.models import CausalLM
 from jrl.models.hf_export import hf_torch_tensors
-from jrl.rollout.layout import check_prompts, rollout_batch
+from jrl.rollout.layout import rollout_batch, rows_to_generate
 from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.vllm_args import check_vllm_version, engine_kwargs, sampling_kwargs, vllm_dtype
@@ -280,13 +280,9 @@ class VllmRollout:
         from vllm import SamplingParams as VllmSamplingParams
         from vllm.inputs import TokensPrompt
 
-        check_prompts(
-            prompts,
-            sampling,
-            response_length=self.response_length,
-            pad_token_id=self.pad_token_id,
+        batch = rows_to_generate(
+            prompts, sampling, response_length=self.response_length, pad_token_id=self.pad_token_id
         )
-        batch = prompts.repeat(sampling.n, interleave=True)
         rows = prompt_token_ids(np.asarray(batch["input_ids"]), np.asarray(batch["attention_mask"]))
         shared = sampling_kwargs(sampling)
         params = [VllmSamplingParams(**shared, seed=s) for s in row_seeds(key, len(rows))]
