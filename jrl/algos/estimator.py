@@ -22,7 +22,7 @@ import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 
-from jrl.algos.registry import Registry, entry_name
+from jrl.algos.registry import Registry
 
 AdvantageFn = Callable[..., tuple]
 # The batch inputs an estimator may need, and what each is (for the error when one is missing).
@@ -117,12 +117,9 @@ def register_adv_est(
             f"are {', '.join(INPUTS)}, options {', '.join(OPTIONS)}"
         )
 
-    def decorator(fn: AdvantageFn) -> AdvantageFn:
-        name = entry_name(name_or_enum)
-        ADV_ESTIMATORS.add(name, Estimator(name, fn, inputs, options, follows_verl))
-        return fn
-
-    return decorator
+    return ADV_ESTIMATORS.register_with(
+        name_or_enum, lambda name, fn: Estimator(name, fn, inputs, options, follows_verl)
+    )
 
 
 def get_adv_estimator(name: object) -> Estimator:

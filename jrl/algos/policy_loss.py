@@ -27,7 +27,7 @@ import jax
 import jax.numpy as jnp
 
 from jrl.algos.aggregation import LossTerms, reduce_loss_terms
-from jrl.algos.registry import Registry, entry_name
+from jrl.algos.registry import Registry
 from jrl.algos.settings import PolicyLossSettings
 
 LOG_RATIO_CLAMP = 20.0
@@ -113,12 +113,9 @@ def register_policy_loss_terms(
             f"policy loss {name!r}: unknown options {unknown}; options are {', '.join(OPTIONS)}"
         )
 
-    def decorator(fn: PolicyLossTermsFn) -> PolicyLossTermsFn:
-        key = entry_name(name)
-        POLICY_LOSS_TERMS.add(key, PolicyLoss(key, fn, options, follows_verl))
-        return fn
-
-    return decorator
+    return POLICY_LOSS_TERMS.register_with(
+        name, lambda key, fn: PolicyLoss(key, fn, options, follows_verl)
+    )
 
 
 def get_policy_loss(name: object) -> PolicyLoss:

@@ -59,9 +59,15 @@ class Registry(Generic[E]):
 
     def register(self, name: object) -> Callable[[F], F]:
         """Decorator adding a function under `name` (a registry whose entries are functions)."""
+        return self.register_with(name, lambda key, fn: fn)
+
+    def register_with(self, name: object, describe: Callable[[str, F], E]) -> Callable[[F], F]:
+        """Decorator adding `describe(key, fn)`, the entry describing the function, under `name`
+        (whose registry key is `key`); the function itself is returned unchanged."""
 
         def decorator(fn: F) -> F:
-            self.add(name, fn)
+            key = entry_name(name)
+            self.add(key, describe(key, fn))
             return fn
 
         return decorator
