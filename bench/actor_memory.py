@@ -3,7 +3,8 @@
 The update is the trainer's own: `jrl.trainer.update.learner.build_update` around
 `jrl.trainer.roles.actor.ActorLoss` (clipped PPO objective, KL loss to the reference, AdamW step,
 gradient clipping) for the ``configs/gsm8k_grpo.py`` card, with the role's log-prob
-implementation taken from the config exactly as `Actor.from_config` does (`logprob_impl`):
+implementation taken from the config exactly as the RunSpec takes it
+(`jrl.runspec.roles.log_prob_impl`):
 
 - ``use_fused_kernels=False`` (the baseline): ``naive``, the [tokens, vocab] logits materialised;
 - ``use_fused_kernels=True``, ``impl_backend=torch``: ``chunked`` (XLA loop over vocabulary chunks);
@@ -51,10 +52,10 @@ from jrl.optim.optimizers import make_optimizer  # noqa: E402
 from jrl.parallel import make_mesh, param_shardings  # noqa: E402
 from jrl.runspec import load_config  # noqa: E402
 from jrl.runspec.algorithm import resolve_algorithm  # noqa: E402
+from jrl.runspec.models import model_settings  # noqa: E402
 from jrl.runspec.optim import optimizer_settings  # noqa: E402
+from jrl.runspec.roles import log_prob_impl  # noqa: E402
 from jrl.trainer.roles.actor import ActorLoss  # noqa: E402
-from jrl.trainer.roles.log_probs import logprob_impl  # noqa: E402
-from jrl.trainer.roles.specs import ModelSpec  # noqa: E402
 from jrl.trainer.update.learner import Learner, build_update, normalisers  # noqa: E402
 from jrl_kernels import resolve_impl  # noqa: E402
 
@@ -73,7 +74,7 @@ GIB = 1024**3
 def abstract_state(config: Any, model_config: ModelConfig) -> Learner:
     """The actor's `Learner` on one device with abstract parameters and optimizer state."""
     arr = config.actor_rollout_ref
-    spec = ModelSpec.resolve(arr.model, arr.actor.fsdp_config)
+    spec = model_settings(arr.model, arr.actor.fsdp_config)
     model = nnx.eval_shape(
         lambda: CausalLM(
             model_config, dtype=spec.dtype, param_dtype=spec.param_dtype, rngs=nnx.Rngs(0)
@@ -107,8 +108,9 @@ def update_memory(config: Any, model_config: ModelConfig, micro_batches: int) ->
     """Compiled memory statistics of one actor update under `config`."""
     arr = config.actor_rollout_ref
     state = abstract_state(config, model_config)
-    impl = logprob_impl(arr, "actor")
-    loss = ActorLoss.resolve(resolve_algorithm(config), arr.rollout.temperature, impl)
+    loss = ActorLoss.resolve(
+        resolve_algorithm(config), arr.rollout.temperature, log_prob_impl(arr, "actor")
+    )
     minibatch = actor_minibatch(config, model_config.vocab_size, micro_batches)
     norm = normalisers(minibatch["response_mask"], arr.actor.loss_scale_factor)
     update = build_update(state, loss, arr.actor.grad_clip, minibatch)
@@ -126,7 +128,7 @@ def run(shape: str, micro_batches: int, overrides: list[str]) -> list[dict[str, 
     measured: dict[str, dict[str, Any]] = {}
     for name, variant in VARIANTS:
         config, _ = load_config([f"--config={CARD}", *overrides, *variant])
-        impl = logprob_impl(config.actor_rollout_ref, "actor")
+        impl = log_prob_impl(config.actor_rollout_ref, "actor")
         resolved = resolve_impl(impl)
         if resolved not in measured:
             measured[resolved] = update_memory(config, model_config, micro_batches)

@@ -327,3 +327,13 @@ def policy_log_probs(
     scoring = types.SimpleNamespace(temperature=temperature, impl="naive")
     forward = LogProbForward(graphdef, shardings, mesh, ForwardSpec(rows, budget, packed), scoring)
     return forward(params, batch, calculate_entropy)
+
+
+def build_actor(config: Any, mesh: Any, total_training_steps: int = 1) -> Any:
+    """The actor of the loaded PPO-family `config` on `mesh`, built as `PPOTrainer` builds it
+    (from the RunSpec's actor and algorithm)."""
+    from jrl.runspec.spec import resolve_run
+    from jrl.trainer.roles.actor import Actor
+
+    run = resolve_run(config)
+    return Actor.create(run.actor, run.algorithm, mesh, total_training_steps)

@@ -15,8 +15,8 @@ from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import load_tokenizer
 from jrl.runspec import load_config
+from jrl.runspec.spec import resolve_run
 from jrl.trainer.io.generations import write_generations
-from jrl.trainer.ppo.trainer import PPOSpec
 
 CARD = "--config=configs/gsm8k_grpo.py:tiny"
 SCORER = """
@@ -75,7 +75,7 @@ def _first_batch_prompts(config) -> Counter:
         dataset,
         config.data.train_batch_size,
         shuffle=config.data.shuffle,
-        seed=PPOSpec.resolve(config).seed,
+        seed=resolve_run(config).trainer.seed,
     )
     batch = next(iter(loader.epoch(0)))
     texts = tokenizer.batch_decode(batch.tensors["input_ids"], skip_special_tokens=True)

@@ -11,7 +11,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import randomise_adapters
+from helpers import build_actor, randomise_adapters
 from safetensors.numpy import load_file
 
 from jrl import train
@@ -29,7 +29,7 @@ from jrl.models import (
 from jrl.models.lora import LoraSettings, adapted_modules, lora_targets
 from jrl.parallel import make_mesh
 from jrl.runspec import load_config
-from jrl.trainer.roles.actor import Actor
+from jrl.runspec.spec import resolve_run
 from jrl.trainer.roles.reference import Reference
 from jrl.trainer.update.learner import Learner, build_update
 
@@ -174,8 +174,8 @@ def lora_config(tmp_path_factory):
 
 def test_reference_is_the_actor_base_without_adapters(lora_config):
     mesh = make_mesh(1)
-    actor = Actor.from_config(lora_config, mesh, total_training_steps=1)
-    ref = Reference.from_config(lora_config, mesh, actor)
+    actor = build_actor(lora_config, mesh)
+    ref = Reference.create(resolve_run(lora_config).ref, mesh, actor)
     assert adapted_modules(actor.learner.model()) and not adapted_modules(
         nnx.merge(ref.log_probs.graphdef, ref.params)
     )

@@ -21,9 +21,9 @@ from jrl.models import init_random
 from jrl.models.decoder import host_offload_supported, set_memory_options
 from jrl.parallel import make_mesh, shard_batch
 from jrl.runspec import load_config
+from jrl.runspec.models import model_settings
 from jrl.trainer.roles.critic import response_values
 from jrl.trainer.roles.log_probs import response_log_probs
-from jrl.trainer.roles.specs import ModelSpec
 from jrl.trainer.update.learner import Learner, UpdatePlan
 from jrl.trainer.update.packing import pack, packing_plan, plan_packing, with_packing
 
@@ -131,7 +131,7 @@ def test_offload_without_remat_is_refused():
                 "actor_rollout_ref.model.enable_gradient_checkpointing=False",
             ]
         )
-    spec = ModelSpec.resolve({"path": "unused", "enable_gradient_checkpointing": True}, {})
+    spec = model_settings({"path": "unused", "enable_gradient_checkpointing": True}, {})
     assert spec.memory_options() == {
         "remat_policy": "full",
         "activation_offload": False,

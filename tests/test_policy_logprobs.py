@@ -100,11 +100,11 @@ PPO_CARD = "configs/gsm8k_ppo.py:tiny"
 )
 def test_logprob_impl_follows_use_fused_kernels(overrides, actor, ref):
     from jrl.runspec import load_config
-    from jrl.trainer.roles.log_probs import logprob_impl
+    from jrl.runspec.roles import log_prob_impl
 
     config, _ = load_config([f"--config={PPO_CARD}", *overrides])
     arr = config.actor_rollout_ref
-    assert (logprob_impl(arr, "actor"), logprob_impl(arr, "ref")) == (actor, ref)
+    assert (log_prob_impl(arr, "actor"), log_prob_impl(arr, "ref")) == (actor, ref)
 
 
 def test_unknown_impl_backend_is_a_config_error():

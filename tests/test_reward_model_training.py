@@ -51,6 +51,7 @@ def test_reward_model_scores_drive_training(reward_model_dir, input_tokenizer, t
 def _scorer(reward_model_dir, *overrides: str):
     from jrl.parallel import make_mesh
     from jrl.runspec import load_config
+    from jrl.runspec.spec import resolve_run
     from jrl.trainer.roles.reward_model import RewardModel
 
     config = load_config(
@@ -62,7 +63,7 @@ def _scorer(reward_model_dir, *overrides: str):
             *overrides,
         ]
     )[0]
-    return RewardModel(config, make_mesh(1))
+    return RewardModel(resolve_run(config).reward_model, make_mesh(1))
 
 
 def test_offloaded_reward_model_lives_in_host_memory_and_scores_the_same(reward_model_dir):

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from ml_collections import ConfigDict
 
-from jrl.config import sft_config
+from jrl.config import apply_overrides, sft_config
 from jrl.runspec import load_config
 from jrl.runspec.effects import explain
 from jrl.runspec.reads import KeyReads, was_read
@@ -16,6 +16,7 @@ from jrl.runspec.spec import resolve_run, resolve_sft_run
 REPO = Path(__file__).resolve().parents[1]
 PPO = f"--config={REPO / 'configs' / 'gsm8k_ppo.py'}"
 GRPO = f"--config={REPO / 'configs' / 'gsm8k_grpo.py'}"
+FIELDS = ("critic", "reward_model")
 
 
 def test_the_view_records_each_leaf_read_by_its_dotted_path():
@@ -77,3 +78,140 @@ def test_explain_names_the_runspec_field_each_key_became():
     assert line["trainer.nnodes"].endswith("-> mesh")
     assert "->" not in line["algorithm.gamma"]  # grpo does not read it: announced instead
     assert "no effect" in line["algorithm.gamma"]
+
+
+def test_the_roles_resolve_once_into_mesh_free_settings():
+    config, _ = load_config(
+        [
+            PPO,
+            "actor_rollout_ref.actor.use_kl_loss=True",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=True",
+            "actor_rollout_ref.actor.shuffle=True",
+            "critic.shuffle=False",
+            "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
+            "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=4096",
+            "critic.ppo_micro_batch_size_per_gpu=null",
+            "critic.ppo_micro_batch_size=16",
+            "critic.model.fsdp_config.fsdp_size=2",
+        ]
+    )
+    run = resolve_run(config)
+    arr = config.actor_rollout_ref
+    actor, ref, critic = run.actor, run.ref, run.critic
+    assert actor.model.path == arr.model.path and actor.model.kind == "causal_lm"
+    assert actor.offload.params and not actor.offload.optimizer
+    assert actor.update.mini_rows == arr.actor.ppo_mini_batch_size * arr.rollout.n
+    assert actor.update.shuffle_seed == 0  # data_loader_seed null: 0, as verl
+    assert actor.update.split.micro_rows == arr.actor.ppo_micro_batch_size_per_gpu
+    assert actor.log_probs.max_tokens == 4096 and actor.log_probs.micro_rows is None
+    assert actor.log_probs.budget_key == "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"
+    assert ref is not None and ref.model is not None and ref.mesh.key == "actor_rollout_ref.ref"
+    assert critic.model.kind == "value" and critic.mesh.fsdp_size == 2
+    assert critic.update.split.global_rows == 16 and critic.update.split.micro_rows is None
+    assert critic.update.optimizer.key == "critic.optim" and run.reward_model is None
+    fields = run.key_fields
+    assert fields["actor_rollout_ref.actor.fsdp_config.param_offload"] == ("actor",)
+    assert fields["critic.model.fsdp_config.fsdp_size"] == ("critic",)
+    assert fields["critic.ppo_micro_batch_size"] == ("critic",)
+    assert "actor" in fields["actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu"]
+    assert fields["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"] == ("ref",)
+    assert set(fields["actor_rollout_ref.rollout.n"]) >= {"actor", "ref", "critic"}
+    # what a setting leaves unused is not read: the per-device size beside the token budget,
+    # the seed of an unshuffled critic, the reward model's keys of a run without one
+    assert "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu" not in fields
+    assert "critic.data_loader_seed" not in fields
+    assert not any(key.startswith("reward_model.model") for key in fields)
+
+
+def test_switched_off_roles_read_none_of_their_keys():
+    run = resolve_run(load_config([GRPO])[0])
+    assert run.critic is None and run.reward_model is None and run.ref is not None
+    critic_keys = {key for key in run.reads if key.startswith("critic.")}
+    assert critic_keys == {"critic.enable"}  # read to decide that there is no critic
+    into = {field: sorted(k for k, f in run.key_fields.items() if field in f) for field in FIELDS}
+    assert into == {"critic": [], "reward_model": ["reward_model.enable"]}
+    assert not any(key.startswith("reward_model.model.") for key in run.reads)
+    config, _ = load_config([PPO])
+    assert resolve_run(config).ref is None
+    assert not any(key.startswith("actor_rollout_ref.ref.") for key in resolve_run(config).reads)
+
+
+def test_with_lora_the_reference_is_the_actors_base():
+    config, _ = load_config([GRPO, "actor_rollout_ref.model.lora_rank=4", "data.seed=5"])
+    run = resolve_run(config)
+    assert run.actor.model.lora is not None and run.actor.model.lora_seed == 5
+    assert run.ref.model is None and run.ref.mesh is None and run.ref.offload is None
+    assert "data.seed" in run.key_fields and "actor" in run.key_fields["data.seed"]
+    without = resolve_run(load_config([GRPO, "data.seed=5"])[0])
+    assert without.actor.model.lora_seed == 0  # the seed only initialises adapters
+    assert "actor" not in without.key_fields["data.seed"]
+
+
+def test_the_reward_model_and_its_scoring_split():
+    config, _ = load_config(
+        [GRPO, "reward_model.enable=True", "reward_model.model.input_tokenizer=null"]
+    )
+    rm = resolve_run(config).reward_model
+    assert rm.model.kind == "reward" and rm.model.key == "reward_model.model.path"
+    assert rm.input_tokenizer is None and rm.max_length is None
+    assert rm.scores.micro_rows == config.reward_model.micro_batch_size_per_gpu
+    assert not rm.scores.remove_padding and not rm.scores.share_prompts
+
+
+def test_the_data_tokenizer_and_step_options():
+    config, _ = load_config(
+        [
+            GRPO,
+            "data.train_files=[a.parquet,b.parquet]",
+            "data.seed=null",
+            "trainer.critic_warmup=2",
+            "actor_rollout_ref.model.tokenizer_path=/tok",
+        ]
+    )
+    run = resolve_run(config)
+    assert run.data.files.train_files == ("a.parquet", "b.parquet")
+    assert run.data.tokenizer.path == "/tok"
+    assert run.data.tokenizer.key == "actor_rollout_ref.model.tokenizer_path"
+    assert run.data.rows.seed is None and run.trainer.seed == 0  # null: 0 for the keys
+    assert run.data.rows.custom_cls is None and "data" not in run.reads  # not read whole
+    assert run.trainer.critic_warmup == 2 and run.key_fields["trainer.critic_warmup"] == (
+        "trainer",
+    )
+    assert run.key_fields["data.train_files"] == ("data",)
+
+
+def test_a_users_dataset_class_gets_the_whole_data_section():
+    config, _ = load_config(
+        [GRPO, "data.custom_cls.path=my.py", "data.custom_cls.name=Mine", "data.prompt_key=q"]
+    )
+    run = resolve_run(config)
+    custom = run.data.rows.custom_cls
+    assert (custom.path, custom.name) == ("my.py", "Mine")
+    assert custom.config.prompt_key == "q" and custom.config.custom_cls.name == "Mine"
+    assert "data" in run.reads and was_read("data.video_key", run.reads)
+
+
+def test_sft_resolves_its_model_and_data():
+    config = apply_overrides(
+        sft_config(),
+        [
+            ("model.fsdp_config.cpu_offload", True),
+            ("model.lora_rank", 4),
+            ("data.micro_batch_size_per_gpu", None),
+            ("data.micro_batch_size", 16),
+            ("data.prompt_dict_keys", ["question"]),
+            ("use_remove_padding", True),
+        ],
+    )
+    run = resolve_sft_run(config, "actor")
+    model, data = run.model, run.data
+    assert model.model.key == "model.partial_pretrain" and model.model.lora is not None
+    assert model.model.lora_seed == config.trainer.seed
+    assert model.split.global_rows == 16 and model.split.remove_padding
+    assert model.host_offload == ("cpu_offload",) and not model.fused_loss
+    assert run.mesh.devices == config.trainer.n_gpus_per_node
+    assert data.tokenizer.key == "model.partial_pretrain" and data.seed == config.trainer.seed
+    assert data.rows.prompt_dict_keys == ("question",) and not data.rows.multiturn.enable
+    assert run.key_fields["data.micro_batch_size"] == ("model",)
+    assert run.key_fields["data.prompt_key"] == ("data",)
+    assert "data.micro_batch_size_per_gpu" in run.key_fields and "data" not in run.key_fields

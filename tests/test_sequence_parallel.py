@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import tiny_llama
+from helpers import build_actor, tiny_llama
 
 from jrl.assets import prepare_for
 from jrl.batch import Batch
@@ -112,7 +112,7 @@ def _actor(tmp_path_factory, gpus: int, sp: int, *overrides: str) -> Actor:
         ]
     )
     prepare_for(config)
-    return Actor.from_config(config, make_mesh(gpus, sequence_parallel=sp), total_training_steps=1)
+    return build_actor(config, make_mesh(gpus, sequence_parallel=sp))
 
 
 def _batch(rows: int, prompt: int, response: int) -> Batch:

@@ -10,7 +10,7 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import tiny_llama
+from helpers import build_actor, tiny_llama
 from jax.sharding import PartitionSpec as P
 
 from jrl.models import LoraSettings, apply_lora, init_random
@@ -142,7 +142,6 @@ def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):
     data-parallel ranks (a mini-batch that 8 ranks could not split is fine)."""
     from jrl.assets import prepare_for
     from jrl.runspec import load_config
-    from jrl.trainer.roles.actor import Actor
 
     actor_key = "actor_rollout_ref.actor"
     config, _ = load_config(
@@ -157,7 +156,7 @@ def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):
         ]
     )
     prepare_for(config)
-    actor = Actor.from_config(config, make_mesh(8), total_training_steps=1)
+    actor = build_actor(config, make_mesh(8))
     assert dict(actor.mesh.shape) == {"data": 1, "fsdp": 4, "tensor": 2, "sequence": 1}
     placed = {path[-2:]: v.get_value().sharding.spec for path, v in _flat(actor.params).items()}
     assert placed[("q_proj", "kernel")] == P("fsdp", "tensor")

@@ -15,6 +15,9 @@ from ml_collections import ConfigDict
 
 from jrl.models import init_random
 from jrl.parallel import make_mesh
+from jrl.runspec.models import model_settings
+from jrl.runspec.reads import KeyReads
+from jrl.runspec.roles import LOG_PROB_KEYS, BatchSplit, batch_split
 from jrl.trainer.roles.critic import response_values
 from jrl.trainer.roles.log_probs import response_log_probs
 from jrl.trainer.roles.specs import shares_prompts
@@ -109,24 +112,28 @@ def test_long_shared_rows_keep_plain_packing():
     assert layout.shared_prompts and layout.rows == 1
 
 
+def _split(packed: bool, n: int, attention: str | None = None) -> BatchSplit:
+    """The log-prob split of a model section with `use_remove_padding` = `packed` and the
+    attention `attention`, for `n` answers per prompt."""
+    override = {} if attention is None else {"attn_implementation": attention}
+    model = {"path": "unused", "use_remove_padding": packed, "override_config": override}
+    section = {"log_prob_use_dynamic_bsz": False, "log_prob_micro_batch_size_per_gpu": 1}
+    settings = model_settings(KeyReads(ConfigDict(model)), {})
+    return batch_split(KeyReads(ConfigDict(section)), "ref", LOG_PROB_KEYS, settings, packed, n)
+
+
 def test_prompts_are_shared_only_where_the_run_can():
-    packed = ConfigDict({"use_remove_padding": True, "override_config": {}})
-    flash = ConfigDict(
-        {
-            "use_remove_padding": True,
-            "override_config": {"attn_implementation": "flash_attention_2"},
-        }
-    )
+    packed, flash = _split(True, 4), _split(True, 4, "flash_attention_2")
     mesh = make_mesh(1)
-    assert shares_prompts(packed, mesh, 4)
-    assert shares_prompts(flash, mesh, 4)  # CPU: XLA's attention takes the mask
-    assert not shares_prompts(packed, mesh, 1)  # one answer per prompt: nothing to share
-    assert not shares_prompts(ConfigDict({"use_remove_padding": False}), mesh, 4)
+    assert shares_prompts(packed, mesh)
+    assert shares_prompts(flash, mesh)  # CPU: XLA's attention takes the mask
+    assert not shares_prompts(_split(True, 1), mesh)  # one answer per prompt: nothing to share
+    assert not shares_prompts(_split(False, 4), mesh)
     # a stand-in for a TPU slice's mesh (its devices' platform and axis sizes are all that is read)
     tpu = types.SimpleNamespace(
         devices=np.array([types.SimpleNamespace(platform="tpu")]), shape={"fsdp": 4}
     )
-    assert not shares_prompts(flash, tpu, 4)  # the splash kernel has no mask for shared prompts
-    assert shares_prompts(packed, tpu, 4)
+    assert not shares_prompts(flash, tpu)  # the splash kernel has no mask for shared prompts
+    assert shares_prompts(packed, tpu)
     sequence_parallel = types.SimpleNamespace(devices=mesh.devices, shape={"sequence": 2})
-    assert not shares_prompts(packed, sequence_parallel, 4)
+    assert not shares_prompts(packed, sequence_parallel)

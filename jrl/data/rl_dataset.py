@@ -6,8 +6,8 @@ tokenised without special tokens, then cut (per `data.truncation`) and left-padd
 `data.max_prompt_length`. Every other column (``data_source``, ``reward_model``, ``extra_info``,
 ...) is carried through to the batch's meta.
 
-`create_rl_dataset` builds the dataset the config asks for: `RLDataset`, or the user class named
-by ``data.custom_cls.path`` / ``.name``.
+`create_rl_dataset` builds the dataset the settings (`RLDataSettings`) ask for: `RLDataset`, or the
+user class named by ``data.custom_cls.path`` / ``.name``.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from jrl.data.prompts import (
     truncate,
     untemplated_ids,
 )
+from jrl.data.settings import RLDataSettings
 
 
 class ParquetRows:
@@ -81,7 +82,8 @@ class RLDataset(ParquetRows):
       data_files: one parquet path or a list of them; local, ``file://`` or any fsspec URL
         (``hdfs://``, ``gs://``, ``s3://``, ...), remote files copied first to data.cache_dir.
       tokenizer: a Hugging Face tokenizer with a chat template and a pad token.
-      config: the ``data`` section (attribute access): prompt_key, max_prompt_length, truncation,
+      config: `RLDataSettings`, or anything with the same attributes (verl's ``data`` section, as
+        a user's subclass gets it): prompt_key, max_prompt_length, truncation,
         filter_overlong_prompts(_workers), return_raw_input_ids, return_raw_chat,
         return_full_prompt, shuffle, seed, image_key, cache_dir, apply_chat_template_kwargs.
       max_samples: keep this many rows (-1: all); a seeded random subset if data.shuffle, else the
@@ -99,7 +101,7 @@ class RLDataset(ParquetRows):
         self,
         data_files: str | Sequence[str],
         tokenizer: PreTrainedTokenizerBase,
-        config: Any,
+        config: RLDataSettings | Any,
         max_samples: int = -1,
         *,
         config_key: str = "data.train_files",
@@ -209,12 +211,13 @@ class RLDataset(ParquetRows):
 def create_rl_dataset(
     data_files: str | Sequence[str],
     tokenizer: PreTrainedTokenizerBase,
-    config: Any,
+    config: RLDataSettings | Any,
     max_samples: int = -1,
     *,
     config_key: str = "data.train_files",
 ) -> Sequence[dict[str, Any]]:
-    """`RLDataset`, or the class named by ``data.custom_cls.path`` / ``data.custom_cls.name``.
+    """`RLDataset`, or the class named by ``data.custom_cls.path`` / ``data.custom_cls.name``
+    (`config.custom_cls`: a `UserDataset`, or the ``custom_cls`` section of a ``data`` section).
 
     A custom class is called as ``cls(data_files=<list of paths as given>, tokenizer=...,
     config=<the data section>, max_samples=...)`` (plus ``config_key=`` when it takes one, as
@@ -232,7 +235,7 @@ def create_rl_dataset(
     kwargs: dict[str, Any] = dict(
         data_files=file_list(data_files, config_key),
         tokenizer=tokenizer,
-        config=config,
+        config=getattr(custom, "config", config),  # a UserDataset's section, verl's convention
         max_samples=max_samples,
     )
     if "config_key" in inspect.signature(cls).parameters:

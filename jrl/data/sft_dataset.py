@@ -34,6 +34,7 @@ from jrl.data.extern import load_object
 from jrl.data.files import file_list
 from jrl.data.prompts import chat_messages, position_ids_from_mask, render_prompt
 from jrl.data.rl_dataset import ParquetRows, check_sized
+from jrl.data.settings import SFTDataSettings
 
 ROW_KEYS = ("input_ids", "attention_mask", "position_ids", "loss_mask")
 
@@ -62,7 +63,8 @@ class SFTDataset(ParquetRows):
     Args:
       data_files: one parquet path or a list of them; local, ``file://`` or any fsspec URL.
       tokenizer: a Hugging Face tokenizer with a chat template, an EOS and a pad token.
-      config: the ``data`` section: prompt_key, response_key, prompt_dict_keys,
+      config: `SFTDataSettings`, or anything with the same attributes (verl's ``data``
+        section, as a user's subclass gets it): prompt_key, response_key, prompt_dict_keys,
         response_dict_keys, multiturn, max_length, truncation, apply_chat_template_kwargs,
         cache_dir.
       max_samples: keep the first `max_samples` rows (-1: all).
@@ -73,7 +75,7 @@ class SFTDataset(ParquetRows):
         self,
         data_files: str | Sequence[str],
         tokenizer: PreTrainedTokenizerBase,
-        config: Any,
+        config: SFTDataSettings | Any,
         max_samples: int = -1,
         *,
         config_key: str = "data.train_files",
@@ -83,7 +85,7 @@ class SFTDataset(ParquetRows):
         self.tokenizer = tokenizer
         self.max_length = int(config.max_length)
         self.truncation = config.truncation
-        self.template_kwargs = dict(config.get("apply_chat_template_kwargs") or {})
+        self.template_kwargs = dict(config.apply_chat_template_kwargs or {})
         multiturn = config.multiturn
         self.multiturn = bool(multiturn.enable)
         if self.multiturn:
@@ -106,7 +108,7 @@ class SFTDataset(ParquetRows):
                         f"are {', '.join(table.column_names)}"
                     )
 
-        tables = self._read_tables(data_files, config_key, config.get("cache_dir"), check)
+        tables = self._read_tables(data_files, config_key, config.cache_dir, check)
         self.rows = [row for _, table in tables for row in table.to_pylist()]
         if 0 < max_samples < len(self.rows):
             self.rows, self.origins = self.rows[:max_samples], self.origins[:max_samples]
@@ -197,7 +199,7 @@ class SFTDataset(ParquetRows):
 def create_sft_dataset(
     data_files: str | Sequence[str],
     tokenizer: PreTrainedTokenizerBase,
-    config: Any,
+    config: SFTDataSettings | Any,
     max_samples: int = -1,
     *,
     config_key: str = "data.train_files",
@@ -205,15 +207,15 @@ def create_sft_dataset(
     """`SFTDataset`, or the class named by ``data.custom_cls.path`` / ``.name``, called as verl
     calls it: ``cls(parquet_files=<list of paths>, tokenizer=..., config=<data section>,
     max_samples=...)``. Its rows must hold `ROW_KEYS` (int arrays of length data.max_length)."""
-    custom = config.get("custom_cls")
-    path, name = (custom.get("path"), custom.get("name")) if custom else (None, None)
+    custom = getattr(config, "custom_cls", None)
+    path, name = getattr(custom, "path", None), getattr(custom, "name", None)
     if not path and not name:
         return SFTDataset(data_files, tokenizer, config, max_samples, config_key=config_key)
     cls = load_object(path, name, "data.custom_cls")
     dataset = cls(
         parquet_files=file_list(data_files, config_key),
         tokenizer=tokenizer,
-        config=config,
+        config=getattr(custom, "config", config),  # a UserDataset's section, verl's convention
         max_samples=max_samples,
     )
     check_sized(dataset, name, path)

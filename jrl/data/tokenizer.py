@@ -11,6 +11,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from jrl.data.atomic import atomic_dir
+from jrl.data.settings import TokenizerSettings
 
 PAD_TOKEN = "<|endoftext|>"
 IM_START = "<|im_start|>"
@@ -107,3 +108,16 @@ def train_tiny_tokenizer(
     with atomic_dir(out_dir) as tmp:
         tokenizer.save_pretrained(tmp)
     return tokenizer
+
+
+def tokenizer_of(settings: TokenizerSettings) -> PreTrainedTokenizerBase:
+    """The tokenizer `settings` name (`load_tokenizer`); a missing or unreadable folder is an
+    error naming its config key."""
+    try:
+        return load_tokenizer(
+            settings.path,
+            trust_remote_code=settings.trust_remote_code,
+            custom_chat_template=settings.chat_template,
+        )
+    except (FileNotFoundError, OSError) as err:
+        raise FileNotFoundError(f"{settings.key}: {err}") from err

@@ -21,8 +21,7 @@ from jrl.rollout.build import build_rollout, sampling_params
 from jrl.rollout.engines import FALLBACK
 from jrl.rollout.jax_rollout import JaxRollout
 from jrl.rollout.sampling import SamplingParams
-from jrl.runspec import n_gpus, uses_critic, uses_reference
-from jrl.runspec.rollout import rollout_spec
+from jrl.runspec.spec import resolve_run
 from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.critic import Critic
 from jrl.trainer.roles.reference import Reference
@@ -41,12 +40,9 @@ class Roles:
     notes: list[str]
 
 
-def _token_ids(config: Any, model_config: Any) -> Any:
-    """The tokenizer's pad and EOS ids when the model folder has a tokenizer, else the model
+def _token_ids(path: str, model_config: Any) -> Any:
+    """The pad and EOS ids of the tokenizer at `path` when there is one, else the model
     config's (pad falls back to EOS, then 0)."""
-    path = (
-        config.actor_rollout_ref.model.get("tokenizer_path") or config.actor_rollout_ref.model.path
-    )
     try:
         return load_tokenizer(path)
     except Exception:  # no tokenizer files: the ids come from config.json
@@ -60,34 +56,28 @@ def build_roles(config: Any, where: Slice) -> Roles:
     """The roles of the PPO-family `config` on the slice `where`, as shapes. The rollout is the
     JAX engine whatever ``rollout.name`` says (vLLM does not run on TPU; noted)."""
     notes: list[str] = []
-    arr = config.actor_rollout_ref
-    fsdp = arr.actor.fsdp_config
-    devices = n_gpus(config)
-    if devices != where.chips:
+    run = resolve_run(config)
+    if run.mesh.devices != where.chips:
         notes.append(
-            f"trainer.nnodes * trainer.n_gpus_per_node = {devices}, planned for the slice's "
-            f"{where.chips} chips instead"
+            f"trainer.nnodes * trainer.n_gpus_per_node = {run.mesh.devices}, planned for the "
+            f"slice's {where.chips} chips instead"
         )
     mesh = make_mesh(
         where.chips,
-        fsdp_size=fsdp.fsdp_size,
-        sequence_parallel=arr.actor.ulysses_sequence_parallel_size,
-        tensor_parallel=int(fsdp.get("tensor_parallel_size") or 1),
+        fsdp_size=run.mesh.fsdp_size,
+        sequence_parallel=run.mesh.sequence_parallel,
+        tensor_parallel=run.mesh.tensor_parallel,
         devices=where.devices,
     )
-    total = int(config.trainer.total_training_steps or 1)
-    actor = Actor.from_config(config, mesh, total, abstract=True)
-    ref = (
-        Reference.from_config(config, mesh, actor, abstract=True)
-        if uses_reference(config)
-        else None
-    )
-    critic = Critic.from_config(config, mesh, total, abstract=True) if uses_critic(config) else None
-    spec = rollout_spec(config)
+    total = int(run.cadence.total_training_steps or 1)
+    actor = Actor.create(run.actor, run.algorithm, mesh, total, abstract=True)
+    ref = None if run.ref is None else Reference.create(run.ref, mesh, actor, abstract=True)
+    critic = None if run.critic is None else Critic.create(run.critic, mesh, total, abstract=True)
+    spec = run.rollout
     if spec.engine != FALLBACK:
         notes.append(f"rollout.name={spec.engine}: planned with jrl's JAX sampler")
     model_config = actor.learner.model().config
-    tokenizer = _token_ids(config, model_config)
+    tokenizer = _token_ids(run.data.tokenizer.path, model_config)
     rollout = build_rollout(
         spec,
         actor.learner.graphdef,

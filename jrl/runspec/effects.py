@@ -597,7 +597,7 @@ NO_EFFECT = (
 
 HOMES = {
     "data": "jrl.data (datasets, prompts, batching)",
-    "actor_rollout_ref.model": "jrl.trainer.roles.specs.ModelSpec (model loading, LoRA, remat)",
+    "actor_rollout_ref.model": "jrl.runspec.models.ModelSettings (model loading, LoRA, remat)",
     "actor_rollout_ref.actor": "jrl.trainer.roles.actor (policy update)",
     "actor_rollout_ref.actor.optim": "jrl.optim (optimizer, schedule)",
     "actor_rollout_ref.actor.policy_loss": "jrl.algos.policy_loss",

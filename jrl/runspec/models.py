@@ -1,16 +1,94 @@
-"""verl's LoRA keys of a ``*.model`` section, read once into `LoraSettings`
-(`jrl.models.lora`)."""
+"""verl's ``*.model`` keys, read once: how a role's model is loaded (`ModelSettings`) with its
+LoRA adapters (`LoraSettings`, `jrl.models.lora`)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import dataclasses
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
+from jrl.models.dtypes import parse_dtype
 from jrl.models.lora import ALL_LINEAR, LoraSettings
 
 # The keys that shape the adapters once ``lora_rank`` > 0 (the critic's section has no
 # ``exclude_modules``).
 LORA_OPTIONS = ("lora_alpha", "target_modules", "exclude_modules")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSettings:
+    """How a ``*.model`` section's model is loaded: from `path` as a `kind` model (causal_lm,
+    value or reward), computing in `dtype` over `param_dtype` parameters (the role's
+    ``fsdp_config``), with full remat of every decoder layer when `remat`
+    (``enable_gradient_checkpointing``) and host offload of what it keeps when
+    `activation_offload`; `lora` holds the LoRA adapters' settings (None: no LoRA), initialised
+    from `lora_seed`; `key` names the weights' config key in errors."""
+
+    path: str
+    kind: str
+    dtype: Any
+    param_dtype: Any
+    trust_remote_code: bool
+    external_lib: str | None
+    override_config: Mapping[str, Any]
+    remat: bool
+    activation_offload: bool
+    lora: LoraSettings | None
+    lora_seed: int = 0
+    key: str = "actor_rollout_ref.model.path"
+
+    @property
+    def section(self) -> str:
+        """The ``*.model`` section's key."""
+        return self.key.rpartition(".")[0]
+
+    @property
+    def attention(self) -> str | None:
+        """``override_config.attn_implementation`` (None: the model's own)."""
+        return self.override_config.get("attn_implementation")
+
+    def memory_options(self) -> dict[str, Any]:
+        """`set_memory_options` arguments: full remat of every decoder layer with `remat`,
+        host offload of what it keeps with `activation_offload`."""
+        return {
+            "remat_policy": "full" if self.remat else "none",
+            "activation_offload": self.activation_offload,
+        }
+
+
+def model_settings(
+    model: Any,
+    fsdp: Any,
+    kind: str = "causal_lm",
+    *,
+    section: str = "actor_rollout_ref.model",
+    path_key: str = "path",
+    lora_seed: int = 0,
+) -> ModelSettings:
+    """The settings of the ``*.model`` section `model` (at `section`) with the role's
+    ``fsdp_config`` `fsdp` (``dtype``, ``model_dtype``); `path_key` names the key of the weights
+    (SFT: ``partial_pretrain``)."""
+    override = model.get("override_config")
+    return ModelSettings(
+        path=model[path_key],
+        kind=kind,
+        dtype=parse_dtype(fsdp.get("dtype", "bfloat16")),
+        param_dtype=parse_dtype(fsdp.get("model_dtype", "fp32")),
+        trust_remote_code=bool(model.get("trust_remote_code", False)),
+        external_lib=model.get("external_lib"),
+        override_config=MappingProxyType({} if override is None else _plain(override)),
+        remat=bool(model.get("enable_gradient_checkpointing", False)),
+        activation_offload=bool(model.get("enable_activation_offload", False)),
+        lora=lora_settings(model, section),
+        lora_seed=lora_seed,
+        key=f"{section}.{path_key}",
+    )
+
+
+def _plain(section: Any) -> dict[str, Any]:
+    """A section (a `KeyReads` view, read whole, or a mapping) as a plain dict."""
+    return section.whole() if hasattr(section, "whole") else dict(section)
 
 
 def lora_rank(section: Any) -> int:

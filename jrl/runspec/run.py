@@ -7,6 +7,8 @@
 - `CheckpointSpec`: where checkpoints go, what each role saves and loads, how many are kept,
   and which one a run resumes from.
 - `LoggingSpec`: the loggers, project and experiment names, and the run's folder.
+- `TrainerSpec`: the PPO family's step options (seed, batch balance, critic warm-up,
+  validation samples, generation dumps).
 
 Each resolver reads verl's keys through a `KeyReads` view, so the keys it used are recorded.
 """
@@ -92,6 +94,35 @@ class LoggingSpec:
     experiment: str
     run_dir: str
     tree: Mapping[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerSpec:
+    """A PPO-family step: `seed` derives every sampling key and seeds the data loaders
+    (``data.seed``, 0 when null); rows are balanced over the data-parallel shards when
+    `balance_batch`; the actor updates from step `critic_warmup` on; `log_val_generations`
+    validation samples go to the loggers; the scored generations of each step and validation
+    are dumped to `rollout_data_dir` / `validation_data_dir` when set."""
+
+    seed: int
+    balance_batch: bool
+    critic_warmup: int
+    log_val_generations: int
+    rollout_data_dir: str | None
+    validation_data_dir: str | None
+
+
+def trainer_spec(config: KeyReads) -> TrainerSpec:
+    """The TrainerSpec of a PPO-family config."""
+    trainer, seed = config.trainer, config.data.seed
+    return TrainerSpec(
+        seed=int(seed if seed is not None else 0),
+        balance_batch=bool(trainer.balance_batch),
+        critic_warmup=int(trainer.critic_warmup),
+        log_val_generations=int(trainer.log_val_generations),
+        rollout_data_dir=trainer.rollout_data_dir,
+        validation_data_dir=trainer.validation_data_dir,
+    )
 
 
 def mesh_spec(config: KeyReads) -> MeshSpec:

@@ -23,7 +23,7 @@ from jrl.batch import Batch
 from jrl.config import to_yaml
 from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
-from jrl.data.tokenizer import load_tokenizer
+from jrl.data.tokenizer import tokenizer_of
 from jrl.parallel import (
     barrier,
     batch_axes,
@@ -37,7 +37,6 @@ from jrl.parallel.devices import check_device
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
-from jrl.runspec import n_gpus
 from jrl.runspec.spec import resolve_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.io.generations import write_generations
@@ -59,42 +58,6 @@ from jrl.trainer.roles.reward_model import RewardModel
 from jrl.trainer.update.balance import balance_batch
 
 
-@dataclasses.dataclass(frozen=True)
-class PPOSpec:
-    """The step's settings, resolved once from the config: the seed of every sampling key, batch
-    balancing, ``critic_warmup``, the aggregation of ``actor/entropy``, validation options, the
-    folders of the generation dumps, the device count and the epochs (the algorithm is the
-    RunSpec's)."""
-
-    seed: int
-    balance_batch: bool
-    critic_warmup: int
-    entropy_agg_mode: str
-    log_val_generations: int
-    validation_shuffle: bool
-    rollout_data_dir: str | None
-    validation_data_dir: str | None
-    n_gpus: int
-    total_epochs: int
-
-    @classmethod
-    def resolve(cls, config: Any) -> PPOSpec:
-        """The spec of a PPO-family config."""
-        data, trainer = config.data, config.trainer
-        return cls(
-            seed=int(data.seed if data.seed is not None else 0),
-            balance_batch=bool(trainer.balance_batch),
-            critic_warmup=int(trainer.critic_warmup),
-            entropy_agg_mode=config.actor_rollout_ref.actor.loss_agg_mode,
-            log_val_generations=int(trainer.log_val_generations),
-            validation_shuffle=bool(data.validation_shuffle),
-            rollout_data_dir=trainer.rollout_data_dir,
-            validation_data_dir=trainer.validation_data_dir,
-            n_gpus=n_gpus(config),
-            total_epochs=int(trainer.total_epochs),
-        )
-
-
 class PPOTrainer:
     """Builds every role from the config; supplies the fit loop with verl's PPO step."""
 
@@ -104,45 +67,33 @@ class PPOTrainer:
         self.created_at = time.perf_counter()
         check_device(config)
         self.config = config
-        self.spec = spec = PPOSpec.resolve(config)
         self.run = run = resolve_run(config)
-        actor_cfg = config.actor_rollout_ref
         self.mesh = make_mesh(
             run.mesh.devices,
             fsdp_size=run.mesh.fsdp_size,
             sequence_parallel=run.mesh.sequence_parallel,
             tensor_parallel=run.mesh.tensor_parallel,
         )
-        tokenizer_key = "tokenizer_path" if actor_cfg.model.get("tokenizer_path") else "path"
-        try:
-            self.tokenizer = load_tokenizer(
-                actor_cfg.model[tokenizer_key],
-                trust_remote_code=bool(config.data.get("trust_remote_code", False)),  # as verl
-                custom_chat_template=actor_cfg.model.get("custom_chat_template"),
-            )
-        except (FileNotFoundError, OSError) as err:
-            raise FileNotFoundError(f"actor_rollout_ref.model.{tokenizer_key}: {err}") from err
-        data = config.data
+        data, files = run.data, run.data.files
+        self.tokenizer = tokenizer_of(data.tokenizer)
         self.train_dataset = create_rl_dataset(
-            data.train_files, self.tokenizer, data, max_samples=data.train_max_samples
+            files.train_files, self.tokenizer, data.rows, max_samples=files.train_max_samples
         )
         self.val_dataset = create_rl_dataset(
-            data.val_files,
+            files.val_files,
             self.tokenizer,
-            data,
-            max_samples=data.val_max_samples,
+            data.rows,
+            max_samples=files.val_max_samples,
             config_key="data.val_files",
         )
         self.train_loader = DataLoader(
-            self.train_dataset, data.train_batch_size, shuffle=data.shuffle, seed=spec.seed
+            self.train_dataset, files.train_batch_size, shuffle=data.shuffle, seed=run.trainer.seed
         )
         self.cadence = Cadence.of(run.cadence, len(self.train_loader))
         total = self.cadence.total_steps
-        self.actor = Actor.from_config(config, self.mesh, total)
-        self.ref = (
-            Reference.from_config(config, self.mesh, self.actor) if run.has_reference else None
-        )
-        self.critic = Critic.from_config(config, self.mesh, total) if run.trains_critic else None
+        self.actor = Actor.create(run.actor, run.algorithm, self.mesh, total)
+        self.ref = None if run.ref is None else Reference.create(run.ref, self.mesh, self.actor)
+        self.critic = None if run.critic is None else Critic.create(run.critic, self.mesh, total)
         self.model_configs = {"actor": self.actor.learner.model().config}
         if self.critic is not None:
             self.model_configs["critic"] = self.critic.learner.model().config
@@ -158,12 +109,14 @@ class PPOTrainer:
         )
         self.sampling = sampling_params(run.rollout.sampling, self.rollout)
         self.val_sampling = sampling_params(run.rollout.validation, self.rollout)
-        self.reward_model = RewardModel(config, self.mesh) if config.reward_model.enable else None
+        self.reward_model = (
+            None if run.reward_model is None else RewardModel(run.reward_model, self.mesh)
+        )
         self.reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=0)
         self.val_reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=1)
         in_reward = run.algorithm.kl_in_reward
         self.kl_ctrl = None if in_reward is None else algos.get_kl_controller(in_reward.kl_ctrl)
-        self.rng = jax.random.key(spec.seed)
+        self.rng = jax.random.key(run.trainer.seed)
         self.val_generations: list[dict[str, Any]] = []
         self.checkpoints = CheckpointManager(
             run.checkpoint.local_dir,
@@ -183,7 +136,7 @@ class PPOTrainer:
     ) -> tuple[Batch, dict[str, float]]:
         """Generate, score, and add old/ref log-probs, values and advantages (steps 1-8 of
         verl); returns the batch and its metrics, timing each phase into `timing`."""
-        spec, algorithm = self.spec, self.run.algorithm
+        spec, algorithm = self.run.trainer, self.run.algorithm
         metrics: dict[str, float] = {}
         prompts = gather_batch(prompts)
         uids = np.array([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
@@ -237,7 +190,9 @@ class PPOTrainer:
         if "rollout_log_probs" in batch.tensors:
             rollout = batch.tensors["rollout_log_probs"]
             metrics.update(log_prob_mismatch_metrics(rollout, np.asarray(old_log_probs), mask))
-        metrics["actor/entropy"] = float(algos.agg_loss(entropy, mask, self.spec.entropy_agg_mode))
+        metrics["actor/entropy"] = float(
+            algos.agg_loss(entropy, mask, self.run.algorithm.loss_agg_mode)
+        )
         return batch
 
     def dump_rollout(
@@ -248,7 +203,7 @@ class PPOTrainer:
             scores = np.asarray(batch.tensors["token_level_scores"]).sum(-1).tolist()
             texts = self.decode(batch)
             self.dump_generations(
-                self.spec.rollout_data_dir, batch, texts, scores, reward_extra_infos, step
+                self.run.trainer.rollout_data_dir, batch, texts, scores, reward_extra_infos, step
             )
 
     def decode(self, batch: Batch) -> tuple[list[str], list[str]]:
@@ -288,7 +243,7 @@ class PPOTrainer:
         if self.critic is not None:
             with timer("update_critic", timing):
                 metrics.update(self.critic.update(batch, step))
-        if self.spec.critic_warmup <= step:
+        if self.run.trainer.critic_warmup <= step:
             with timer("update_actor", timing):
                 metrics.update(self.actor.update(batch, step))
             with timer("update_weights", timing):
@@ -302,7 +257,7 @@ class PPOTrainer:
         batch = output.batch
         metrics = data_metrics(batch, self.critic is not None)
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-        metrics.update(throughput_metrics(batch, timing, self.spec.n_gpus))
+        metrics.update(throughput_metrics(batch, timing, self.run.mesh.devices))
         metrics.update(self.mfu(batch, timing))
         metrics.update(memory_metrics())
         metrics.update({"training/global_step": step, "training/epoch": epoch})
@@ -322,7 +277,7 @@ class PPOTrainer:
                         seqlens,
                         seconds,
                         epochs=roles[name].spec.train.plan.epochs,
-                        world_size=self.spec.n_gpus,
+                        world_size=self.run.mesh.devices,
                         role=name,
                     )
                 )
@@ -335,8 +290,8 @@ class PPOTrainer:
         loader = DataLoader(
             self.val_dataset,
             len(self.val_dataset),
-            shuffle=self.spec.validation_shuffle,
-            seed=self.spec.seed,
+            shuffle=self.run.data.validation_shuffle,
+            seed=self.run.trainer.seed,
             drop_last=False,
         )
         prompts = gather_batch(next(iter(loader.epoch(0))))
@@ -359,7 +314,7 @@ class PPOTrainer:
     ) -> None:
         """The validation samples for the loggers (``log_val_generations``) and the dump of them
         all (``validation_data_dir``, by the primary process)."""
-        count, folder = self.spec.log_val_generations, self.spec.validation_data_dir
+        count, folder = self.run.trainer.log_val_generations, self.run.trainer.validation_data_dir
         dump = bool(folder) and is_primary()
         if not (count or dump):
             return
@@ -416,7 +371,7 @@ class PPOTrainer:
             if self.kl_ctrl is not None and extra.get("kl_coef") is not None:
                 self.kl_ctrl.value = float(extra["kl_coef"])
         if self.ref is not None and self.actor.spec.model.lora is not None:
-            self.ref = Reference.from_actor(self.config, self.actor)
+            self.ref = Reference.from_actor(self.run.ref, self.actor)
         self.rollout.update_weights(self.actor.params)
         if checkpoint.delete_after_load:
             barrier("jrl.restored")
@@ -428,7 +383,7 @@ class PPOTrainer:
     # -- the loop -------------------------------------------------------------------------------
     def batches(self) -> Iterator[tuple[int, Batch]]:
         """(epoch, prompts) for the rest of training, from the data loader's position."""
-        return epochs_of(self.train_loader, self.spec.total_epochs or 1)
+        return epochs_of(self.train_loader, self.run.cadence.total_epochs or 1)
 
     def fit(self) -> dict[str, float]:
         """Train to the last step (`Cadence.total_steps`); returns its metrics."""

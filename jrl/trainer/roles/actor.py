@@ -4,8 +4,8 @@ With LoRA (``model.lora_rank`` > 0) the actor trains only its adapters. It runs 
 ``sequence`` axis has ``actor.ulysses_sequence_parallel_size`` devices, and
 ``actor.fsdp_config.param_offload`` / ``optimizer_offload`` keep its states in host memory between
 uses (`jrl.parallel.Offload`). ``model.use_fused_kernels`` picks the log-prob kernel
-(`logprob_impl`); entropy is computed only for the ``actor/entropy`` metric and, with
-``entropy_coeff`` != 0, the loss.
+(`jrl.runspec.roles.log_prob_impl`); entropy is computed only for the ``actor/entropy`` metric
+and, with ``entropy_coeff`` != 0, the loss.
 """
 
 from __future__ import annotations
@@ -25,21 +25,13 @@ from jrl.algos.rollout_correction import METRIC_PREFIX
 from jrl.algos.settings import KLLoss, PolicyLossSettings
 from jrl.batch import Batch
 from jrl.models import LoRAParam
-from jrl.runspec.algorithm import AlgorithmSpec, resolve_algorithm
+from jrl.runspec.algorithm import AlgorithmSpec
+from jrl.runspec.models import ModelSettings
+from jrl.runspec.roles import ActorSettings
 from jrl.trainer.roles import log_probs
-from jrl.trainer.roles.log_probs import FORWARD_KEYS, LogProbForward, logprob_impl
-from jrl.trainer.roles.specs import (
-    LOG_PROB_KEYS,
-    ForwardSpec,
-    ModelSpec,
-    TrainSpec,
-    load_learner,
-    role_mesh_of,
-    shares_prompts,
-)
+from jrl.trainer.roles.log_probs import FORWARD_KEYS, LogProbForward
+from jrl.trainer.roles.specs import ForwardSpec, TrainSpec, load_learner, role_mesh_of
 from jrl.trainer.update.learner import Learner
-
-ACTOR = "actor_rollout_ref.actor"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -117,40 +109,29 @@ class ActorLoss:
 
 @dataclasses.dataclass(frozen=True)
 class ActorSpec:
-    """The actor's settings, resolved once from the config: its model, how its log-prob pass
-    and its update split a batch, its loss and learning-rate schedule."""
+    """The actor's settings on its mesh: its model, how its log-prob pass and its update split a
+    batch, its loss and learning-rate schedule."""
 
-    model: ModelSpec
+    model: ModelSettings
     forward: ForwardSpec
     train: TrainSpec
     loss: ActorLoss
 
     @classmethod
-    def resolve(cls, config: Any, mesh: Mesh, total_training_steps: int) -> ActorSpec:
-        """The spec of ``actor_rollout_ref.actor`` on the actor's `mesh` (its log-prob pass
-        splits as ``rollout.log_prob_*`` say, as verl's)."""
-        arr = config.actor_rollout_ref
-        packed = bool(arr.model.use_remove_padding)
-        share = shares_prompts(arr.model, mesh, int(arr.rollout.n))
-        seed = config.data.get("seed")
+    def of(
+        cls,
+        settings: ActorSettings,
+        algorithm: AlgorithmSpec,
+        mesh: Mesh,
+        total_training_steps: int,
+    ) -> ActorSpec:
+        """The spec of the actor's `settings` on its `mesh`, minimising the objective of the
+        run's `algorithm`."""
         return cls(
-            model=ModelSpec.resolve(
-                arr.model, arr.actor.fsdp_config, lora_seed=int(seed if seed is not None else 0)
-            ),
-            forward=ForwardSpec.resolve(
-                arr.rollout,
-                "actor_rollout_ref.rollout",
-                mesh,
-                packed,
-                LOG_PROB_KEYS,
-                share_prompts=share,
-            ),
-            train=TrainSpec.resolve(
-                arr.actor, ACTOR, mesh, packed, (arr.rollout.n, total_training_steps), share
-            ),
-            loss=ActorLoss.resolve(
-                resolve_algorithm(config), arr.rollout.temperature, logprob_impl(arr, "actor")
-            ),
+            model=settings.model,
+            forward=ForwardSpec.of(settings.log_probs, mesh),
+            train=TrainSpec.of(settings.update, mesh, total_training_steps),
+            loss=ActorLoss.resolve(algorithm, settings.temperature, settings.log_prob_impl),
         )
 
 
@@ -166,19 +147,29 @@ class Actor:
         )
 
     @classmethod
-    def from_config(
-        cls, config: Any, mesh: Mesh, total_training_steps: int, *, abstract: bool = False
+    def create(
+        cls,
+        settings: ActorSettings,
+        algorithm: AlgorithmSpec,
+        mesh: Mesh,
+        total_training_steps: int,
+        *,
+        abstract: bool = False,
     ) -> Actor:
-        """The actor of `config` on `mesh`'s devices, with AdamW from ``actor.optim`` (shapes
-        only with `abstract`, to compile its programs: `jrl.plan`)."""
-        arr = config.actor_rollout_ref
-        fsdp = arr.actor.fsdp_config
-        mesh = role_mesh_of(arr.actor, ACTOR, mesh, fsdp)
-        spec = ActorSpec.resolve(config, mesh, total_training_steps)
+        """The actor of `settings` on `mesh`'s devices, minimising the objective of the run's
+        `algorithm` with its optimizer (shapes only with `abstract`, to compile its programs:
+        `jrl.plan`)."""
+        mesh = role_mesh_of(settings.mesh, mesh)
+        spec = ActorSpec.of(settings, algorithm, mesh, total_training_steps)
         trainable = nnx.Param if spec.model.lora is None else LoRAParam
-        fsdp_section = (fsdp, f"{ACTOR}.fsdp_config")
         learner = load_learner(
-            spec.model, spec.train.optimizer, mesh, fsdp_section, ACTOR, trainable, abstract
+            spec.model,
+            spec.train.optimizer,
+            mesh,
+            settings.offload,
+            settings.mesh.key,
+            trainable,
+            abstract,
         )
         return cls(spec, mesh, learner)
 

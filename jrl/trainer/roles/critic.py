@@ -20,15 +20,9 @@ from jax.sharding import Mesh
 from jrl import algos
 from jrl.batch import Batch
 from jrl.parallel import batch_sharding, on_mesh
-from jrl.trainer.roles.specs import (
-    VALUE_KEYS,
-    ForwardSpec,
-    ModelSpec,
-    TrainSpec,
-    load_learner,
-    role_mesh_of,
-    shares_prompts,
-)
+from jrl.runspec.models import ModelSettings
+from jrl.runspec.roles import CriticSettings
+from jrl.trainer.roles.specs import ForwardSpec, TrainSpec, load_learner, role_mesh_of
 from jrl.trainer.update.learner import Learner
 from jrl.trainer.update.packing import PackLayout, response_window
 
@@ -71,36 +65,23 @@ class CriticLoss:
 
 @dataclasses.dataclass(frozen=True)
 class CriticSpec:
-    """The critic's settings, resolved once from the config: its value model, how its forward
-    pass and its update split a batch, its loss and learning-rate schedule."""
+    """The critic's settings on its mesh: its value model, how its forward pass and its update
+    split a batch, its loss and learning-rate schedule."""
 
-    model: ModelSpec
+    model: ModelSettings
     forward: ForwardSpec
     train: TrainSpec
     loss: CriticLoss
 
     @classmethod
-    def resolve(cls, config: Any, mesh: Mesh, total: int) -> CriticSpec:
-        """The spec of the ``critic`` section on the critic's `mesh` (`total` training steps)."""
-        critic = config.critic
-        packed = bool(critic.model.use_remove_padding)
-        rollout_n = int(config.actor_rollout_ref.rollout.n)
-        share = shares_prompts(critic.model, mesh, rollout_n)
+    def of(cls, settings: CriticSettings, mesh: Mesh, total: int) -> CriticSpec:
+        """The spec of the critic's `settings` on its `mesh` (`total` training steps)."""
         return cls(
-            model=ModelSpec.resolve(
-                critic.model, critic_fsdp(config), kind="value", section="critic.model"
-            ),
-            forward=ForwardSpec.resolve(
-                critic, "critic", mesh, packed, VALUE_KEYS, share_prompts=share
-            ),
-            train=TrainSpec.resolve(critic, "critic", mesh, packed, (rollout_n, total), share),
-            loss=CriticLoss(float(critic.cliprange_value), critic.loss_agg_mode),
+            model=settings.model,
+            forward=ForwardSpec.of(settings.values, mesh),
+            train=TrainSpec.of(settings.update, mesh, total),
+            loss=CriticLoss(settings.cliprange_value, settings.loss_agg_mode),
         )
-
-
-def critic_fsdp(config: Any) -> Any:
-    """The critic's ``fsdp_config`` (the actor's when ``critic.model`` has none)."""
-    return config.critic.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
 
 
 class Critic:
@@ -121,17 +102,21 @@ class Critic:
         self._forward = on_mesh(self.jitted, mesh)
 
     @classmethod
-    def from_config(
-        cls, config: Any, mesh: Mesh, total_training_steps: int, *, abstract: bool = False
+    def create(
+        cls,
+        settings: CriticSettings,
+        mesh: Mesh,
+        total_training_steps: int,
+        *,
+        abstract: bool = False,
     ) -> Critic:
-        """The critic of `config` on `mesh`'s devices, with AdamW from ``critic.optim`` (shapes
-        only with `abstract`)."""
-        fsdp = critic_fsdp(config)
-        mesh = role_mesh_of(config.critic, "critic", mesh, fsdp)
-        spec = CriticSpec.resolve(config, mesh, total_training_steps)
-        fsdp_section = (fsdp, "critic.model.fsdp_config")
+        """The critic of `settings` on `mesh`'s devices, with its optimizer (shapes only with
+        `abstract`)."""
+        mesh = role_mesh_of(settings.mesh, mesh)
+        spec = CriticSpec.of(settings, mesh, total_training_steps)
+        key = settings.mesh.key
         learner = load_learner(
-            spec.model, spec.train.optimizer, mesh, fsdp_section, "critic", nnx.Param, abstract
+            spec.model, spec.train.optimizer, mesh, settings.offload, key, nnx.Param, abstract
         )
         return cls(spec, mesh, learner)
 

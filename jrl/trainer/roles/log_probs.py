@@ -1,7 +1,7 @@
 """Per-token log-probs (and entropy) of the responses under a causal LM, by the log-prob kernel a
-config selects: verl's ``use_fused_kernels`` / ``fused_kernel_options.impl_backend`` mapped onto
-`jrl_kernels.logprob_entropy`'s implementations (`jrl.runspec.validate.FUSED_KERNEL_IMPLS`). Used
-by the policy roles (`LogProbForward`, the actor's loss) and by SFT.
+role's settings name (`jrl.runspec.roles.log_prob_impl`: verl's ``use_fused_kernels`` /
+``fused_kernel_options.impl_backend`` mapped onto `jrl_kernels.logprob_entropy`'s
+implementations). Used by the policy roles (`LogProbForward`, the actor's loss) and by SFT.
 
 Log-probs and entropy of response token t come from the logits at position ``-R-1+t`` divided by
 the rollout temperature, here and in the sampler alike."""
@@ -18,24 +18,11 @@ from jax.sharding import Mesh
 from jrl.batch import Batch
 from jrl.models import CausalLM
 from jrl.parallel import batch_sharding, on_mesh
-from jrl.runspec.validate import FUSED_KERNEL_IMPLS
 from jrl.trainer.roles.specs import ForwardSpec
 from jrl.trainer.update.packing import PackLayout, response_window
 from jrl_kernels import logprob_entropy
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
-
-
-def logprob_impl(arr: Any, role: str) -> str:
-    """The `jrl_kernels.logprob_entropy` implementation of `role` (actor or ref) under the
-    ``actor_rollout_ref`` section `arr`: ``naive`` (materialised logits) unless the role's
-    ``use_fused_kernels`` (which follows ``model.use_fused_kernels``) is on, else
-    `FUSED_KERNEL_IMPLS` of ``model.fused_kernel_options.impl_backend``."""
-    fused = arr[role].get("use_fused_kernels")
-    if not (arr.model.use_fused_kernels if fused is None else fused):
-        return "naive"
-    options = arr.model.get("fused_kernel_options") or {}
-    return FUSED_KERNEL_IMPLS[options.get("impl_backend") or "torch"]
 
 
 def response_log_probs(

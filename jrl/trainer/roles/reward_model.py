@@ -14,8 +14,6 @@ scoring calls.
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 import numpy as np
 from flax import nnx
@@ -23,38 +21,30 @@ from jax.sharding import Mesh
 
 from jrl.batch import Batch
 from jrl.data.tokenizer import load_tokenizer
-from jrl.parallel import Offload, batch_sharding, place
-from jrl.runspec import n_gpus
-from jrl.trainer.roles.specs import SCORE_KEYS, ForwardSpec, ModelSpec
+from jrl.parallel import batch_sharding, place
+from jrl.runspec.roles import RewardModelSettings
+from jrl.trainer.roles.specs import ForwardSpec, load_model, param_offload
 
 
 class RewardModel:
     """Scores a generated batch with the reward model on the mesh."""
 
-    def __init__(self, config: Any, mesh: Mesh):
-        rm = config.reward_model
+    def __init__(self, settings: RewardModelSettings, mesh: Mesh):
         self.mesh = mesh
-        fsdp = rm.model.get("fsdp_config") or config.actor_rollout_ref.actor.fsdp_config
-        spec = ModelSpec.resolve(rm.model, fsdp, kind="reward", section="reward_model.model")
-        model = spec.load(mesh)
+        model = load_model(settings.model, mesh)
         self.graphdef, params = nnx.split(model)
         self.param_shardings = jax.tree.map(lambda x: x.sharding, params)
-        offload = Offload.configure(
-            bool(fsdp.get("param_offload", False)),
-            "reward_model.model.fsdp_config.param_offload",
-            mesh.local_devices,
-        )
+        offload = param_offload(settings.offload, mesh)
         self.stored = offload.store(params, self.param_shardings)
-        self.forward = ForwardSpec.resolve(
-            rm, "reward_model", mesh, False, SCORE_KEYS, world=n_gpus(config), sequence_parallel=1
-        )
-        self.retemplate = rm.model.get("input_tokenizer") is not None
+        # verl's reward model splits its batch over every device, with no sequence parallelism
+        self.forward = ForwardSpec.of(settings.scores, mesh, world=mesh.size, sequence_parallel=1)
+        self.retemplate = settings.input_tokenizer is not None
         self.input_tokenizer = self.tokenizer = None
         if self.retemplate:  # as verl: decode with input_tokenizer, re-encode with the RM's own
-            trust = rm.model.trust_remote_code
-            self.input_tokenizer = load_tokenizer(rm.model.input_tokenizer, trust_remote_code=trust)
-            self.tokenizer = load_tokenizer(rm.model.path, trust_remote_code=trust)
-        self.max_length = rm.get("max_length")
+            trust = settings.model.trust_remote_code
+            self.input_tokenizer = load_tokenizer(settings.input_tokenizer, trust_remote_code=trust)
+            self.tokenizer = load_tokenizer(settings.model.path, trust_remote_code=trust)
+        self.max_length = settings.max_length
         self._forward = jax.jit(
             self._forward_fn,
             in_shardings=(self.param_shardings, batch_sharding(mesh, 2)),

@@ -32,19 +32,20 @@ from jrl.batch import Batch
 from jrl.config import to_yaml
 from jrl.data.loader import DataLoader
 from jrl.data.sft_dataset import create_sft_dataset
-from jrl.data.tokenizer import load_tokenizer
+from jrl.data.tokenizer import tokenizer_of
 from jrl.models import LoRAParam
 from jrl.optim.optimizers import make_sft_optimizer
 from jrl.optim.schedule import Schedule
 from jrl.optim.settings import SFTOptimizerSettings
 from jrl.parallel import batch_sharding, gather_batch, make_mesh
 from jrl.parallel.devices import check_device
-from jrl.runspec.optim import sft_optimizer_settings
+from jrl.runspec.models import ModelSettings
+from jrl.runspec.sft import SFTModelSpec
 from jrl.runspec.spec import resolve_sft_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
-from jrl.trainer.roles.specs import ModelSpec
+from jrl.trainer.roles.specs import ForwardSpec, load_model
 from jrl.trainer.sft.loss import SFTLoss, row_nll, sft_tensors
 from jrl.trainer.update.batching import forward_pass
 from jrl.trainer.update.learner import Learner, UpdatePlan
@@ -53,10 +54,10 @@ from jrl.trainer.update.packing import packing_plan
 ROLE = "actor"
 
 
-def warn_offload(fsdp_cfg: Any) -> None:
-    """``cpu_offload`` / ``offload_params`` are accepted; parameters and optimizer state stay in
-    device memory (FSDP-sharded), which a warning says."""
-    asked = [k for k in ("cpu_offload", "offload_params") if fsdp_cfg.get(k)]
+def warn_offload(asked: tuple[str, ...]) -> None:
+    """``cpu_offload`` / ``offload_params`` (the `asked` keys of ``model.fsdp_config``) are
+    accepted; parameters and optimizer state stay in device memory (FSDP-sharded), which a
+    warning says."""
     if asked:
         warnings.warn(
             f"model.fsdp_config.{' and .'.join(asked)}: parameters and optimizer state stay in "
@@ -68,40 +69,30 @@ def warn_offload(fsdp_cfg: Any) -> None:
 
 @dataclasses.dataclass(frozen=True)
 class SFTSpec:
-    """SFT's settings, resolved once from the config: the model (``model.partial_pretrain``),
-    the update (one optimizer step per batch, micro-batches of ``micro_batch_size_per_gpu`` rows
-    per device, packed with ``use_remove_padding``), the loss, the optimizer and its
-    learning-rate schedule."""
+    """SFT's settings on the mesh: the model, the update (one optimizer step per batch,
+    micro-batches of rows per device, packed with ``use_remove_padding``), the loss, the
+    optimizer and its learning-rate schedule."""
 
-    model: ModelSpec
+    model: ModelSettings
     plan: UpdatePlan
     loss: SFTLoss
     optimizer: SFTOptimizerSettings
     schedule: Schedule
 
     @classmethod
-    def resolve(cls, config: Any, mesh: Any, total_steps: int) -> SFTSpec:
-        """The spec of an SFT config on `mesh`, over `total_steps` training steps."""
-        data, model_cfg = config.data, config.model
-        world = mesh.size
-        micro_rows = world * (data.micro_batch_size_per_gpu or data.micro_batch_size // world)
-        packed = bool(config.use_remove_padding)
-        optimizer = sft_optimizer_settings(config.optim)
+    def of(cls, model: SFTModelSpec, mesh: Any, total_steps: int) -> SFTSpec:
+        """The spec of SFT's `model` on `mesh`, over `total_steps` training steps."""
+        split = ForwardSpec.of(model.split, mesh)
+        optimizer = model.optimizer
         plan = UpdatePlan(
             grad_clip=optimizer.clip_grad,
-            micro_rows=micro_rows,
-            packing=packing_plan(micro_rows, mesh, packed),
+            micro_rows=split.rows,
+            packing=packing_plan(split.rows, mesh, split.remove_padding),
         )
         return cls(
-            model=ModelSpec.resolve(
-                model_cfg,
-                model_cfg.fsdp_config,
-                section="model",
-                path_key="partial_pretrain",
-                lora_seed=int(config.trainer.seed),
-            ),
+            model=model.model,
             plan=plan,
-            loss=SFTLoss("auto" if model_cfg.use_liger else "naive"),
+            loss=SFTLoss("auto" if model.fused_loss else "naive"),
             optimizer=optimizer,
             schedule=Schedule.from_settings(optimizer, total_steps),
         )
@@ -116,36 +107,29 @@ class SFTTrainer:
     def __init__(self, config: Any):
         self.created_at = time.perf_counter()
         check_device(config)
-        warn_offload(config.model.fsdp_config)
         self.config = config
-        data, trainer = config.data, config.trainer
-        self.mesh = make_mesh(trainer.nnodes * trainer.n_gpus_per_node)
-        try:
-            self.tokenizer = load_tokenizer(
-                config.model.partial_pretrain,
-                trust_remote_code=config.model.trust_remote_code,
-                custom_chat_template=data.chat_template,
-            )
-        except (FileNotFoundError, OSError) as err:
-            raise FileNotFoundError(f"model.partial_pretrain: {err}") from err
+        self.run = run = resolve_sft_run(config, ROLE)
+        warn_offload(run.model.host_offload)
+        self.mesh = make_mesh(run.mesh.devices)
+        data, files = run.data, run.data.files
+        self.tokenizer = tokenizer_of(data.tokenizer)
         self.train_dataset = create_sft_dataset(
-            data.train_files, self.tokenizer, data, data.train_max_samples
+            files.train_files, self.tokenizer, data.rows, files.train_max_samples
         )
         self.val_dataset = create_sft_dataset(
-            data.val_files,
+            files.val_files,
             self.tokenizer,
-            data,
-            data.val_max_samples,
+            data.rows,
+            files.val_max_samples,
             config_key="data.val_files",
         )
         self.train_loader = DataLoader(
-            self.train_dataset, data.train_batch_size, shuffle=True, seed=int(trainer.seed)
+            self.train_dataset, files.train_batch_size, shuffle=True, seed=data.seed
         )
-        self.run = run = resolve_sft_run(config, ROLE)
         self.cadence = Cadence.of(run.cadence, len(self.train_loader), after_last=True)
         total = self.cadence.total_steps
-        self.spec = SFTSpec.resolve(config, self.mesh, total)
-        model = self.spec.model.load(self.mesh)
+        self.spec = SFTSpec.of(run.model, self.mesh, total)
+        model = load_model(self.spec.model, self.mesh)
         trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
         optimizer = make_sft_optimizer(self.spec.optimizer)
         self.learner = Learner.create(model, optimizer, self.mesh, trainable)
