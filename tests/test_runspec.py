@@ -141,6 +141,7 @@ def test_with_lora_the_reference_is_the_actors_base():
     run = resolve_run(config)
     assert run.actor.model.lora is not None and run.actor.model.lora_seed == 5
     assert run.ref.model is None and run.ref.mesh is None and run.ref.offload is None
+    assert not any(key.startswith("actor_rollout_ref.ref.fsdp_config") for key in run.reads)
     assert "data.seed" in run.key_fields and "actor" in run.key_fields["data.seed"]
     without = resolve_run(load_config([GRPO, "data.seed=5"])[0])
     assert without.actor.model.lora_seed == 0  # the seed only initialises adapters

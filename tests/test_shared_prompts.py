@@ -15,7 +15,6 @@ from ml_collections import ConfigDict
 
 from jrl.models import init_random
 from jrl.parallel import make_mesh
-from jrl.runspec.models import model_settings
 from jrl.runspec.reads import KeyReads
 from jrl.runspec.roles import LOG_PROB_KEYS, BatchSplit, batch_split
 from jrl.trainer.roles.critic import response_values
@@ -116,10 +115,9 @@ def _split(packed: bool, n: int, attention: str | None = None) -> BatchSplit:
     """The log-prob split of a model section with `use_remove_padding` = `packed` and the
     attention `attention`, for `n` answers per prompt."""
     override = {} if attention is None else {"attn_implementation": attention}
-    model = {"path": "unused", "use_remove_padding": packed, "override_config": override}
+    model = KeyReads(ConfigDict({"use_remove_padding": packed, "override_config": override}))
     section = {"log_prob_use_dynamic_bsz": False, "log_prob_micro_batch_size_per_gpu": 1}
-    settings = model_settings(KeyReads(ConfigDict(model)), {})
-    return batch_split(KeyReads(ConfigDict(section)), "ref", LOG_PROB_KEYS, settings, packed, n)
+    return batch_split(KeyReads(ConfigDict(section)), "ref", LOG_PROB_KEYS, model, n)
 
 
 def test_prompts_are_shared_only_where_the_run_can():

@@ -43,11 +43,6 @@ class ModelSettings:
         """The ``*.model`` section's key."""
         return self.key.rpartition(".")[0]
 
-    @property
-    def attention(self) -> str | None:
-        """``override_config.attn_implementation`` (None: the model's own)."""
-        return self.override_config.get("attn_implementation")
-
     def memory_options(self) -> dict[str, Any]:
         """`set_memory_options` arguments: full remat of every decoder layer with `remat`,
         host offload of what it keeps with `activation_offload`."""
@@ -84,6 +79,13 @@ def model_settings(
         lora_seed=lora_seed,
         key=f"{section}.{path_key}",
     )
+
+
+def attention(model: Any) -> str | None:
+    """``override_config.attn_implementation`` of the ``*.model`` section `model` (None: the
+    model's own)."""
+    override = model.get("override_config")
+    return None if override is None else override.get("attn_implementation")
 
 
 def _plain(section: Any) -> dict[str, Any]:

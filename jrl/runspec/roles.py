@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any, NamedTuple
 
 from jrl.optim.settings import OptimizerSettings
-from jrl.runspec.models import ModelSettings, lora_rank, model_settings
+from jrl.runspec.models import ModelSettings, attention, lora_rank, model_settings
 from jrl.runspec.optim import optimizer_settings
 from jrl.runspec.reads import KeyReads
 from jrl.runspec.validate import FUSED_KERNEL_IMPLS
@@ -172,20 +172,21 @@ def batch_split(
     section: KeyReads,
     prefix: str,
     keys: SplitKeys,
-    model: ModelSettings | None = None,
-    packed: bool = False,
+    model: KeyReads | None = None,
     rollout_n: int = 1,
 ) -> BatchSplit:
     """The split of the section at `prefix`: the token budget of ``keys.limit`` when
-    ``keys.flag`` is on, else ``keys.micro`` rows; `packed` (``use_remove_padding``) rows, the
-    `rollout_n` answers of a prompt sharing it (with `model`'s attention)."""
+    ``keys.flag`` is on, else ``keys.micro`` rows; rows packed as the ``*.model`` section
+    `model` says (``use_remove_padding``; None: not packed), the `rollout_n` answers of a
+    prompt sharing it where its attention allows."""
+    packed = bool(model.use_remove_padding) if model is not None else False
     if section.get(keys.flag):
         limit = int(section[keys.limit])
         return BatchSplit(limit, f"{prefix}.{keys.limit}", remove_padding=packed)
     sharing = {
         "remove_padding": packed,
         "share_prompts": packed and rollout_n > 1,
-        "attention": None if model is None else model.attention,
+        "attention": None if model is None else attention(model),
     }
     per_gpu = section.get(f"{keys.micro}_per_gpu")
     if per_gpu:
@@ -214,7 +215,7 @@ def offloads(fsdp: KeyReads, prefix: str, optimizer: bool = True) -> Offloads:
 
 
 def update_settings(
-    section: KeyReads, prefix: str, model: ModelSettings, packed: bool, rollout_n: int
+    section: KeyReads, prefix: str, model: KeyReads, rollout_n: int
 ) -> UpdateSettings:
     """The PPO update of the trained role section at `prefix` (actor or critic)."""
     shuffle_seed = None
@@ -222,7 +223,7 @@ def update_settings(
         seed = section.get("data_loader_seed")
         shuffle_seed = 0 if seed is None else int(seed)
     return UpdateSettings(
-        split=batch_split(section, prefix, PPO_UPDATE_KEYS, model, packed, rollout_n),
+        split=batch_split(section, prefix, PPO_UPDATE_KEYS, model, rollout_n),
         mini_rows=int(section.ppo_mini_batch_size) * rollout_n,
         epochs=int(section.ppo_epochs),
         grad_clip=float(section.grad_clip),
@@ -237,31 +238,29 @@ def actor_settings(config: KeyReads) -> ActorSettings:
     arr = config[ARR]
     actor, fsdp = arr.actor, arr.actor.fsdp_config
     seed = config.data.get("seed") if lora_rank(arr.model) > 0 else None
-    model = model_settings(arr.model, fsdp, lora_seed=0 if seed is None else int(seed))
-    packed, n = bool(arr.model.use_remove_padding), int(arr.rollout.n)
+    n = int(arr.rollout.n)
     return ActorSettings(
-        model=model,
+        model=model_settings(arr.model, fsdp, lora_seed=0 if seed is None else int(seed)),
         mesh=role_mesh_sizes(actor, fsdp, ACTOR),
         offload=offloads(fsdp, f"{ACTOR}.fsdp_config"),
-        log_probs=batch_split(arr.rollout, ROLLOUT, LOG_PROB_KEYS, model, packed, n),
-        update=update_settings(actor, ACTOR, model, packed, n),
+        log_probs=batch_split(arr.rollout, ROLLOUT, LOG_PROB_KEYS, arr.model, n),
+        update=update_settings(actor, ACTOR, arr.model, n),
         temperature=float(arr.rollout.temperature),
         log_prob_impl=log_prob_impl(arr, "actor"),
     )
 
 
 def reference_settings(config: KeyReads) -> ReferenceSettings:
-    """The reference policy of ``actor_rollout_ref`` (the actor's base model with LoRA)."""
+    """The reference policy of ``actor_rollout_ref``: with LoRA the actor's base model, on the
+    actor's mesh (its own model, mesh and offload keys are then not read)."""
     arr = config[ARR]
     ref, fsdp = arr.ref, arr.ref.fsdp_config
-    model = model_settings(arr.model, fsdp)
-    packed, n = bool(arr.model.use_remove_padding), int(arr.rollout.n)
-    own = model.lora is None
+    own = lora_rank(arr.model) == 0
     return ReferenceSettings(
-        model=model if own else None,
+        model=model_settings(arr.model, fsdp) if own else None,
         mesh=role_mesh_sizes(ref, fsdp, REF) if own else None,
         offload=offloads(fsdp, f"{REF}.fsdp_config", optimizer=False) if own else None,
-        log_probs=batch_split(ref, REF, LOG_PROB_KEYS, model, packed, n),
+        log_probs=batch_split(ref, REF, LOG_PROB_KEYS, arr.model, int(arr.rollout.n)),
         temperature=float(arr.rollout.temperature),
         log_prob_impl=log_prob_impl(arr, "ref"),
     )
@@ -270,26 +269,24 @@ def reference_settings(config: KeyReads) -> ReferenceSettings:
 def critic_settings(config: KeyReads) -> CriticSettings:
     """The critic of the ``critic`` section."""
     critic, fsdp = config.critic, config.critic.model.fsdp_config
-    model = model_settings(critic.model, fsdp, kind="value", section="critic.model")
-    packed, n = bool(critic.model.use_remove_padding), int(config[ARR].rollout.n)
+    n = int(config[ARR].rollout.n)
     return CriticSettings(
-        model=model,
+        model=model_settings(critic.model, fsdp, kind="value", section="critic.model"),
         mesh=role_mesh_sizes(critic, fsdp, "critic"),
         offload=offloads(fsdp, "critic.model.fsdp_config"),
-        values=batch_split(critic, "critic", VALUE_KEYS, model, packed, n),
-        update=update_settings(critic, "critic", model, packed, n),
+        values=batch_split(critic, "critic", VALUE_KEYS, critic.model, n),
+        update=update_settings(critic, "critic", critic.model, n),
         cliprange_value=float(critic.cliprange_value),
         loss_agg_mode=critic.loss_agg_mode,
     )
 
 
 def reward_model_settings(config: KeyReads) -> RewardModelSettings:
-    """The reward model of the ``reward_model`` section."""
+    """The reward model of the ``reward_model`` section (its rows never packed)."""
     rm = config.reward_model
     fsdp = rm.model.fsdp_config
-    model = model_settings(rm.model, fsdp, kind="reward", section="reward_model.model")
     return RewardModelSettings(
-        model=model,
+        model=model_settings(rm.model, fsdp, kind="reward", section="reward_model.model"),
         offload=offloads(fsdp, "reward_model.model.fsdp_config", optimizer=False),
         scores=batch_split(rm, "reward_model", SCORE_KEYS),
         input_tokenizer=rm.model.get("input_tokenizer"),
