@@ -121,16 +121,23 @@ CONTEXTS = {
         "algorithm.rollout_correction.rollout_rs_threshold": 2.0,
     },
 }
-# Keys that act only under a context (the deprecated sizes, rollout correction): their reads are
-# those of a second run of the card with all of these contexts on.
+# Keys that act only under a context (the deprecated sizes, rollout correction, the mini-batch
+# shuffle's seeds): their reads are those of a second run of the card with all of these contexts
+# on.
 _LEGACY = [key for key in COMPANIONS if not key.startswith("reward_model")]
 VARIANT = [
     *((key, 4) for key in _LEGACY),
     *((f"{key.rpartition('.')[0]}.{COMPANIONS[key]}", None) for key in _LEGACY),
     (f"{ACTOR}.use_kl_loss", True),
+    (f"{ACTOR}.shuffle", True),  # the critic's follows: their data_loader_seed is read then
     *_CORRECTION.items(),
 ]
-VARIANT_KEYS = {*COMPANIONS, *(k for k in CONTEXTS if k.startswith("algorithm.rollout_corr"))}
+SHUFFLE_SEEDS = {f"{role}.data_loader_seed" for role in (ACTOR, "critic")}
+VARIANT_KEYS = {
+    *COMPANIONS,
+    *(k for k in CONTEXTS if k.startswith("algorithm.rollout_corr")),
+    *SHUFFLE_SEEDS,
+}
 # Valid values where the key's type does not suggest one.
 VALUES = {
     "algorithm.rollout_correction.rollout_rs": "token_k2",

@@ -19,6 +19,7 @@ from jax.sharding import Mesh
 from jrl.batch import Batch
 from jrl.models.lora import remove_adapters
 from jrl.parallel import ON_DEVICE, Offload, param_shardings, place, shard_params
+from jrl.runspec.models import ModelSettings
 from jrl.runspec.roles import ReferenceSettings
 from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.log_probs import LogProbForward
@@ -33,9 +34,10 @@ from jrl.trainer.roles.specs import (
 
 @dataclasses.dataclass(frozen=True)
 class ReferenceSpec:
-    """The reference's settings on its mesh: how its log-prob pass splits a batch, at which
-    temperature and by which kernel."""
+    """The reference's settings on its mesh: its model (None with LoRA: the actor's base), how
+    its log-prob pass splits a batch, at which temperature and by which kernel."""
 
+    model: ModelSettings | None
     forward: ForwardSpec
     temperature: float
     impl: str
@@ -44,7 +46,7 @@ class ReferenceSpec:
     def of(cls, settings: ReferenceSettings, mesh: Mesh) -> ReferenceSpec:
         """The spec of the reference's `settings` on its `mesh`."""
         forward = ForwardSpec.of(settings.log_probs, mesh)
-        return cls(forward, settings.temperature, settings.log_prob_impl)
+        return cls(settings.model, forward, settings.temperature, settings.log_prob_impl)
 
 
 class Reference:
