@@ -128,8 +128,9 @@ class KeyReads:
 
     def record(self) -> dict[str, Any]:
         """This section as a plain dict, read by no one (a copy for the run's records, such as
-        the config table a tracker stores): no key counts as read."""
-        return plain(self._tree)
+        the config table a tracker stores): no key counts as read, and the copy is made by
+        `ConfigDict.to_dict`, not key by key, so no other observer sees reads either."""
+        return self._tree.to_dict()
 
 
 def was_read(key: str, reads: set[str] | frozenset[str]) -> bool:
