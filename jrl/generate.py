@@ -71,7 +71,7 @@ def prompt_dataset(config: ConfigDict, tokenizer: Any) -> Any:
 def build_rollout(config: ConfigDict, spec: RolloutSpec, tokenizer: Any) -> Any:
     """The rollout engine of `spec` (``rollout.name``; one that cannot serve this host falls back
     to jrl's JAX sampler, announced) with the model of ``model.path`` on the mesh."""
-    check_device(config)
+    check_device(str(config.trainer.device))
     mesh = make_mesh(config.trainer.nnodes * config.trainer.n_gpus_per_node)
     dtype = parse_dtype(spec.dtype)
     model = from_pretrained(

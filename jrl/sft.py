@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     enable_compilation_cache()
 
     start = time.perf_counter()
-    trainer = SFTTrainer(config)
+    trainer = SFTTrainer.from_config(config)
     print(trainer.describe(), flush=True)
     metrics = trainer.fit()
     print(f"jrl: SFT finished in {time.perf_counter() - start:.1f}s", flush=True)

@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     prepare_for(config)
 
     start = time.perf_counter()
-    trainer = PPOTrainer(config)
+    trainer = PPOTrainer.from_config(config)
     print(trainer.describe(), flush=True)
     devices = list(trainer.actor.mesh.devices.flat)
     engine = serving_engine(trainer.run.rollout, devices)[0]

@@ -300,7 +300,7 @@ def test_checkpoint_of_two_processes_restores_in_one(single_run, two_process_run
             f"trainer.resume_from_path={two_process_run / 'global_step_2'}",
         ]
     )
-    trainer = PPOTrainer(config)
+    trainer = PPOTrainer.from_config(config)
     assert trainer.mesh.devices.size == 1
     state = trainer.actor.learner
     initial = jax.tree.leaves(jax.device_get(state.params))

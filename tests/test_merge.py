@@ -46,7 +46,7 @@ def ppo(tmp_path_factory):
         ]
     )
     prepare_for(config)
-    trainer = PPOTrainer(config)
+    trainer = PPOTrainer.from_config(config)
     trainer.fit()
     return {
         "step": root / "global_step_1",

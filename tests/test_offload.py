@@ -117,7 +117,7 @@ def test_tiny_ppo_step_offloads_every_role(tmp_path):
         ]
     )
     prepare_for(config)
-    trainer = PPOTrainer(config)
+    trainer = PPOTrainer.from_config(config)
     metrics = trainer.fit()
     assert metrics["training/global_step"] == 1
     for key in ("actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm"):

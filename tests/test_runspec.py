@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,7 @@ from jrl.runspec import load_config
 from jrl.runspec.effects import explain
 from jrl.runspec.reads import KeyReads, was_read
 from jrl.runspec.spec import resolve_run, resolve_sft_run
+from jrl.trainer.ppo.trainer import PPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 PPO = f"--config={REPO / 'configs' / 'gsm8k_ppo.py'}"
@@ -216,3 +218,16 @@ def test_sft_resolves_its_model_and_data():
     assert run.key_fields["data.micro_batch_size"] == ("model",)
     assert run.key_fields["data.prompt_key"] == ("data",)
     assert "data.micro_batch_size_per_gpu" in run.key_fields and "data" not in run.key_fields
+
+
+def test_a_trainer_is_built_from_a_runspec_changed_in_python(tmp_path):
+    """The Python API of the README: resolve, replace a typed field, train from the spec alone."""
+    config, _ = load_config(
+        [f"{GRPO}:tiny", f"trainer.default_local_dir={tmp_path}", "trainer.logger=[console]"]
+    )
+    run = resolve_run(config)
+    assert run.cadence.total_training_steps == 3
+    one_step = dataclasses.replace(run.cadence, total_training_steps=1, test_freq=-1)
+    trainer = PPOTrainer(dataclasses.replace(run, cadence=one_step))
+    assert trainer.cadence.total_steps == 1
+    assert trainer.fit()["training/global_step"] == 1

@@ -477,7 +477,9 @@ def _trainer(run_dir: Path, *overrides: str):
     from jrl.trainer.sft.trainer import SFTTrainer
 
     enable_compilation_cache()
-    return SFTTrainer(load_entry_config(digits_sft_args(run_dir, *overrides), SFT, validate_sft))
+    return SFTTrainer.from_config(
+        load_entry_config(digits_sft_args(run_dir, *overrides), SFT, validate_sft)
+    )
 
 
 def _metrics(run_dir: Path) -> dict[int, dict]:

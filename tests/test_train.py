@@ -93,7 +93,7 @@ def _grpo_trainer(n_devices: int, tmp_path: Path, micro: int = 1) -> PPOTrainer:
         ]
     )
     prepare_for(config)
-    return PPOTrainer(config)
+    return PPOTrainer.from_config(config)
 
 
 def test_grpo_step_same_for_any_micro_batch_split_and_device_count(tmp_path):

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import yaml
 from ml_collections import ConfigDict
@@ -66,4 +67,9 @@ def load_card(spec: str, tree: KeyTree = PPO) -> tuple[ConfigDict, ModuleType]:
 
 def to_yaml(config: ConfigDict) -> str:
     """The resolved config as YAML, keys in config order (printed at start-up)."""
-    return yaml.safe_dump(resolve(config).to_dict(), sort_keys=False, default_flow_style=False)
+    return yaml_of(resolve(config).to_dict())
+
+
+def yaml_of(tree: Mapping[str, Any]) -> str:
+    """A plain config tree as YAML, keys in the tree's order."""
+    return yaml.safe_dump(dict(tree), sort_keys=False, default_flow_style=False)

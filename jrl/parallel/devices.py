@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import jax
 
 from jrl_kernels.platform import PLATFORMS as BACKENDS
@@ -12,9 +10,8 @@ from jrl_kernels.platform import mesh_platform
 __all__ = ["BACKENDS", "check_device", "mesh_platform"]
 
 
-def check_device(config: Any) -> None:
-    """`trainer.device` must name the backend JAX runs on."""
-    wanted = str(config.trainer.device)
+def check_device(wanted: str) -> None:
+    """`wanted` (``trainer.device``) must name the backend JAX runs on."""
     backend = jax.default_backend()
     if BACKENDS.get(wanted) != backend:
         raise ValueError(

@@ -29,9 +29,11 @@ CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
 
 @dataclasses.dataclass(frozen=True)
 class MeshSpec:
-    """The training mesh: `devices` = data x fsdp x sequence x tensor (None or -1 `fsdp_size`:
-    every device that is not sequence- or tensor-parallel)."""
+    """The training mesh on `device` (``trainer.device``: cuda, cpu, tpu, ...): `devices` = data x
+    fsdp x sequence x tensor (None or -1 `fsdp_size`: every device that is not sequence- or
+    tensor-parallel)."""
 
+    device: str
     devices: int
     fsdp_size: int | None
     sequence_parallel: int
@@ -130,6 +132,7 @@ def mesh_spec(config: KeyReads) -> MeshSpec:
     actor = config.actor_rollout_ref.actor
     fsdp = actor.fsdp_config
     return MeshSpec(
+        device=str(config.trainer.device),
         devices=int(config.trainer.nnodes * config.trainer.n_gpus_per_node),
         fsdp_size=fsdp.fsdp_size,
         sequence_parallel=int(actor.ulysses_sequence_parallel_size),

@@ -59,7 +59,13 @@ def sft_mesh_spec(config: KeyReads) -> MeshSpec:
     """Every device of ``trainer.nnodes * n_gpus_per_node``, all of them FSDP."""
     trainer = config.trainer
     devices = int(trainer.nnodes * trainer.n_gpus_per_node)
-    return MeshSpec(devices=devices, fsdp_size=-1, sequence_parallel=1, tensor_parallel=1)
+    return MeshSpec(
+        device=str(trainer.device),
+        devices=devices,
+        fsdp_size=-1,
+        sequence_parallel=1,
+        tensor_parallel=1,
+    )
 
 
 def sft_model_spec(config: KeyReads) -> SFTModelSpec:

@@ -20,7 +20,7 @@ import numpy as np
 
 from jrl import algos
 from jrl.batch import Batch
-from jrl.config import to_yaml
+from jrl.config.loading import yaml_of
 from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import tokenizer_of
@@ -37,7 +37,7 @@ from jrl.parallel.devices import check_device
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
-from jrl.runspec.spec import resolve_run
+from jrl.runspec.spec import RunSpec, resolve_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.io.generations import write_generations
 from jrl.trainer.io.metrics import (
@@ -59,15 +59,20 @@ from jrl.trainer.update.balance import balance_batch
 
 
 class PPOTrainer:
-    """Builds every role from the config; supplies the fit loop with verl's PPO step."""
+    """Builds every role from a `RunSpec` (`from_config`: from a checked config); supplies the fit
+    loop with verl's PPO step."""
 
     name = "Training Progress"
 
-    def __init__(self, config: Any):
+    @classmethod
+    def from_config(cls, config: Any) -> PPOTrainer:
+        """The trainer of a checked config (`jrl.runspec.load_config`)."""
+        return cls(resolve_run(config))
+
+    def __init__(self, run: RunSpec):
         self.created_at = time.perf_counter()
-        check_device(config)
-        self.config = config
-        self.run = run = resolve_run(config)
+        check_device(run.mesh.device)
+        self.run = run
         self.mesh = make_mesh(
             run.mesh.devices,
             fsdp_size=run.mesh.fsdp_size,
@@ -391,4 +396,4 @@ class PPOTrainer:
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""
-        return to_yaml(self.config)
+        return yaml_of(self.run.logging.tree)

@@ -29,7 +29,7 @@ import numpy as np
 from flax import nnx
 
 from jrl.batch import Batch
-from jrl.config import to_yaml
+from jrl.config.loading import yaml_of
 from jrl.data.loader import DataLoader
 from jrl.data.sft_dataset import create_sft_dataset
 from jrl.data.tokenizer import tokenizer_of
@@ -41,7 +41,7 @@ from jrl.parallel import batch_sharding, gather_batch, make_mesh
 from jrl.parallel.devices import check_device
 from jrl.runspec.models import ModelSettings
 from jrl.runspec.sft import SFTModelSpec
-from jrl.runspec.spec import resolve_sft_run
+from jrl.runspec.spec import SFTRunSpec, resolve_sft_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
@@ -99,16 +99,20 @@ class SFTSpec:
 
 
 class SFTTrainer:
-    """Builds the model, data and optimizer from an SFT config; supplies the fit loop with one
-    optimizer step per batch."""
+    """Builds the model, data and optimizer from an `SFTRunSpec` (`from_config`: from a checked
+    SFT config); supplies the fit loop with one optimizer step per batch."""
 
     name = "SFT"
 
-    def __init__(self, config: Any):
+    @classmethod
+    def from_config(cls, config: Any) -> SFTTrainer:
+        """The trainer of a checked SFT config."""
+        return cls(resolve_sft_run(config, ROLE))
+
+    def __init__(self, run: SFTRunSpec):
         self.created_at = time.perf_counter()
-        check_device(config)
-        self.config = config
-        self.run = run = resolve_sft_run(config, ROLE)
+        check_device(run.mesh.device)
+        self.run = run
         warn_offload(run.model.host_offload)
         self.mesh = make_mesh(run.mesh.devices)
         data, files = run.data, run.data.files
@@ -226,4 +230,4 @@ class SFTTrainer:
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""
-        return to_yaml(self.config)
+        return yaml_of(self.run.logging.tree)
