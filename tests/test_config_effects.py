@@ -276,7 +276,8 @@ def test_the_documented_vllm_rollout_runs_the_jax_sampler_on_this_host(capsys):
     engine, printed = _tiny_rollout(config, capsys)
     assert isinstance(engine, JaxRollout) and engine.mesh.shape["tensor"] == 2
     assert engine.response_length == 3  # rollout.response_length, as verl's engines
-    assert "rollout.name=vllm: vllm is not installed; jrl's JAX sampler generates" in printed
+    line = "actor_rollout_ref.rollout.name=vllm: vllm is not installed; jrl's JAX sampler generates"
+    assert line in printed  # the key as the user wrote it: the key sweep counts this line
 
 
 def test_rollout_name_sglang_loads_runs_the_jax_sampler_announced_and_names_its_keys(capsys):
@@ -288,9 +289,7 @@ def test_rollout_name_sglang_loads_runs_the_jax_sampler_announced_and_names_its_
     config = load_config(argv)[0]
     engine, printed = _tiny_rollout(config, capsys)
     assert isinstance(engine, JaxRollout)
-    assert "jrl: rollout.name=sglang: jrl has no sglang engine; jrl's JAX sampler generates" in (
-        printed
-    )
+    assert "rollout.name=sglang: jrl has no sglang engine; jrl's JAX sampler generates" in printed
     notice = no_effect_notice(config, "jax", command_line_keys(argv))
     assert f"{ROLLOUT}.over_sample_rate=0.5 (sglang's option: sglang does not generate" in notice
     assert f"{ROLLOUT}.name" not in notice

@@ -38,8 +38,8 @@ def generating_engine(spec: RolloutSpec, devices: Sequence[jax.Device]) -> str:
     name, why = serving_engine(spec, devices)
     if why:
         print(
-            f"jrl: rollout.name={spec.engine}: {why}; jrl's JAX sampler generates with the same "
-            f"sampling keys and tensor_model_parallel_size={spec.tensor_parallel_size}",
+            f"jrl: {spec.section}.name={spec.engine}: {why}; jrl's JAX sampler generates with "
+            f"the same sampling keys and tensor_model_parallel_size={spec.tensor_parallel_size}",
             flush=True,
         )
     return name

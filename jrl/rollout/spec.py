@@ -21,7 +21,9 @@ class RolloutSpec:
     `sampling.max_new_tokens` is the response length; `vllm` holds vLLM's own settings where the
     run names vLLM (None elsewhere: no other engine reads them). The engine computes in `dtype`
     over the actor's parameters, `tensor_parallel_size` devices per model replica; vLLM builds
-    from the Hugging Face folder `model_path` and seeds with `seed`.
+    from the Hugging Face folder `model_path` and seeds with `seed`. `section` is the key of the
+    rollout's config section, named in messages (``actor_rollout_ref.rollout`` in a PPO run,
+    ``rollout`` in offline generation).
     """
 
     engine: str
@@ -34,6 +36,7 @@ class RolloutSpec:
     tensor_parallel_size: int = 1
     seed: int = 0
     trust_remote_code: bool = False
+    section: str = "actor_rollout_ref.rollout"
 
     def __post_init__(self) -> None:
         rules = {"tensor_parallel_size": (self.tensor_parallel_size >= 1, "must be at least 1")}

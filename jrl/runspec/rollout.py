@@ -175,6 +175,7 @@ def _resolve(
         try:
             return RolloutSpec(
                 engine=str(_read(section, "name", prefix)),
+                section=prefix,
                 dtype=str(_read(section, "dtype", prefix)),
                 tensor_parallel_size=int(_read(section, "tensor_model_parallel_size", prefix)),
                 **{key: int(seed) for key, seed in _given(section, ("seed",)).items()},
