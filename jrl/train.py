@@ -51,6 +51,8 @@ import sys
 import time
 from typing import Any
 
+import jax
+
 from jrl.assets import prepare_for
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config import ConfigError
@@ -66,8 +68,6 @@ from jrl.trainer.ppo.trainer import PPOTrainer
 
 def planned_engine(config: Any) -> str:
     """The rollout engine that would generate for `config` on this host's devices."""
-    import jax
-
     devices = jax.devices()[: n_gpus(config)]
     return serving_engine(rollout_spec(config), devices)[0]
 

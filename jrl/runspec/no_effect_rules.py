@@ -10,6 +10,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import jax
 from ml_collections import ConfigDict
 
 from jrl.algos.estimator import ADV_ESTIMATORS
@@ -186,16 +187,12 @@ def greedy_validation(config: ConfigDict, engine: str) -> bool:
 def no_host_offload(config: ConfigDict, engine: str) -> bool:
     """Applies where the backend has no device memory apart from the host's (the decoder's
     rule, `jrl.models.decoder.OFFLOAD_BACKENDS`: CPU)."""
-    import jax
-
     return jax.default_backend() not in OFFLOAD_BACKENDS
 
 
 def no_memory_report(config: ConfigDict, engine: str) -> bool:
     """Applies where the JAX sampler generates and the device reports no memory to take a share
     of (the sampler's rule, `jrl.rollout.limits.free_device_bytes`: CPU)."""
-    import jax
-
     return engine == "jax" and free_device_bytes(jax.local_devices()[0]) is None
 
 
@@ -227,8 +224,6 @@ def tokenizer_without_code(config: ConfigDict, engine: str) -> bool:
 
 
 def single_process(config: ConfigDict, engine: str) -> bool:
-    import jax
-
     return jax.process_count() == 1
 
 
