@@ -64,10 +64,6 @@ from jrl.runspec.validate import validate_sft
 from jrl.trainer.loop.stopping import NonFiniteLossError
 from jrl.trainer.sft.trainer import SFTTrainer
 
-# How long the processes of a multi-process run wait for each other to join (verl's SFT trainer
-# has no key for it; the RL trainer's trainer.ray_wait_register_center_timeout default).
-JOIN_TIMEOUT_S = 300
-
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
     """Load the config and train; returns the last step's metrics."""
@@ -76,11 +72,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(__doc__)
         return {}
     config = load_entry_config(argv, SFT, validate_sft)
-    distributed.start(config.trainer.nnodes, config.trainer.n_gpus_per_node, JOIN_TIMEOUT_S)
+    run = SFTTrainer.resolve(config)
+    distributed.start(run.mesh.nnodes, run.mesh.devices_per_node, run.mesh.join_timeout_s)
     enable_compilation_cache()
 
     start = time.perf_counter()
-    trainer = SFTTrainer.from_config(config)
+    trainer = SFTTrainer(run)
     print(trainer.describe(), flush=True)
     metrics = trainer.fit()
     print(f"jrl: SFT finished in {time.perf_counter() - start:.1f}s", flush=True)

@@ -62,6 +62,7 @@ from jrl.rollout.build import serving_engine
 from jrl.runspec import load_config, n_gpus
 from jrl.runspec.effects import command_line_keys, explain, no_effect_notice
 from jrl.runspec.rollout import rollout_spec
+from jrl.runspec.spec import resolve_run
 from jrl.trainer.loop.stopping import NonFiniteLossError
 from jrl.trainer.ppo.trainer import PPOTrainer
 
@@ -83,19 +84,17 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         print(explain([a for a in argv if a != "--explain"], planned_engine), flush=True)
         return {}
     config, _ = load_config(argv)
-    trainer = config.trainer
-    distributed.start(
-        trainer.nnodes, trainer.n_gpus_per_node, trainer.ray_wait_register_center_timeout
-    )
+    run = resolve_run(config)
+    distributed.start(run.mesh.nnodes, run.mesh.devices_per_node, run.mesh.join_timeout_s)
     enable_compilation_cache()
     prepare_for(config)
 
     start = time.perf_counter()
-    trainer = PPOTrainer.from_config(config)
+    trainer = PPOTrainer(run)
     print(trainer.describe(), flush=True)
     devices = list(trainer.actor.mesh.devices.flat)
-    engine = serving_engine(trainer.run.rollout, devices)[0]
-    notice = no_effect_notice(config, engine, command_line_keys(argv))
+    engine = serving_engine(run.rollout, devices)[0]
+    notice = no_effect_notice(config, run.keys, engine, command_line_keys(argv))
     if notice and distributed.is_primary():
         print(notice, flush=True)
     plots: list = []
@@ -103,10 +102,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         metrics = trainer.fit()
     finally:
         if distributed.is_primary():
-            plots = plot_after_training(config.trainer.default_local_dir)
+            plots = plot_after_training(run.logging.run_dir)
     print(f"jrl: training finished in {time.perf_counter() - start:.1f}s", flush=True)
     seconds = time.perf_counter() - began  # assets and set-up included
-    summary = validation_summary(config.trainer.default_local_dir, seconds, plots)
+    summary = validation_summary(run.logging.run_dir, seconds, plots)
     if summary and distributed.is_primary():
         print(f"jrl: {summary}", flush=True)
     return metrics

@@ -1,12 +1,12 @@
 """The check behind `test_every_key_*.py`: no key vanishes silently. Every key of the
 configuration document and of verl v0.6.0's generated PPO config, set to a non-default valid value
-one at a time on the tiny GRPO and PPO cards, is refused at load (a feature jrl does not
-implement), named in the no-effect notice, or moves a value that a real run of that card reads.
+one at a time on the tiny GRPO and PPO cards (with the context it needs, `CONTEXTS`), is refused
+at load (a feature jrl does not implement), named in the no-effect notice with a reason of its
+own, or read by the resolver (`RunSpec.keys`, itself or through a key that follows it).
 
-What a run reads is recorded over real one-step runs of each card (`key_reads`): one resumed from
-a checkpoint, so the resume keys are read too, and one with `VARIANT`'s settings on. Reading is
-the proof of acting used here: a key that is read takes part in what the run does; a key that is
-never read and never announced is what this check exists to catch.
+The product records its reads, so no run is needed: loading and resolving each variant takes
+seconds. That a key the resolver reads changes what the run does is the behaviour sweep's part
+(`key_behaviour`, ``JRL_KEY_SWEEP=1``).
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from key_reads import is_read, reads_of_run
 from ml_collections import ConfigDict, FieldReference
 
 from jrl.config import ConfigError, apply_overrides, default_config, load_config_file, resolve
 from jrl.config.moved import leaves, value_at
 from jrl.config.replaced import replaced_pairs
 from jrl.config.tree import key_paths
-from jrl.runspec.effects import ignored_settings, no_effect_reason
+from jrl.runspec.effects import NOT_READ, ignored_settings, no_effect_reason
+from jrl.runspec.spec import resolve_run
 from jrl.runspec.unsupported import unsupported_reason
 from jrl.runspec.validate import validate
 
@@ -120,23 +120,6 @@ CONTEXTS = {
         f"{ROLLOUT}.calculate_log_probs": True,
         "algorithm.rollout_correction.rollout_rs_threshold": 2.0,
     },
-}
-# Keys that act only under a context (the deprecated sizes, rollout correction, the mini-batch
-# shuffle's seeds): their reads are those of a second run of the card with all of these contexts
-# on.
-_LEGACY = [key for key in COMPANIONS if not key.startswith("reward_model")]
-VARIANT = [
-    *((key, 4) for key in _LEGACY),
-    *((f"{key.rpartition('.')[0]}.{COMPANIONS[key]}", None) for key in _LEGACY),
-    (f"{ACTOR}.use_kl_loss", True),
-    (f"{ACTOR}.shuffle", True),  # the critic's follows: their data_loader_seed is read then
-    *_CORRECTION.items(),
-]
-SHUFFLE_SEEDS = {f"{role}.data_loader_seed" for role in (ACTOR, "critic")}
-VARIANT_KEYS = {
-    *COMPANIONS,
-    *(k for k in CONTEXTS if k.startswith("algorithm.rollout_corr")),
-    *SHUFFLE_SEEDS,
 }
 # Valid values where the key's type does not suggest one.
 VALUES = {
@@ -254,43 +237,21 @@ def _refused(key: str, base: ConfigDict, error: str) -> bool:
     return bool(named) and (unsupported_reason(key, base) is not None or says)
 
 
-def _verdict(raw: ConfigDict, base: ConfigDict, key: str, reads: set[str]) -> str:
-    """'refused', 'announced', 'acts', or why the key does none of them."""
+def _verdict(raw: ConfigDict, base: ConfigDict, key: str) -> str:
+    """'refused', 'announced', 'read', or why the key is none of them."""
     config, error = _moved(raw, key, base)
     if config is None:
         refused = _refused(key, base, error)
         return "refused" if refused else f"no valid non-default value loads: {error[-400:]}"
     given = {key, *CONTEXTS.get(key, {}), *_companion(key)}  # as on the command line
-    if no_effect_reason(key, config, "jax", given):  # then the notice itself must name it
-        named = {k for pairs in ignored_settings(config, "jax", given).values() for k, _ in pairs}
-        return "announced" if key in named else "has a no-effect reason but the notice omits it"
-    extras = {*CONTEXTS.get(key, {}), *_companion(key)} - {key}
-    changed = [k for k, v in leaves(config) if v != value_at(base, k) and k not in extras]
-    if any(is_read(k, reads) for k in changed):
-        return "acts"
-    return f"silently ignored (it moves {changed}, none of which the run reads)"
-
-
-def card_reads(card: str, folder: Path) -> dict[str, set[str]]:
-    """What the card's run reads under `folder`: one step with validation, resumed from a first
-    step's checkpoint (so the resume keys are read too), and one step with `VARIANT` on."""
-    from jrl import train
-
-    run = [f"--config={CARDS[card]}", f"trainer.default_local_dir={folder / 'run'}"]
-    run += ["trainer.save_freq=1", "trainer.test_freq=2"]
-    train.main([*run, "trainer.total_training_steps=1", "trainer.val_before_train=False"])
-    variant = [f"{key}={'null' if value is None else value}" for key, value in VARIANT]
-    return {
-        "run": reads_of_run([*run, "trainer.total_training_steps=2"]),
-        "variant": reads_of_run(
-            [
-                f"--config={CARDS[card]}",
-                f"trainer.default_local_dir={folder / 'variant'}",
-                "trainer.total_training_steps=1",
-                *variant,
-            ]  # fmt: skip
-        ),
-    }
+    keys = resolve_run(config).keys
+    reason = no_effect_reason(key, config, keys, "jax", given)
+    if reason is None:
+        return "read"
+    if reason == NOT_READ:
+        return "no resolver reads it and no reason says why"
+    named = {k for pairs in ignored_settings(config, keys, "jax", given).values() for k, _ in pairs}
+    return "announced" if key in named else f"has a reason ({reason}) but the notice omits it"
 
 
 def verl_keys_missing_here() -> list[str]:
@@ -301,15 +262,12 @@ def verl_keys_missing_here() -> list[str]:
     return [k for k in verl if k not in ours]
 
 
-def wrong_verdicts(card: str, reads: dict[str, set[str]]) -> dict[str, str]:
-    """{key: why} of the keys that the card's run neither reads, announces nor refuses; also
+def wrong_verdicts(card: str) -> dict[str, str]:
+    """{key: why} of the keys of the card that are neither read, announced nor refused; also
     checks that each outcome happens often."""
     raw = load_config_file(CARDS[card])[0]
     base = _load(raw, [])
-    verdicts = {
-        key: _verdict(raw, base, key, reads["variant" if key in VARIANT_KEYS else "run"])
-        for key, _ in leaves(base)
-    }
-    counts = {v: list(verdicts.values()).count(v) for v in ("refused", "announced", "acts")}
+    verdicts = {key: _verdict(raw, base, key) for key, _ in leaves(base)}
+    counts = {v: list(verdicts.values()).count(v) for v in ("refused", "announced", "read")}
     assert min(counts.values()) > 10, counts  # each outcome happens, often
-    return {k: v for k, v in verdicts.items() if v not in ("refused", "announced", "acts")}
+    return {k: v for k, v in verdicts.items() if v not in ("refused", "announced", "read")}

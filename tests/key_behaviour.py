@@ -52,6 +52,7 @@ from jrl.config.moved import leaves  # noqa: E402
 from jrl.config.overrides import parse_command_line  # noqa: E402
 from jrl.parallel import memory_bytes  # noqa: E402
 from jrl.runspec.effects import no_effect_reason  # noqa: E402
+from jrl.runspec.spec import resolve_run  # noqa: E402
 from jrl.trainer.ppo.trainer import PPOTrainer  # noqa: E402
 
 WALL_CLOCK = (
@@ -199,7 +200,8 @@ def outcome(prober: Prober, raw, base, key: str, bases: dict[str, dict]) -> str:
     context += [(k, None) for k in every_key._companion(key)]
     run = [*parse_command_line(RUN).overrides, ("trainer.default_local_dir", str(prober.root))]
     config = every_key._load(raw, [*run, *context, (key, value)])
-    if no_effect_reason(key, config, "jax", {key, *(k for k, _ in context)}):
+    keys = resolve_run(config).keys
+    if no_effect_reason(key, config, keys, "jax", {key, *(k for k, _ in context)}):
         return "announced"
     try:  # a context that is no run alone (a partner key, an unset companion): the card is
         every_key._load(raw, [*run, *context])  # the base

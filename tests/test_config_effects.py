@@ -1,5 +1,6 @@
 """What every key does: the no-effect notice names exactly the settings moved away from their
-defaults that do nothing in this run, `--explain` gives each key's value, source and home, and
+defaults that do nothing in this run (those the resolver left unread, or that this host leaves
+idle), `--explain` gives each key's value, source and the RunSpec fields it became, and
 ``rollout.name=vllm`` falls back to the JAX sampler where vLLM cannot serve, as ``sglang`` and
 ``hf`` do everywhere (announced).
 
@@ -13,19 +14,15 @@ import pytest
 
 from jrl import train
 from jrl.config import default_config, resolve
+from jrl.config.moved import leaves
 from jrl.config.tree import key_paths
 from jrl.rollout.build import serving_engine
 from jrl.rollout.engines import ENGINES, Host, serving
 from jrl.runspec import load_config
-from jrl.runspec.effects import (
-    NO_EFFECT,
-    command_line_keys,
-    explain,
-    ignored_settings,
-    leaves,
-    no_effect_notice,
-)
+from jrl.runspec.effects import command_line_keys, explain, ignored_settings, no_effect_notice
+from jrl.runspec.no_effect import IDLE_HERE, UNREAD
 from jrl.runspec.rollout import rollout_spec
+from jrl.runspec.spec import resolve_run
 
 TINY = "--config=configs/gsm8k_grpo.py:tiny"
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -43,25 +40,38 @@ IGNORED = [
 ]
 
 
+def ignored(argv: list[str], engine: str = "jax", given: bool = True) -> dict[str, list]:
+    """`ignored_settings` of a command line's run (`given`: its keys count as the user's)."""
+    config = load_config(argv)[0]
+    keys = resolve_run(config).keys
+    return ignored_settings(config, keys, engine, command_line_keys(argv) if given else ())
+
+
+def notice(argv: list[str], engine: str = "jax") -> str | None:
+    config = load_config(argv)[0]
+    return no_effect_notice(config, resolve_run(config).keys, engine, command_line_keys(argv))
+
+
 def test_the_notice_names_only_settings_moved_away_from_their_defaults():
-    config = load_config([TINY, *IGNORED])[0]
-    found = ignored_settings(config, "jax", command_line_keys([TINY, *IGNORED]))
+    found = ignored([TINY, *IGNORED])
     named = {key for pairs in found.values() for key, _ in pairs}
     assert named == {override.split("=")[0] for override in IGNORED}
-    notice = no_effect_notice(config, "jax", command_line_keys([TINY, *IGNORED]))
-    assert "actor_rollout_ref.actor.use_torch_compile=False (torch.compile" in notice
-    assert "actor_rollout_ref.actor.strategy='megatron' (a torch training backend" in notice
+    said = notice([TINY, *IGNORED])
+    assert "actor_rollout_ref.actor.use_torch_compile=False (torch.compile" in said
+    assert "actor_rollout_ref.actor.strategy='megatron' (a torch training backend" in said
     # Untouched defaults (the card's torch keys included) say nothing.
-    assert no_effect_notice(load_config([TINY])[0], engine="jax") is None
+    assert notice([TINY]) is None
 
 
 def test_settings_of_parts_the_run_does_not_use():
     argv = [TINY, "critic.optim.lr=0.5", f"{ROLLOUT}.log_prob_max_token_len_per_gpu=999"]
-    notice = no_effect_notice(load_config(argv)[0], "jax", command_line_keys(argv))
-    assert "critic.optim.lr=0.5 (no critic in this run" in notice
-    assert "log_prob_max_token_len_per_gpu=999 (token budgets apply with dynamic batch" in notice
+    said = notice(argv)
+    assert "critic.optim.lr=0.5 (no critic in this run" in said
+    assert (
+        "log_prob_max_token_len_per_gpu=999 (actor_rollout_ref.rollout.log_prob_use_dynamic" in said
+    )
     # The card's own critic settings (the PPO card's, which the GRPO card keeps) say nothing.
-    assert "critic.ppo_micro_batch_size_per_gpu" not in notice
+    assert "critic.ppo_micro_batch_size_per_gpu" not in said
 
 
 ACTOR = "actor_rollout_ref.actor"
@@ -95,7 +105,21 @@ CUSTOM_MANAGER = ("reward_manager.source=importlib", "reward_manager.module.path
             ["algorithm.adv_estimator=rloo"],
             ["algorithm.adv_estimator=grpo_passk"],
         ),
-        ("trainer.critic_warmup=2", [], []),  # the PPO card has a critic
+        (  # the fixed controller keeps kl_coef
+            "algorithm.kl_ctrl.horizon=100",
+            ["algorithm.use_kl_in_reward=true"],
+            ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"],
+        ),
+        (
+            "algorithm.kl_ctrl.target_kl=0.5",
+            [],
+            ["algorithm.use_kl_in_reward=true", "algorithm.kl_ctrl.type=adaptive"],
+        ),
+        (
+            f"{ACTOR}.optim.lr_scheduler_type=cosine",
+            [f"{ACTOR}.optim.warmup_style=constant"],
+            [],
+        ),
         ("critic.enable=true", ["algorithm.adv_estimator=gae"], ["algorithm.adv_estimator=grpo"]),
         (
             "actor_rollout_ref.ref.fsdp_config.fsdp_size=1",
@@ -135,15 +159,14 @@ def test_options_of_choices_the_run_did_not_make(setting, idle, acting):
 
     def named(*changes: str) -> bool:
         argv = [TINY, setting, *changes]
-        found = ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
+        found = ignored(argv)
         return setting.split("=")[0] in {key for pairs in found.values() for key, _ in pairs}
 
     assert named(*idle)
     if acting:
         assert not named(*acting)
     else:  # the PPO card (gae) reads it
-        argv = ["--config=configs/gsm8k_ppo.py:tiny", setting]
-        assert not ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
+        assert not ignored(["--config=configs/gsm8k_ppo.py:tiny", setting])
 
 
 @pytest.mark.parametrize(
@@ -154,9 +177,9 @@ def test_options_of_choices_the_run_did_not_make(setting, idle, acting):
     ],
 )
 def test_vllm_options_have_no_effect_only_when_the_jax_sampler_generates(setting):
-    config = load_config([TINY, setting])[0]
-    assert ignored_settings(config, engine="jax")
-    assert ignored_settings(config, engine="vllm") == {}
+    argv = [TINY, f"{ROLLOUT}.name=vllm", setting]
+    assert ignored(argv, "jax", given=False)
+    assert ignored(argv, "vllm", given=False) == {}
 
 
 def test_offload_and_memory_keys_on_cpu():
@@ -169,7 +192,7 @@ def test_offload_and_memory_keys_on_cpu():
         f"{ROLLOUT}.gpu_memory_utilization=0.3",
         f"{ACTOR}.fsdp_config.param_offload=true",
     ]
-    found = ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
+    found = ignored(argv)
     named = {key for pairs in found.values() for key, _ in pairs}
     assert named == {
         "actor_rollout_ref.model.enable_activation_offload",
@@ -179,22 +202,22 @@ def test_offload_and_memory_keys_on_cpu():
 
 def test_every_no_effect_entry_names_keys_that_exist():
     paths = list(key_paths(resolve(default_config())))  # an empty section takes added keys
-    for entry in NO_EFFECT:
-        pattern = entry.pattern
+    for pattern in [*UNREAD, *(idle.pattern for idle in IDLE_HERE)]:
         assert any(fnmatchcase(p, pattern) or fnmatchcase(f"{p}.x", pattern) for p in paths), (
             pattern
         )
 
 
-def test_explain_gives_value_source_and_where_each_key_acts():
+def test_explain_gives_value_source_and_the_fields_each_key_became():
     argv = ["--config=configs/gsm8k_ppo.py", "actor_rollout_ref.actor.use_torch_compile=False"]
     lines = {line.split(" = ")[0]: line for line in explain(argv, lambda config: "jax").split("\n")}
     assert lines["actor_rollout_ref.actor.use_torch_compile"].endswith(
         "False  [override]  no effect: torch.compile: XLA compiles every jrl program"
     )
-    assert "= 8  [card]  jrl.trainer.roles.critic" in lines["critic.ppo_micro_batch_size_per_gpu"]
-    assert "[default]  jrl.optim" in lines["actor_rollout_ref.actor.optim.lr"]
-    assert "[default]  jrl.algos" in lines["algorithm.gamma"]
+    assert "= 8  [card]  acts -> critic" in lines["critic.ppo_micro_batch_size_per_gpu"]
+    assert "[default]  acts -> actor" in lines["actor_rollout_ref.actor.optim.lr"]
+    assert lines["algorithm.gamma"].endswith("[default]  acts -> algorithm.estimator_options")
+    assert lines["data.max_response_length"].endswith("]  acts")  # through its followers
     assert "no effect: vLLM's option" in lines["actor_rollout_ref.rollout.enforce_eager"]
     assert len(lines) == len(list(leaves(load_config(argv)[0])))
 
@@ -290,15 +313,15 @@ def test_rollout_name_sglang_loads_runs_the_jax_sampler_announced_and_names_its_
     engine, printed = _tiny_rollout(config, capsys)
     assert isinstance(engine, JaxRollout)
     assert "rollout.name=sglang: jrl has no sglang engine; jrl's JAX sampler generates" in printed
-    notice = no_effect_notice(config, "jax", command_line_keys(argv))
-    assert f"{ROLLOUT}.over_sample_rate=0.5 (sglang's option: sglang does not generate" in notice
-    assert f"{ROLLOUT}.name" not in notice
+    said = notice(argv)
+    assert f"{ROLLOUT}.over_sample_rate=0.5 (sglang's option: sglang does not generate" in said
+    assert f"{ROLLOUT}.name" not in said
 
 
 def test_the_tokenizer_trust_key_is_named_only_for_a_tokenizer_without_code(tmp_path):
     def named(*changes: str) -> bool:
         argv = [TINY, "data.trust_remote_code=false", *changes]
-        found = ignored_settings(load_config(argv)[0], "jax", command_line_keys(argv))
+        found = ignored(argv)
         return "data.trust_remote_code" in {key for pairs in found.values() for key, _ in pairs}
 
     assert named()  # the tiny tokenizer is plain

@@ -15,6 +15,7 @@ from jrl.algos.policy_loss import POLICY_LOSSES
 from jrl.config import ConfigError
 from jrl.runspec import load_config, uses_critic
 from jrl.runspec.effects import command_line_keys, ignored_settings
+from jrl.runspec.spec import resolve_run
 
 GRPO = "--config=configs/gsm8k_grpo.py:tiny"
 PPO = "--config=configs/gsm8k_ppo.py:tiny"
@@ -54,8 +55,9 @@ def register_greedy_discounted(calls: list) -> None:
 
 
 def notice(*argv: str) -> set[str]:
-    argv = (*argv,)
-    found = ignored_settings(load_config(list(argv))[0], "jax", command_line_keys(list(argv)))
+    config = load_config(list(argv))[0]
+    keys = resolve_run(config).keys
+    found = ignored_settings(config, keys, "jax", command_line_keys(list(argv)))
     return {key for pairs in found.values() for key, _ in pairs}
 
 

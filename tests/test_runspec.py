@@ -11,7 +11,7 @@ from ml_collections import ConfigDict
 from jrl.config import apply_overrides, sft_config
 from jrl.runspec import load_config
 from jrl.runspec.effects import explain
-from jrl.runspec.reads import KeyReads, was_read
+from jrl.runspec.reads import KeyReads
 from jrl.runspec.spec import resolve_run, resolve_sft_run
 from jrl.trainer.ppo.trainer import PPOTrainer
 
@@ -28,8 +28,10 @@ def test_the_view_records_each_leaf_read_by_its_dotted_path():
     assert view.reads == {"a.b", "a.c.d"}  # sections passed through are not leaves
     assert view.a.c.whole() == {"d": 2} and "a.c" in view.reads
     assert view.record() == tree.to_dict() and "e" not in view.reads
-    assert was_read("a.c.d", view.reads) and was_read("a.c.x", view.reads)
-    assert not was_read("e", view.reads)
+    record = view.ledger.record()
+    assert record.read("a.c.d") and record.read("a.c.x") and not record.read("e")
+    view.skip("e", "why not")
+    assert view.ledger.record().skip_of("e.f").reason == "why not" and "e" not in view.reads
 
 
 def test_a_ppo_run_resolves_its_shape_cadence_checkpoints_and_loggers():
@@ -44,16 +46,21 @@ def test_a_ppo_run_resolves_its_shape_cadence_checkpoints_and_loggers():
     assert run.checkpoint.roles["actor"].save_contents == ("model", "optimizer", "extra")
     assert run.logging.loggers == ("console", "file")
     assert run.cadence.total_steps(10) == 10 * config.trainer.total_epochs
-    assert {"trainer.max_actor_ckpt_to_keep", "trainer.test_freq", "critic.enable"} <= run.reads
+    assert {"trainer.max_actor_ckpt_to_keep", "trainer.test_freq"} <= run.reads
     assert "trainer.max_critic_ckpt_to_keep" in run.reads
-    assert run.key_fields["trainer.max_actor_ckpt_to_keep"] == ("checkpoint",)
-    assert run.key_fields["trainer.nnodes"] == ("mesh",)
-    assert run.key_fields["critic.enable"] == ("trains_critic",)
+    assert run.keys.fields["trainer.max_actor_ckpt_to_keep"] == ("checkpoint",)
+    assert run.keys.fields["trainer.nnodes"] == ("mesh",)
+    # gae reads the critic's values: the critic trains whatever critic.enable says.
+    assert "critic.enable" not in run.reads
+    assert "whatever critic.enable says" in run.keys.skip_of("critic.enable").reason
 
 
 def test_grpo_keeps_no_critic_checkpoints_and_reads_no_critic_keys():
     run = resolve_run(load_config([GRPO])[0])
     assert not run.trains_critic and run.has_reference
+    assert run.keys.fields["critic.enable"] == ("trains_critic",)
+    assert run.keys.skip_of("critic.optim.lr").given_only  # the card's critic says nothing
+    assert run.keys.read("trainer.critic_warmup")  # verl's actor waits with or without a critic
     assert set(run.checkpoint.roles) == {"actor"}
     assert not any(key.startswith("critic.checkpoint") for key in run.reads)
     assert "trainer.max_critic_ckpt_to_keep" not in run.reads
@@ -111,7 +118,7 @@ def test_the_roles_resolve_once_into_mesh_free_settings():
     assert critic.model.kind == "value" and critic.mesh.fsdp_size == 2
     assert critic.update.split.global_rows == 16 and critic.update.split.micro_rows is None
     assert critic.update.optimizer.key == "critic.optim" and run.reward_model is None
-    fields = run.key_fields
+    fields = run.keys.fields
     assert fields["actor_rollout_ref.actor.fsdp_config.param_offload"] == ("actor",)
     assert fields["critic.model.fsdp_config.fsdp_size"] == ("critic",)
     assert fields["critic.ppo_micro_batch_size"] == ("critic",)
@@ -130,7 +137,7 @@ def test_switched_off_roles_read_none_of_their_keys():
     assert run.critic is None and run.reward_model is None and run.ref is not None
     critic_keys = {key for key in run.reads if key.startswith("critic.")}
     assert critic_keys == {"critic.enable"}  # read to decide that there is no critic
-    into = {field: sorted(k for k, f in run.key_fields.items() if field in f) for field in FIELDS}
+    into = {field: sorted(k for k, f in run.keys.fields.items() if field in f) for field in FIELDS}
     assert into == {"critic": [], "reward_model": ["reward_model.enable"]}
     assert not any(key.startswith("reward_model.model.") for key in run.reads)
     config, _ = load_config([PPO])
@@ -144,10 +151,10 @@ def test_with_lora_the_reference_is_the_actors_base():
     assert run.actor.model.lora is not None and run.actor.model.lora_seed == 5
     assert run.ref.model is None and run.ref.mesh is None and run.ref.offload is None
     assert not any(key.startswith("actor_rollout_ref.ref.fsdp_config") for key in run.reads)
-    assert "data.seed" in run.key_fields and "actor" in run.key_fields["data.seed"]
+    assert "data.seed" in run.keys.fields and "actor" in run.keys.fields["data.seed"]
     without = resolve_run(load_config([GRPO, "data.seed=5"])[0])
     assert without.actor.model.lora_seed == 0  # the seed only initialises adapters
-    assert "actor" not in without.key_fields["data.seed"]
+    assert "actor" not in without.keys.fields["data.seed"]
 
 
 def test_the_reward_model_and_its_scoring_split():
@@ -177,10 +184,10 @@ def test_the_data_tokenizer_and_step_options():
     assert run.data.tokenizer.key == "actor_rollout_ref.model.tokenizer_path"
     assert run.data.rows.seed is None and run.trainer.seed == 0  # null: 0 for the keys
     assert run.data.rows.custom_cls is None and "data" not in run.reads  # not read whole
-    assert run.trainer.critic_warmup == 2 and run.key_fields["trainer.critic_warmup"] == (
+    assert run.trainer.critic_warmup == 2 and run.keys.fields["trainer.critic_warmup"] == (
         "trainer",
     )
-    assert run.key_fields["data.train_files"] == ("data",)
+    assert run.keys.fields["data.train_files"] == ("data",)
 
 
 def test_a_users_dataset_class_gets_the_whole_data_section():
@@ -191,7 +198,7 @@ def test_a_users_dataset_class_gets_the_whole_data_section():
     custom = run.data.rows.custom_cls
     assert (custom.path, custom.name) == ("my.py", "Mine")
     assert custom.config.prompt_key == "q" and custom.config.custom_cls.name == "Mine"
-    assert "data" in run.reads and was_read("data.video_key", run.reads)
+    assert "data" in run.reads and run.keys.read("data.video_key")
 
 
 def test_sft_resolves_its_model_and_data():
@@ -215,9 +222,9 @@ def test_sft_resolves_its_model_and_data():
     assert run.mesh.devices == config.trainer.n_gpus_per_node
     assert data.tokenizer.key == "model.partial_pretrain" and data.seed == config.trainer.seed
     assert data.rows.prompt_dict_keys == ("question",) and not data.rows.multiturn.enable
-    assert run.key_fields["data.micro_batch_size"] == ("model",)
-    assert run.key_fields["data.prompt_key"] == ("data",)
-    assert "data.micro_batch_size_per_gpu" in run.key_fields and "data" not in run.key_fields
+    assert run.keys.fields["data.micro_batch_size"] == ("model",)
+    assert run.keys.fields["data.prompt_key"] == ("data",)
+    assert "data.micro_batch_size_per_gpu" in run.keys.fields and "data" not in run.keys.fields
 
 
 def test_a_trainer_is_built_from_a_runspec_changed_in_python(tmp_path):

@@ -38,9 +38,8 @@ def test_the_cards_resolve_to_their_algorithms():
     assert grpo.estimator_options == algos.EstimatorOptions(norm_adv_by_std_in_grpo=True)
     assert grpo.estimator_config is None and grpo.kl_in_reward is None
     assert grpo.kl_loss == algos.KLLoss(0.001, "low_var_kl")
-    assert grpo.policy_loss == algos.PolicyLossSettings(
-        clip_ratio=0.2, clip_ratio_low=0.2, clip_ratio_high=0.2, ppo_kl_coef=0.1
-    )
+    # vanilla reads the clip range (clip_ratio only as the fallback of a null bound)
+    assert grpo.policy_loss == algos.PolicyLossSettings(clip_ratio_low=0.2, clip_ratio_high=0.2)
     assert grpo.rollout_correction.legacy is None and not grpo.rollout_correction.bypass_mode
     ppo = resolved(PPO, "algorithm.use_kl_in_reward=True", "algorithm.kl_ctrl.type=adaptive")
     assert ppo.estimator_options == algos.EstimatorOptions(gamma=1.0, lam=1.0)
@@ -51,9 +50,11 @@ def test_the_cards_resolve_to_their_algorithms():
 
 
 def test_null_loss_options_keep_the_loss_defaults():
-    nulls = [f"{ACTOR}.policy_loss.ppo_kl_coef=null", f"{ACTOR}.tau_neg=null"]
-    settings = resolved(GRPO, *nulls, f"{ACTOR}.clip_ratio_low=null").policy_loss
-    assert (settings.ppo_kl_coef, settings.tau_neg) == (KL_COV_COEF, SAPO_TAU_NEG)
+    mode = f"{ACTOR}.policy_loss.loss_mode"
+    kl_cov = resolved(GRPO, f"{mode}=kl_cov", f"{ACTOR}.policy_loss.ppo_kl_coef=null")
+    sapo = resolved(GRPO, f"{mode}=sapo", f"{ACTOR}.tau_neg=null")
+    assert (kl_cov.policy_loss.ppo_kl_coef, sapo.policy_loss.tau_neg) == (KL_COV_COEF, SAPO_TAU_NEG)
+    settings = resolved(GRPO, f"{ACTOR}.clip_ratio_low=null").policy_loss
     assert settings.clip_ratio_low is None  # falls back to clip_ratio in the loss
     assert clip_bounds(settings) == (0.2, 0.2)
 

@@ -14,6 +14,7 @@ from jrl.config.entry import load_entry_config
 from jrl.config.trees import SFT
 from jrl.runspec import load_config, validate_sft
 from jrl.runspec.effects import command_line_keys, no_effect_notice
+from jrl.runspec.spec import resolve_run
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "tests" / "data" / "verl_v060_examples.json").read_text())
@@ -308,7 +309,8 @@ def test_other_megatron_keys_are_announced():
         f"+{MEGATRON}.override_transformer_config.apply_rope_fusion=true",
         f"{MEGATRON}.sequence_parallel=false",
     ]
-    notice = no_effect_notice(load_config(argv)[0], "vllm", command_line_keys(argv))
+    config = load_config(argv)[0]
+    notice = no_effect_notice(config, resolve_run(config).keys, "vllm", command_line_keys(argv))
     assert f"{MEGATRON}.param_offload=True" in notice and "fsdp_config.param_offload" in notice
     assert f"{MEGATRON}.use_dist_checkpointing=True" in notice
     assert f"{MEGATRON}.override_transformer_config.apply_rope_fusion=True" in notice

@@ -99,8 +99,8 @@ class KLControl:
 
     type: str
     kl_coef: float
-    target_kl: float
-    horizon: float
+    target_kl: float | None = None  # adaptive only
+    horizon: float | None = None  # adaptive only
 
 
 @dataclasses.dataclass(frozen=True)

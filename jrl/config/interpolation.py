@@ -52,6 +52,11 @@ def _pieces(template: str, section: str) -> list[tuple[bool, str]]:
     return pieces
 
 
+def names_in(template: str, section: str) -> list[str]:
+    """The absolute keys that `template` (at `section`) interpolates."""
+    return [text for is_name, text in _pieces(template, section) if is_name]
+
+
 def _parent(path: str) -> str:
     return path.rpartition(".")[0]
 

@@ -13,7 +13,7 @@ from typing import Any
 from ml_collections import ConfigDict
 
 from jrl.config.defaults import default_config, default_templates
-from jrl.config.interpolation import evaluate, is_template, resolve
+from jrl.config.interpolation import evaluate, is_template, names_in, resolve
 from jrl.config.tree import key_paths
 
 
@@ -59,6 +59,25 @@ def follows(config: ConfigDict, key: str) -> bool:
     if template is None:
         return False
     return evaluate(config, template, key.rpartition(".")[0]) == config[key]
+
+
+@functools.cache
+def _followers() -> dict[str, tuple[str, ...]]:
+    """{key: the keys whose default template interpolates it}."""
+    found: dict[str, list[str]] = {}
+    for key, template in _default_templates().items():
+        for name in names_in(template, key.rpartition(".")[0]):
+            found.setdefault(name, []).append(key)
+    return {key: tuple(keys) for key, keys in found.items()}
+
+
+def followers(config: ConfigDict, key: str) -> Iterator[str]:
+    """The keys of the resolved `config` that hold what their default interpolation makes of
+    `key` (`follows`), and their followers in turn: where `key`'s value went."""
+    for follower in _followers().get(key, ()):
+        if follows(config, follower):
+            yield follower
+            yield from followers(config, follower)
 
 
 def moved_settings(config: ConfigDict, wanted: Callable[[str], bool]) -> list[tuple[str, Any]]:

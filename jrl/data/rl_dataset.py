@@ -84,7 +84,7 @@ class RLDataset(ParquetRows):
       tokenizer: a Hugging Face tokenizer with a chat template and a pad token.
       config: `RLDataSettings`, or anything with the same attributes (verl's ``data`` section, as
         a user's subclass gets it): prompt_key, max_prompt_length, truncation,
-        filter_overlong_prompts(_workers), return_raw_input_ids, return_raw_chat,
+        filter_overlong_prompts, return_raw_input_ids, return_raw_chat,
         return_full_prompt, shuffle, seed, image_key, cache_dir, apply_chat_template_kwargs.
       max_samples: keep this many rows (-1: all); a seeded random subset if data.shuffle, else the
         first rows. Applied before filtering, as verl.

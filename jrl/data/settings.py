@@ -37,7 +37,7 @@ class UserDataset:
 class RLDataSettings:
     """What `RLDataset` reads, under the names of verl's ``data`` keys (so a user's subclass
     that gets verl's section reads it alike): the prompt column, the prompt length and how a
-    longer prompt is cut or dropped (with how many workers its length is measured), which raw
+    longer prompt is cut or dropped, which raw
     forms of the prompt a row also keeps, the subset drawn by ``max_samples`` (seeded by `seed`
     when `shuffle`), the image column refused in text-only runs, the cache of remote files, the
     chat template's extra arguments and a user's own class (`custom_cls`, None: `RLDataset`)."""
@@ -46,7 +46,6 @@ class RLDataSettings:
     max_prompt_length: int
     truncation: str
     filter_overlong_prompts: bool
-    filter_overlong_prompts_workers: int
     return_raw_input_ids: bool
     return_raw_chat: bool
     return_full_prompt: bool

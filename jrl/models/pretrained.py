@@ -116,6 +116,10 @@ def _shapes(config: ModelConfig, kind: str, dtype: Any, param_dtype: Any, seed: 
     )
 
 
+# The entries of verl's override_config that `apply_override_config` applies.
+OVERRIDE_ENTRIES = ("model_config", "attn_implementation")
+
+
 def apply_override_config(config: ModelConfig, override: Mapping[str, Any]) -> ModelConfig:
     """`config` with verl's ``override_config`` applied (``model_config`` keys and
     ``attn_implementation``); dropout is not modelled, so a non-zero dropout is refused."""

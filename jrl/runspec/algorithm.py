@@ -15,10 +15,12 @@ from typing import Any, TypeVar
 
 from ml_collections import ConfigDict
 
+from jrl.algos.aggregation import SEQ_MEAN_TOKEN_SUM_NORM
 from jrl.algos.bypass_loss import BYPASS_LOSS_MODE
 from jrl.algos.correction_settings import CorrectionOptions, LegacyRolloutIS, RolloutCorrection
-from jrl.algos.estimator import Estimator, EstimatorOptions, get_adv_estimator
-from jrl.algos.policy_loss import POLICY_LOSS_TERMS
+from jrl.algos.estimator import ADV_ESTIMATORS, Estimator, EstimatorOptions, get_adv_estimator
+from jrl.algos.estimator import OPTIONS as ESTIMATOR_OPTIONS
+from jrl.algos.policy_loss import POLICY_LOSS_TERMS, PolicyLoss
 from jrl.algos.settings import (
     VANILLA,
     KLControl,
@@ -31,6 +33,7 @@ from jrl.runspec.reads import KeyReads
 from jrl.runspec.rollout_correction_checks import legacy_rollout_is
 
 T = TypeVar("T")
+ACTOR = "actor_rollout_ref.actor"
 # The actor's keys that the policy losses read: on the actor section and under policy_loss.
 ACTOR_LOSS_KEYS = (
     "clip_ratio",
@@ -49,6 +52,7 @@ POLICY_LOSS_KEYS = (
     "kl_cov_ratio",
     "ppo_kl_coef",
 )
+LOSS_OPTION_KEYS = tuple(key for key in POLICY_LOSS_KEYS if key != "loss_mode")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -96,6 +100,11 @@ def resolve_algorithm(config: ConfigDict | KeyReads) -> AlgorithmSpec:
 
 def _estimator_options(algorithm: KeyReads, estimator: Estimator) -> EstimatorOptions:
     """The options the estimator reads (the others stay None, unread)."""
+    for option in ESTIMATOR_OPTIONS:
+        if not estimator.reads(option):
+            readers = [n for n in ADV_ESTIMATORS.names() if ADV_ESTIMATORS.get(n).reads(option)]
+            why = f"the {estimator.name} estimator ignores it: only {', '.join(readers)} read it"
+            algorithm.skip(option, why)
     return EstimatorOptions(**{key: algorithm[key] for key in estimator.options})
 
 
@@ -105,7 +114,10 @@ def _estimator_config(algorithm: KeyReads, estimator: Estimator) -> VerlSection 
 
 
 def _kl_loss(actor: KeyReads) -> KLLoss | None:
-    return KLLoss(actor.kl_loss_coef, actor.kl_loss_type) if actor.use_kl_loss else None
+    if not actor.use_kl_loss:
+        actor.skip(("kl_loss_coef", "kl_loss_type"), f"{ACTOR}.use_kl_loss is False")
+        return None
+    return KLLoss(actor.kl_loss_coef, actor.kl_loss_type)
 
 
 def _given(values: Mapping[str, Any]) -> dict[str, Any]:
@@ -113,21 +125,57 @@ def _given(values: Mapping[str, Any]) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
+def _loss_option_read(actor: KeyReads, loss: PolicyLoss, key: str) -> bool:
+    """Whether the run reads the actor's loss option `key` under `loss` (skipped, with why, when
+    not): the aggregation's ``loss_scale_factor`` under its one mode, ``clip_ratio`` as the
+    fallback of a null ``clip_ratio_low`` / ``_high``, the others as the loss declares."""
+    if key == "loss_scale_factor":
+        why = f"the divisor of loss_agg_mode={SEQ_MEAN_TOKEN_SUM_NORM} only"
+        read = actor.loss_agg_mode == SEQ_MEAN_TOKEN_SUM_NORM
+    elif not loss.reads(key):
+        readers = [
+            name for name in POLICY_LOSS_TERMS.names() if POLICY_LOSS_TERMS.get(name).reads(key)
+        ]
+        why = f"the {loss.name} policy loss ignores it: only {', '.join(readers)} read it"
+        read = False
+    elif key == "clip_ratio" and not loss.follows_verl:
+        why = "actor.clip_ratio_low and clip_ratio_high are both set: clip_ratio is their fallback"
+        read = actor.clip_ratio_low is None or actor.clip_ratio_high is None
+    else:
+        return True
+    if not read:
+        (actor if key in ACTOR_LOSS_KEYS else actor.policy_loss).skip(key, why)
+    return read
+
+
 def _policy_loss(actor: KeyReads, correction: RolloutCorrection) -> PolicyLossSettings:
-    options = _given({key: actor[key] for key in ACTOR_LOSS_KEYS})
-    options |= _given({key: actor.policy_loss[key] for key in POLICY_LOSS_KEYS})
+    """The actor's objective: the loss ``policy_loss.loss_mode`` names (bypass mode's in bypass
+    mode, which reads what vanilla reads) with the options it reads."""
+    options = _given({"loss_mode": actor.policy_loss.loss_mode})
+    loss = POLICY_LOSS_TERMS.get(options.get("loss_mode", VANILLA))
+    for section, keys in ((actor, ACTOR_LOSS_KEYS), (actor.policy_loss, LOSS_OPTION_KEYS)):
+        read = [key for key in keys if _loss_option_read(actor, loss, key)]
+        options |= _given({key: section[key] for key in read})
     if correction.bypass_mode:
         options |= {"loss_mode": BYPASS_LOSS_MODE, "rollout_correction": correction.current}
-    elif POLICY_LOSS_TERMS.get(options.get("loss_mode", VANILLA)).follows_verl:
+    elif loss.follows_verl:
         options["verl_config"] = VerlSection(actor.whole())
     return PolicyLossSettings(**options)
 
 
 def _kl_in_reward(algorithm: KeyReads) -> KLInReward | None:
     if not algorithm.use_kl_in_reward:
+        algorithm.skip(("kl_penalty", "kl_ctrl"), "algorithm.use_kl_in_reward is False")
         return None
     ctrl = algorithm.kl_ctrl
-    control = KLControl(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
+    if ctrl.type == "adaptive":
+        control = KLControl(ctrl.type, ctrl.kl_coef, ctrl.target_kl, ctrl.horizon)
+    else:
+        ctrl.skip(
+            ("target_kl", "horizon"),
+            "algorithm.kl_ctrl.type is fixed: the coefficient stays kl_coef",
+        )
+        control = KLControl(ctrl.type, ctrl.kl_coef)
     return KLInReward(algorithm.kl_penalty, control)
 
 

@@ -19,6 +19,12 @@ from jrl.data.settings import RLDataSettings, TokenizerSettings, UserDataset
 from jrl.runspec.reads import KeyReads
 
 MODEL = "actor_rollout_ref.model"
+ROLLOUT = "actor_rollout_ref.rollout"
+TEXT_ONLY = "multi-modal inputs: jrl's model families are text-only (rows with images are refused)"
+UNREAD_FIELD = "the batch would carry it, but only a custom reward manager (importlib) reads it"
+UNREAD_MESSAGES = (
+    "only a reward model with input_tokenizer, or a custom reward manager, reads the messages"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,21 +78,49 @@ def user_dataset(data: KeyReads) -> UserDataset | None:
     return UserDataset(custom.path, custom.name, FrozenConfigDict(data.whole()))
 
 
-def rl_data_settings(data: KeyReads) -> RLDataSettings:
-    """The ``data`` keys that `RLDataset` reads."""
+def _remote(files: DataFiles) -> bool:
+    """Whether a data file is remote (a URL other than ``file://``)."""
+    groups = (files.train_files, files.val_files)
+    paths = [p for group in groups for p in ([group] if isinstance(group, str) else group)]
+    return any("://" in path and not path.startswith("file://") for path in paths)
+
+
+def _prompt_forms(config: KeyReads) -> dict[str, bool]:
+    """The raw forms of the prompt a row keeps (``return_raw_*``, ``return_full_prompt``), read
+    only where a reader of them exists: a reward manager of the user's (handed the batch), and
+    for the messages a reward model that re-templates them (``input_tokenizer``)."""
+    data, rm = config.data, config.reward_model
+    custom_manager = config.reward_manager.source == "importlib"
+    retemplates = rm.peek("enable") and rm.model.peek("input_tokenizer") is not None
+    forms = {}
+    for key in ("return_raw_input_ids", "return_full_prompt", "return_raw_chat"):
+        if custom_manager or (key == "return_raw_chat" and retemplates):
+            forms[key] = bool(data[key])
+        else:
+            data.skip(key, UNREAD_MESSAGES if key == "return_raw_chat" else UNREAD_FIELD)
+            forms[key] = False
+    return forms
+
+
+def rl_data_settings(config: KeyReads) -> RLDataSettings:
+    """The ``data`` keys that `RLDataset` reads. ``image_key`` is only checked (rows with
+    images are refused: the model families are text-only); ``cache_dir`` is read for remote
+    files only."""
+    data = config.data
+    data.skip("image_key", TEXT_ONLY)
+    remote = _remote(data_files(data))
+    if not remote:
+        data.skip("cache_dir", "where remote data files are copied: every data file is local")
     return RLDataSettings(
         prompt_key=data.prompt_key,
         max_prompt_length=int(data.max_prompt_length),
         truncation=data.truncation,
         filter_overlong_prompts=bool(data.filter_overlong_prompts),
-        filter_overlong_prompts_workers=int(data.filter_overlong_prompts_workers or 1),
-        return_raw_input_ids=bool(data.return_raw_input_ids),
-        return_raw_chat=bool(data.return_raw_chat),
-        return_full_prompt=bool(data.return_full_prompt),
+        **_prompt_forms(config),
         shuffle=bool(data.shuffle),
         seed=data.seed,
-        image_key=data.image_key,
-        cache_dir=data.cache_dir,
+        image_key=data.peek("image_key"),
+        cache_dir=data.cache_dir if remote else None,
         apply_chat_template_kwargs=MappingProxyType(data.apply_chat_template_kwargs.whole()),
         custom_cls=user_dataset(data),
     )
@@ -106,11 +140,14 @@ def tokenizer_settings(config: KeyReads) -> TokenizerSettings:
 
 def data_spec(config: KeyReads) -> DataSpec:
     """The DataSpec of a PPO-family config."""
-    data = config.data
+    data, val = config.data, config[ROLLOUT].val_kwargs
+    greedy = not val.peek("do_sample") or val.peek("temperature") == 0
+    if greedy:
+        data.skip("validation_shuffle", "greedy validation: the order of its rows changes nothing")
     return DataSpec(
         files=data_files(data),
         shuffle=bool(data.shuffle),
-        validation_shuffle=bool(data.validation_shuffle),
+        validation_shuffle=False if greedy else bool(data.validation_shuffle),
         tokenizer=tokenizer_settings(config),
-        rows=rl_data_settings(data),
+        rows=rl_data_settings(config),
     )

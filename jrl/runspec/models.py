@@ -10,10 +10,16 @@ from typing import Any
 
 from jrl.models.dtypes import parse_dtype
 from jrl.models.lora import ALL_LINEAR, LoraSettings
+from jrl.models.pretrained import OVERRIDE_ENTRIES
+from jrl.runspec.reads import KeyReads
 
 # The keys that shape the adapters once ``lora_rank`` > 0 (the critic's section has no
 # ``exclude_modules``).
 LORA_OPTIONS = ("lora_alpha", "target_modules", "exclude_modules")
+OWN_DECODER = (
+    "jrl builds its own decoder from config.json, so no repository code runs (the tokenizer "
+    "follows data.trust_remote_code)"
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,15 +76,24 @@ def model_settings(
         kind=kind,
         dtype=parse_dtype(fsdp.get("dtype", "bfloat16")),
         param_dtype=parse_dtype(fsdp.get("model_dtype", "fp32")),
-        trust_remote_code=bool(model.get("trust_remote_code", False)),
+        trust_remote_code=_trusts_code(model, kind),
         external_lib=model.get("external_lib"),
-        override_config=MappingProxyType({} if override is None else _plain(override)),
+        override_config=MappingProxyType(_override_config(override)),
         remat=bool(model.get("enable_gradient_checkpointing", False)),
         activation_offload=bool(model.get("enable_activation_offload", False)),
         lora=lora_settings(model, section),
         lora_seed=lora_seed,
         key=f"{section}.{path_key}",
     )
+
+
+def _trusts_code(model: Any, kind: str) -> bool:
+    """``trust_remote_code`` of a reward model's section (its tokenizer may run the repository's
+    code); other models' decoders are jrl's own, so the key is not read for them."""
+    if kind == "reward":
+        return bool(model.get("trust_remote_code", False))
+    KeyReads.of(model).skip("trust_remote_code", OWN_DECODER)
+    return False
 
 
 def attention(model: Any) -> str | None:
@@ -88,9 +103,13 @@ def attention(model: Any) -> str | None:
     return None if override is None else override.get("attn_implementation")
 
 
-def _plain(section: Any) -> dict[str, Any]:
-    """A section (a `KeyReads` view, read whole, or a mapping) as a plain dict."""
-    return section.whole() if hasattr(section, "whole") else dict(section)
+def _override_config(override: Any) -> dict[str, Any]:
+    """The entries of ``override_config`` that jrl's models take (`OVERRIDE_ENTRIES`), sections as
+    plain dicts (a `KeyReads` view's read whole)."""
+    if override is None:
+        return {}
+    found = {key: override[key] for key in OVERRIDE_ENTRIES if key in override}
+    return {key: v.whole() if hasattr(v, "whole") else v for key, v in found.items()}
 
 
 def lora_rank(section: Any) -> int:
@@ -102,8 +121,10 @@ def lora_rank(section: Any) -> int:
 def lora_settings(section: Any, prefix: str) -> LoraSettings | None:
     """The LoRA adapters of the ``*.model`` section `section` at `prefix`; None when its
     ``lora_rank`` is 0. ValueError, naming `prefix`, for a rank or alpha out of range."""
+    section = KeyReads.of(section, prefix)
     rank = lora_rank(section)
     if rank <= 0:
+        section.skip([key for key in LORA_OPTIONS if key in section], f"{prefix}.lora_rank is 0")
         return None
     try:
         return LoraSettings(

@@ -17,7 +17,9 @@ from jrl.optim.settings import (
     ScheduleSettings,
     SFTOptimizerSettings,
 )
+from jrl.runspec.reads import KeyReads
 
+ADAMW = "verl 0.6.0's FSDP roles build AdamW whatever optim.optimizer names, and so does jrl"
 # Megatron's scheduler keys (added with +key) and what to set instead in verl's FSDP keys.
 MEGATRON_SCHEDULER_KEYS = {
     "lr_warmup_init": "warm-up starts from 0 here; drop it",
@@ -51,18 +53,34 @@ def warmup_steps(section: Any) -> int | None:
 
 def optimizer_settings(section: Any, prefix: str) -> OptimizerSettings:
     """The optimizer of the RL role ``optim`` section `section` at `prefix` (e.g.
-    ``critic.optim``); `InvalidSettings` lists its problems."""
+    ``critic.optim``); `InvalidSettings` lists its problems. Keys the schedule does not use are
+    left unread: the cosine shape under a constant schedule, the warm-up ratio when a step count
+    is given, ``lr_scheduler_type`` when ``warmup_style`` names the schedule. ``optimizer`` is
+    only checked (verl 0.6.0's FSDP roles build AdamW whatever it says, and so does jrl)."""
+    section = KeyReads.of(section, prefix)
     key = scheduler_key(section)
+    if key == "warmup_style":
+        section.skip("lr_scheduler_type", f"{prefix}.warmup_style is set and names the schedule")
+    kind, steps = section[key], warmup_steps(section)
+    cosine = {}
+    if kind == "constant":
+        section.skip(("min_lr_ratio", "num_cycles"), "the learning rate is constant")
+    else:
+        cosine = dict(
+            min_lr_ratio=float(section.min_lr_ratio or 0.0), num_cycles=float(section.num_cycles)
+        )
+    if steps is not None:
+        section.skip("lr_warmup_steps_ratio", f"{prefix}.lr_warmup_steps >= 0 sets the warm-up")
     schedule = ScheduleSettings(
-        kind=section[key],
-        warmup_steps=warmup_steps(section),
-        warmup_ratio=float(section.lr_warmup_steps_ratio),
-        min_lr_ratio=float(section.min_lr_ratio or 0.0),
-        num_cycles=float(section.num_cycles),
+        kind=kind,
+        warmup_steps=steps,
+        warmup_ratio=0.0 if steps is not None else float(section.lr_warmup_steps_ratio),
         key=f"{prefix}.{key}",
+        **cosine,
     )
+    section.skip("optimizer", ADAMW)
     return OptimizerSettings(
-        optimizer=str(section.optimizer),
+        optimizer=str(section.peek("optimizer")),
         lr=float(section.lr),
         betas=tuple(section.betas or ()),
         weight_decay=float(section.weight_decay),

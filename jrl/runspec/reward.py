@@ -62,6 +62,7 @@ def reward_manager_problems(config: Any) -> Iterator[str]:
 def custom_reward_function(section: KeyReads) -> CustomRewardFunction | None:
     """A ``custom_reward_function`` section's function, or None when no path is set."""
     if not section.path:
+        section.skip("name", "custom_reward_function.path is not set")
         return None
     return CustomRewardFunction(
         path=section.path,
@@ -76,8 +77,11 @@ def _manager(config: KeyReads) -> BuiltInManager | UserManager:
     if section.source == "importlib":
         module = section.module
         return UserManager(module.path, module.name, MappingProxyType(kwargs))
+    section.skip("module", "reward_manager.source is not importlib")
     name = manager_name(config)[1]
-    if name == "dapo":
+    if name != "dapo":
+        config.reward_model.skip("overlong_buffer", "the dapo reward manager's option")
+    else:
         own = {
             "max_resp_len": int(config.data.max_response_length),
             "overlong_buffer": config.reward_model.overlong_buffer.whole(),

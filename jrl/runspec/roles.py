@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+from jrl.algos.aggregation import SEQ_MEAN_TOKEN_SUM_NORM
 from jrl.optim.settings import OptimizerSettings
 from jrl.runspec.models import ModelSettings, attention, lora_rank, model_settings
 from jrl.runspec.optim import optimizer_settings
@@ -163,6 +164,7 @@ def log_prob_impl(arr: Any, role: str) -> str:
     `FUSED_KERNEL_IMPLS` of ``model.fused_kernel_options.impl_backend``."""
     fused = arr[role].get("use_fused_kernels")
     if not (arr.model.use_fused_kernels if fused is None else fused):
+        arr.model.skip("fused_kernel_options", f"{ARR}.model.use_fused_kernels is False")
         return "naive"
     options = arr.model.get("fused_kernel_options") or {}
     return FUSED_KERNEL_IMPLS[options.get("impl_backend") or "torch"]
@@ -182,7 +184,10 @@ def batch_split(
     packed = bool(model.use_remove_padding) if model is not None else False
     if section.get(keys.flag):
         limit = int(section[keys.limit])
+        why = f"{prefix}.{keys.flag} is on: micro-batches hold {prefix}.{keys.limit} tokens"
+        section.skip((keys.micro, f"{keys.micro}_per_gpu"), why)
         return BatchSplit(limit, f"{prefix}.{keys.limit}", remove_padding=packed)
+    section.skip(keys.limit, f"{prefix}.{keys.flag} is False: token budgets act with dynamic sizes")
     sharing = {
         "remove_padding": packed,
         "share_prompts": packed and rollout_n > 1,
@@ -222,12 +227,23 @@ def update_settings(
     if section.get("shuffle"):
         seed = section.get("data_loader_seed")
         shuffle_seed = 0 if seed is None else int(seed)
+    else:
+        section.skip(
+            "data_loader_seed", f"{prefix}.shuffle is False: mini-batches keep their order"
+        )
+    scale_factor = None
+    if section.get("loss_agg_mode") == SEQ_MEAN_TOKEN_SUM_NORM:
+        scale_factor = section.get("loss_scale_factor")
+    else:
+        section.skip(
+            "loss_scale_factor", f"the divisor of loss_agg_mode={SEQ_MEAN_TOKEN_SUM_NORM} only"
+        )
     return UpdateSettings(
         split=batch_split(section, prefix, PPO_UPDATE_KEYS, model, rollout_n),
         mini_rows=int(section.ppo_mini_batch_size) * rollout_n,
         epochs=int(section.ppo_epochs),
         grad_clip=float(section.grad_clip),
-        loss_scale_factor=section.get("loss_scale_factor"),
+        loss_scale_factor=scale_factor,
         shuffle_seed=shuffle_seed,
         optimizer=optimizer_settings(section.optim, f"{prefix}.optim"),
     )
@@ -256,6 +272,9 @@ def reference_settings(config: KeyReads) -> ReferenceSettings:
     arr = config[ARR]
     ref, fsdp = arr.ref, arr.ref.fsdp_config
     own = lora_rank(arr.model) == 0
+    if not own:
+        why = "with LoRA the reference is the actor's base model, on the actor's mesh and offload"
+        ref.skip(("fsdp_config", "ulysses_sequence_parallel_size"), why)
     return ReferenceSettings(
         model=model_settings(arr.model, fsdp) if own else None,
         mesh=role_mesh_sizes(ref, fsdp, REF) if own else None,

@@ -25,6 +25,7 @@ from jrl.runspec.reads import KeyReads, plain
 ROLLOUT = "actor_rollout_ref.rollout"
 # The keys of ``val_kwargs``: validation's own sampling, the rest is the training section's.
 _VALIDATION_KEYS = ("temperature", "top_k", "top_p", "do_sample", "n")
+_SAMPLING_TYPES = {"temperature": float, "top_k": int, "top_p": float, "do_sample": bool}
 _VLLM_SIZES = ("data_parallel_size", "pipeline_model_parallel_size", "expert_parallel_size")
 # RolloutSpec's fields under their keys' names.
 _SPEC_KEYS = {"tensor_parallel_size": "tensor_model_parallel_size"}
@@ -44,26 +45,51 @@ def _given(section: Any, keys: tuple[str, ...]) -> dict[str, Any]:
     return {key: section.get(key) for key in keys if section.get(key) is not None}
 
 
+def _validation_choices(own: KeyReads) -> dict[str, Any]:
+    """``val_kwargs``' temperature, top_k, top_p and do_sample. Greedy validation (do_sample
+    off or temperature 0) leaves unread the keys that cannot change it: top_k and top_p, and
+    whichever of do_sample and temperature the other makes moot."""
+    do_sample, temperature = own.peek("do_sample"), own.peek("temperature")
+    if do_sample and temperature != 0:
+        return {key: own[key] for key in ("temperature", "top_k", "top_p", "do_sample")}
+    own.skip(("top_k", "top_p"), "validation is greedy (val_kwargs.do_sample or temperature)")
+    if temperature != 0:
+        own.skip("temperature", "val_kwargs.do_sample is False: validation is greedy")
+        return {"do_sample": own.do_sample}
+    if do_sample:
+        own.skip("do_sample", "val_kwargs.temperature is 0: validation is greedy either way")
+        return {"temperature": own.temperature}
+    return {"temperature": own.temperature, "do_sample": own.do_sample}
+
+
 def sampling_settings(
     section: Any, prefix: str, *, validate: bool = False, n: int | None = None
 ) -> SamplingParams:
     """The training sampling of the rollout section `section` (at `prefix`), or with `validate`
     validation's (``val_kwargs``'s temperature, top_k, top_p, do_sample and n); `n` in place of
-    the section's. Token ids are left to the engine (`jrl.rollout.sampling_params`)."""
+    the section's. Token ids are left to the engine (`jrl.rollout.sampling_params`);
+    ``logprobs_mode`` is read only with ``calculate_log_probs``."""
+    section = KeyReads.of(section, prefix)
     own = _read(section, "val_kwargs", prefix) if validate else section
     own_prefix = f"{prefix}.val_kwargs" if validate else prefix
     try:
+        if validate:
+            chosen = _validation_choices(own)
+        else:
+            chosen = {
+                key: _read(own, key, own_prefix)
+                for key in ("temperature", "top_k", "top_p", "do_sample")
+            }
         values = dict(
             max_new_tokens=int(_read(section, "response_length", prefix)),
-            temperature=float(_read(own, "temperature", own_prefix)),
-            top_k=int(_read(own, "top_k", own_prefix)),
-            top_p=float(_read(own, "top_p", own_prefix)),
-            do_sample=bool(_read(own, "do_sample", own_prefix)),
+            **{key: _SAMPLING_TYPES[key](value) for key, value in chosen.items()},
             n=int(_read(own, "n", own_prefix) if n is None else n),
             ignore_eos=bool(_read(section, "ignore_eos", prefix)),
             calculate_log_probs=bool(_read(section, "calculate_log_probs", prefix)),
         )
-        if section.get("logprobs_mode"):
+        if not values["calculate_log_probs"]:
+            section.skip("logprobs_mode", f"{prefix}.calculate_log_probs is False: no log-probs")
+        elif section.get("logprobs_mode"):
             values["logprobs_mode"] = str(section.get("logprobs_mode"))
         return SamplingParams(**values)
     except SettingsError as err:
@@ -189,11 +215,13 @@ def _resolve(
 
 
 def _trainer_rollout(config: ConfigDict) -> tuple[RolloutSpec | None, list[str]]:
-    model = config.actor_rollout_ref.model
-    fields = dict(
-        model_path=str(model.path), trust_remote_code=bool(model.get("trust_remote_code", False))
-    )
-    return _resolve(config.actor_rollout_ref.rollout, ROLLOUT, fields)
+    """The rollout of a PPO-family config; the actor's ``trust_remote_code`` is read for vLLM
+    only (it loads the model's own code; jrl's sampler runs jrl's decoder)."""
+    model, section = config.actor_rollout_ref.model, config.actor_rollout_ref.rollout
+    fields = {"model_path": str(model.path)}
+    if section.name == "vllm":
+        fields["trust_remote_code"] = bool(model.get("trust_remote_code", False))
+    return _resolve(section, ROLLOUT, fields)
 
 
 def _spec_or_error(resolved: tuple[RolloutSpec | None, list[str]]) -> RolloutSpec:

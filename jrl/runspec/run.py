@@ -31,10 +31,18 @@ CHECKPOINT_ITEMS = ("model", "optimizer", "extra", "hf_model")
 class MeshSpec:
     """The training mesh on `device` (``trainer.device``: cuda, cpu, tpu, ...): `devices` = data x
     fsdp x sequence x tensor (None or -1 `fsdp_size`: every device that is not sequence- or
-    tensor-parallel)."""
+    tensor-parallel), over `nnodes` hosts whose processes wait `join_timeout_s` for each other
+    to join a multi-process run."""
 
     device: str
     devices: int
+    nnodes: int
+    join_timeout_s: int
+
+    @property
+    def devices_per_node(self) -> int:
+        return self.devices // self.nnodes
+
     fsdp_size: int | None
     sequence_parallel: int
     tensor_parallel: int
@@ -131,9 +139,12 @@ def mesh_spec(config: KeyReads) -> MeshSpec:
     """The PPO family's mesh: the devices of ``trainer`` and the actor's parallel sizes."""
     actor = config.actor_rollout_ref.actor
     fsdp = actor.fsdp_config
+    trainer = config.trainer
     return MeshSpec(
-        device=str(config.trainer.device),
-        devices=int(config.trainer.nnodes * config.trainer.n_gpus_per_node),
+        device=str(trainer.device),
+        devices=int(trainer.nnodes * trainer.n_gpus_per_node),
+        nnodes=int(trainer.nnodes),
+        join_timeout_s=int(trainer.ray_wait_register_center_timeout),
         fsdp_size=fsdp.fsdp_size,
         sequence_parallel=int(actor.ulysses_sequence_parallel_size),
         tensor_parallel=int(fsdp.get("tensor_parallel_size") or 1),
@@ -142,13 +153,16 @@ def mesh_spec(config: KeyReads) -> MeshSpec:
 
 def cadence_spec(trainer: KeyReads) -> CadenceSpec:
     """The cadence of a ``trainer`` section (PPO family or SFT)."""
+    before = bool(trainer.get("val_before_train", False))
+    if not before:
+        trainer.skip("val_only", "trainer.val_before_train is False (val_only stops after it)")
     return CadenceSpec(
         total_training_steps=trainer.total_training_steps,
         total_epochs=int(trainer.total_epochs),
         test_freq=int(trainer.test_freq),
         save_freq=int(trainer.save_freq),
-        val_before_train=bool(trainer.get("val_before_train", False)),
-        val_only=bool(trainer.get("val_only", False)),
+        val_before_train=before,
+        val_only=bool(trainer.get("val_only", False)) if before else False,
     )
 
 
@@ -161,11 +175,14 @@ def _role_checkpoint(section: KeyReads, keep: int | None) -> RoleCheckpoint:
 
 
 def _resumption(trainer: KeyReads) -> dict[str, Any]:
+    mode = str(trainer.resume_mode)
+    if mode != "resume_path":
+        trainer.skip("resume_from_path", "trainer.resume_mode is not resume_path")
     return dict(
         local_dir=str(trainer.default_local_dir),
         remote_dir=trainer.get("default_hdfs_dir"),
-        resume_mode=str(trainer.resume_mode),
-        resume_from_path=trainer.get("resume_from_path"),
+        resume_mode=mode,
+        resume_from_path=trainer.get("resume_from_path") if mode == "resume_path" else None,
         delete_after_load=bool(trainer.get("del_local_ckpt_after_load", False)),
     )
 
@@ -183,6 +200,8 @@ def ppo_checkpoint_spec(config: KeyReads, trains_critic: bool) -> CheckpointSpec
             stacklevel=2,
         )
         keep = {"actor": 1, "critic": 1}
+        why = "trainer.remove_previous_ckpt_in_save keeps one checkpoint of each role"
+        trainer.skip(("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"), why)
     else:
         keep = {"actor": trainer.max_actor_ckpt_to_keep}
         if trains_critic:
@@ -200,14 +219,27 @@ def sft_checkpoint_spec(config: KeyReads, role: str) -> CheckpointSpec:
     return CheckpointSpec(roles=MappingProxyType(roles), **_resumption(trainer))
 
 
+# The trackers that name the run by trainer.project_name and experiment_name.
+NAMED_LOGGERS = ("wandb", "mlflow", "swanlab")
+
+
 def logging_spec(config: KeyReads) -> LoggingSpec:
-    """The loggers of a ``trainer`` section; the run's folder is ``default_local_dir``."""
+    """The loggers of a ``trainer`` section; the run's folder is ``default_local_dir``. The run's
+    names are read where a logger shows them or the folder was made from them."""
     trainer = config.trainer
     loggers = trainer.logger
+    loggers = (loggers,) if isinstance(loggers, str) else tuple(loggers)
+    names = ("project_name", "experiment_name")
+    if set(loggers) & set(NAMED_LOGGERS) or config.follows("trainer.default_local_dir"):
+        project, experiment = (str(trainer[key]) for key in names)
+    else:
+        why = f"names the run for {', '.join(NAMED_LOGGERS)} (none is in trainer.logger) and "
+        trainer.skip(names, why + "for trainer.default_local_dir (set apart from it)")
+        project = experiment = ""
     return LoggingSpec(
-        loggers=(loggers,) if isinstance(loggers, str) else tuple(loggers),
-        project=str(trainer.project_name),
-        experiment=str(trainer.experiment_name),
+        loggers=loggers,
+        project=project,
+        experiment=experiment,
         run_dir=str(trainer.default_local_dir),
         tree=MappingProxyType(config.record()),
     )

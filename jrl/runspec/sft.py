@@ -55,6 +55,11 @@ class SFTDataSpec:
     rows: SFTDataSettings
 
 
+# How long the processes of a multi-process run wait for each other to join (verl's SFT trainer
+# has no key for it; the RL trainer's trainer.ray_wait_register_center_timeout default).
+JOIN_TIMEOUT_S = 300
+
+
 def sft_mesh_spec(config: KeyReads) -> MeshSpec:
     """Every device of ``trainer.nnodes * n_gpus_per_node``, all of them FSDP."""
     trainer = config.trainer
@@ -62,6 +67,8 @@ def sft_mesh_spec(config: KeyReads) -> MeshSpec:
     return MeshSpec(
         device=str(trainer.device),
         devices=devices,
+        nnodes=int(trainer.nnodes),
+        join_timeout_s=JOIN_TIMEOUT_S,
         fsdp_size=-1,
         sequence_parallel=1,
         tensor_parallel=1,

@@ -1,16 +1,15 @@
 """`RunSpec`: the one frozen tree a run is built from, resolved once from verl's keys.
 
 `resolve_run(config)` reads the checked ConfigDict through a `KeyReads` view and returns the
-parts resolved so far (mesh, data, the roles' settings, algorithm, rollout, step options,
-cadence, checkpoints, logging, reward, the run's shape) with `key_fields`, every key it read and
-the fields it became; `resolve_sft_run` does the same for SFT's tree (mesh, model, data and the
-rest). Hot paths read the spec, never the config tree.
+parts (mesh, data, the roles' settings, algorithm, rollout, step options, cadence, checkpoints,
+logging, reward, the run's shape) with `keys`: every key it read and the fields it became, and
+every key its choices left unread and why. `resolve_sft_run` does the same for SFT's tree (mesh,
+model, data and the rest). Hot paths read the spec, never the config tree.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 from ml_collections import ConfigDict
 
@@ -18,7 +17,7 @@ from jrl.reward.settings import RewardSettings
 from jrl.rollout.spec import RolloutSpec
 from jrl.runspec.algorithm import AlgorithmSpec, resolve_algorithm
 from jrl.runspec.data import DataSpec, data_spec
-from jrl.runspec.reads import KeyReads
+from jrl.runspec.reads import KeyReads, KeyRecord
 from jrl.runspec.reward import reward_settings
 from jrl.runspec.roles import (
     ActorSettings,
@@ -61,7 +60,7 @@ class RunSpec:
     correction), step options (`trainer`), cadence, checkpoints, loggers, rewards and rollout;
     whether it trains a critic (`trains_critic`: ``critic.enable``, or the estimator's need of
     values) and needs a reference policy (`has_reference`: a KL loss or KL in the reward);
-    `key_fields`: each key resolved -> the fields it became."""
+    `keys`: each key read -> the fields it became, each key left unread -> why."""
 
     mesh: MeshSpec
     data: DataSpec
@@ -78,20 +77,42 @@ class RunSpec:
     rollout: RolloutSpec
     trains_critic: bool
     has_reference: bool
-    key_fields: Mapping[str, tuple[str, ...]]
+    keys: KeyRecord
 
     @property
     def reads(self) -> frozenset[str]:
         """Every key the resolver read."""
-        return frozenset(self.key_fields)
+        return frozenset(self.keys.fields)
+
+
+NO_CRITIC = "no critic in this run (critic.enable, or an estimator that reads values such as gae)"
+NO_REFERENCE = "no reference policy in this run (actor.use_kl_loss or algorithm.use_kl_in_reward)"
+# The reward model's own keys; the rest of its section configures the reward managers.
+REWARD_MODEL_KEYS = (
+    "model",
+    "megatron",
+    "micro_batch_size",
+    "micro_batch_size_per_gpu",
+    "max_length",
+    "use_dynamic_bsz",
+    "forward_max_token_len_per_gpu",
+    "ulysses_sequence_parallel_size",
+)
 
 
 def resolve_run(config: ConfigDict) -> RunSpec:
-    """The RunSpec of a checked PPO-family config (`jrl.runspec.load_config`)."""
+    """The RunSpec of a checked PPO-family config (`jrl.runspec.load_config`). The sections of
+    roles the run does not have are left unread (a card's values for them say nothing)."""
     view = KeyReads(config)
     trains_critic = view.resolve("trains_critic", uses_critic, view)
     has_reference = view.resolve("has_reference", uses_reference, view)
     scores = view.resolve("reward_model", lambda: bool(view.reward_model.enable))
+    if not trains_critic:
+        view.skip(("critic", "trainer.max_critic_ckpt_to_keep"), NO_CRITIC, given_only=True)
+    if not has_reference:
+        view.skip("actor_rollout_ref.ref", NO_REFERENCE, given_only=True)
+    if not scores:
+        view.reward_model.skip(REWARD_MODEL_KEYS, "reward_model.enable is False")
     return RunSpec(
         mesh=view.resolve("mesh", mesh_spec, view),
         data=view.resolve("data", data_spec, view),
@@ -108,15 +129,15 @@ def resolve_run(config: ConfigDict) -> RunSpec:
         rollout=view.resolve("rollout", rollout_spec, view),
         trains_critic=trains_critic,
         has_reference=has_reference,
-        key_fields=view.ledger.fields(),
+        keys=view.ledger.record(),
     )
 
 
 @dataclasses.dataclass(frozen=True)
 class SFTRunSpec:
     """An SFT run's mesh, its trained model and data, its cadence (validation and a checkpoint
-    also after the last step), its one role's checkpoints, its loggers, and `key_fields` (key ->
-    the fields it became)."""
+    also after the last step), its one role's checkpoints, its loggers, and `keys` (what became of
+    each key)."""
 
     mesh: MeshSpec
     model: SFTModelSpec
@@ -124,7 +145,12 @@ class SFTRunSpec:
     cadence: CadenceSpec
     checkpoint: CheckpointSpec
     logging: LoggingSpec
-    key_fields: Mapping[str, tuple[str, ...]]
+    keys: KeyRecord
+
+    @property
+    def reads(self) -> frozenset[str]:
+        """Every key the resolver read."""
+        return frozenset(self.keys.fields)
 
 
 def resolve_sft_run(config: ConfigDict, role: str) -> SFTRunSpec:
@@ -137,5 +163,5 @@ def resolve_sft_run(config: ConfigDict, role: str) -> SFTRunSpec:
         cadence=view.resolve("cadence", cadence_spec, view.trainer),
         checkpoint=view.resolve("checkpoint", sft_checkpoint_spec, view, role),
         logging=view.resolve("logging", logging_spec, view),
-        key_fields=view.ledger.fields(),
+        keys=view.ledger.record(),
     )

@@ -321,7 +321,7 @@ def _losses(config: ConfigDict) -> Iterator[str]:
             f"actor_rollout_ref.actor.loss_scale_factor={factor!r} must be positive, or null "
             "for the padded response length"
         )
-    if estimator_needs_critic(config) and not uses_critic(config):
+    if estimator_needs_critic(config) and config.critic.enable is False:
         yield (
             f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} needs the critic's "
             "values, but critic.enable=False: set critic.enable=True (or null) or choose an "

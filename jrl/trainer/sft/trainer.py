@@ -107,7 +107,12 @@ class SFTTrainer:
     @classmethod
     def from_config(cls, config: Any) -> SFTTrainer:
         """The trainer of a checked SFT config."""
-        return cls(resolve_sft_run(config, ROLE))
+        return cls(cls.resolve(config))
+
+    @staticmethod
+    def resolve(config: Any) -> SFTRunSpec:
+        """The SFTRunSpec of a checked SFT config, its model saved as this trainer's role."""
+        return resolve_sft_run(config, ROLE)
 
     def __init__(self, run: SFTRunSpec):
         self.created_at = time.perf_counter()
