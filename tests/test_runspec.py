@@ -10,7 +10,7 @@ from ml_collections import ConfigDict
 
 from jrl.config import apply_overrides, sft_config
 from jrl.runspec import load_config
-from jrl.runspec.effects import explain
+from jrl.runspec.explain import explain
 from jrl.runspec.reads import KeyReads
 from jrl.runspec.spec import resolve_run, resolve_sft_run
 from jrl.trainer.ppo.trainer import PPOTrainer

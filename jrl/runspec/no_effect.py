@@ -28,7 +28,9 @@ WEIGHT_TRANSFER = "verl's weight transfer between Ray workers: jrl hands weights
 RAY = "Ray's placement: jrl runs every role in one process per host, on the trainer's devices"
 REWARD_LOOP = "verl's asynchronous reward workers: jrl scores in process (the same scores)"
 WRAPPING = "torch FSDP wrapping: jrl shards by logical axes"
-VERL_COPY = "verl's copy of actor_rollout_ref.rollout.n, which jrl reads"
+FSDP_SCHEDULING = ("offload_policy", "reshard_after_forward", "forward_prefetch", "use_orig_params")
+REWARD_LOOP_KEYS = ("launch_reward_fn_async", "use_reward_loop", "reward_loop_*", "num_workers")
+WEIGHT_TRANSFER_KEYS = ("checkpoint_engine.*", "update_weights_bucket_megabytes")
 
 # Keys that no resolver reads, by pattern (``*`` matches one part or more): first match wins.
 UNREAD = {
@@ -36,8 +38,7 @@ UNREAD = {
     "data.val_batch_size": "jrl generates the whole validation set in one call (verl's default)",
     "data.dataloader_num_workers": "torch DataLoader workers: jrl reads rows in process",
     "data.filter_overlong_prompts_workers": "jrl filters long prompts in process",
-    "data.image_patch_size": TEXT_ONLY,
-    "data.video_key": TEXT_ONLY,
+    **dict.fromkeys(("data.image_patch_size", "data.video_key"), TEXT_ONLY),
     "data.return_multi_modal_inputs": TEXT_ONLY,
     f"{ARR}.hybrid_engine": "jrl always colocates the roles (hybrid engine)",
     f"{ARR}.nccl_timeout": "NCCL's timeout: jrl's collectives are XLA's",
@@ -49,21 +50,16 @@ UNREAD = {
     "critic.model.tokenizer_path": "the critic reads the actor's tokens (model.path's)",
     f"{ROLLOUT}.mode": "verl's rollout servers: jrl's sampler runs in the trainer",
     f"{ROLLOUT}.prompt_length": "jrl's rollout takes prompts as data.max_prompt_length",
-    f"{ROLLOUT}.checkpoint_engine.*": WEIGHT_TRANSFER,
-    f"{ROLLOUT}.update_weights_bucket_megabytes": WEIGHT_TRANSFER,
+    **{f"{ROLLOUT}.{key}": WEIGHT_TRANSFER for key in WEIGHT_TRANSFER_KEYS},
     f"{ROLLOUT}.enable_rollout_routing_replay": MOE,
-    "*.rollout_n": VERL_COPY,
+    "*.rollout_n": "verl's copy of actor_rollout_ref.rollout.n, which jrl reads",
     "*.strategy": "a torch training backend: jrl trains with JAX on its own mesh",
     "*.use_torch_compile": "torch.compile: XLA compiles every jrl program",
     "*.use_liger": "Liger's torch kernels: jrl's fused kernels are use_fused_kernels",
     "*.tiled_mlp.*": "torch's tiled MLP: jrl cuts activations by gradient checkpointing",
     "*.use_shm": "copying files to /dev/shm first: jrl reads them where they are",
-    "*.fsdp_config.wrap_policy.*": WRAPPING,
-    "*.fsdp_config.min_num_params": WRAPPING,
-    "*.fsdp_config.offload_policy": FSDP,
-    "*.fsdp_config.reshard_after_forward": FSDP,
-    "*.fsdp_config.forward_prefetch": FSDP,
-    "*.fsdp_config.use_orig_params": FSDP,
+    **dict.fromkeys(("*.fsdp_config.wrap_policy.*", "*.fsdp_config.min_num_params"), WRAPPING),
+    **{f"*.fsdp_config.{key}": FSDP for key in FSDP_SCHEDULING},
     "*.fsdp_config.seed": "the torch engine's seed: jrl's random keys come from data.seed",
     "*.fsdp_config.full_determinism": "torch's deterministic algorithms switch",
     "*.fsdp_config.forward_only": "set by verl's engine for roles without an optimizer",
@@ -80,10 +76,8 @@ UNREAD = {
         "a Megatron-Core engine option: jrl trains with JAX (of the megatron keys, "
         "tensor_model_parallel_size acts, as the role's fsdp_config.tensor_parallel_size)"
     ),
-    "*.entropy_from_logits_with_chunking": ENTROPY,
-    "*.entropy_checkpointing": ENTROPY,
-    "*.moe_config.freeze_moe_router": MOE,
-    "*.router_replay.*": MOE,
+    **dict.fromkeys(("*.entropy_from_logits_with_chunking", "*.entropy_checkpointing"), ENTROPY),
+    **dict.fromkeys(("*.moe_config.freeze_moe_router", "*.router_replay.*"), MOE),
     "*.optim.clip_grad": "Megatron's clipping: verl's FSDP roles clip at grad_clip",
     "*.optim.optimizer_impl": "the torch module of verl's optimizer: jrl's are optax's",
     "*.optim.total_training_steps": "set from the run's total steps (as verl sets it)",
@@ -91,13 +85,8 @@ UNREAD = {
     "ray_kwargs.*": "Ray's options: jrl runs without Ray",
     "transfer_queue.*": "verl's Ray transfer queue: jrl runs without Ray",
     "trainer.use_legacy_worker_impl": "chooses between verl's Ray worker classes",
-    "reward_model.enable_resource_pool": RAY,
-    "reward_model.n_gpus_per_node": RAY,
-    "reward_model.nnodes": RAY,
-    "reward_model.launch_reward_fn_async": REWARD_LOOP,
-    "reward_model.use_reward_loop": REWARD_LOOP,
-    "reward_model.reward_loop_*": REWARD_LOOP,
-    "reward_model.num_workers": REWARD_LOOP,
+    **{f"reward_model.{key}": RAY for key in ("enable_resource_pool", "n_gpus_per_node", "nnodes")},
+    **{f"reward_model.{key}": REWARD_LOOP for key in REWARD_LOOP_KEYS},
     "algorithm.filter_groups.*": "read by verl's DAPO recipe only, not by the PPO trainer",
 }
 
