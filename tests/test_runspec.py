@@ -58,7 +58,7 @@ def test_a_ppo_run_resolves_its_shape_cadence_checkpoints_and_loggers():
 def test_grpo_keeps_no_critic_checkpoints_and_reads_no_critic_keys():
     run = resolve_run(load_config([GRPO])[0])
     assert not run.trains_critic and run.has_reference
-    assert run.keys.fields["critic.enable"] == ("trains_critic",)
+    assert run.keys.fields["critic.enable"] == ("critic",)
     assert run.keys.skip_of("critic.optim.lr").given_only  # the card's critic says nothing
     assert run.keys.read("trainer.critic_warmup")  # verl's actor waits with or without a critic
     assert set(run.checkpoint.roles) == {"actor"}
@@ -138,7 +138,9 @@ def test_switched_off_roles_read_none_of_their_keys():
     critic_keys = {key for key in run.reads if key.startswith("critic.")}
     assert critic_keys == {"critic.enable"}  # read to decide that there is no critic
     into = {field: sorted(k for k, f in run.keys.fields.items() if field in f) for field in FIELDS}
-    assert into == {"critic": [], "reward_model": ["reward_model.enable"]}
+    # what decided that there is no critic, nor a reward model
+    decided = {"critic": ["algorithm.adv_estimator", "critic.enable"]}
+    assert into == {**decided, "reward_model": ["reward_model.enable"]}
     assert not any(key.startswith("reward_model.model.") for key in run.reads)
     config, _ = load_config([PPO])
     assert resolve_run(config).ref is None

@@ -16,7 +16,7 @@ from ml_collections import ConfigDict
 from jrl.models import init_random
 from jrl.parallel import make_mesh
 from jrl.runspec.reads import KeyReads
-from jrl.runspec.roles import LOG_PROB_KEYS, BatchSplit, batch_split
+from jrl.runspec.roles import LOG_PROB_KEYS, BatchSplit, batch_split, packing
 from jrl.trainer.roles.critic import response_values
 from jrl.trainer.roles.log_probs import response_log_probs
 from jrl.trainer.roles.specs import shares_prompts
@@ -117,7 +117,7 @@ def _split(packed: bool, n: int, attention: str | None = None) -> BatchSplit:
     override = {} if attention is None else {"attn_implementation": attention}
     model = KeyReads(ConfigDict({"use_remove_padding": packed, "override_config": override}))
     section = {"log_prob_use_dynamic_bsz": False, "log_prob_micro_batch_size_per_gpu": 1}
-    return batch_split(KeyReads(ConfigDict(section)), "ref", LOG_PROB_KEYS, model, n)
+    return batch_split(KeyReads(ConfigDict(section)), "ref", LOG_PROB_KEYS, packing(model, n))
 
 
 def test_prompts_are_shared_only_where_the_run_can():

@@ -67,17 +67,18 @@ class KeyRecord:
 
 
 class Ledger:
-    """Which keys were read, and into which RunSpec field (the innermost `into` at the time)."""
+    """Which keys were read, and into which RunSpec fields (the innermost `into` at the time)."""
 
     def __init__(self) -> None:
         self._fields: dict[str, set[str]] = {}
         self._skipped: dict[str, Skip] = {}
-        self._into: list[str] = []
+        self._into: list[tuple[str, ...]] = []
 
     @contextlib.contextmanager
-    def into(self, field: str) -> Iterator[None]:
-        """Reads inside the block go into `field` (dotted, from the RunSpec's root)."""
-        self._into.append(field)
+    def into(self, field: str | tuple[str, ...]) -> Iterator[None]:
+        """Reads inside the block go into `field` (dotted, from the RunSpec's root; several: a
+        fact that several fields share)."""
+        self._into.append((field,) if isinstance(field, str) else field)
         try:
             yield
         finally:
@@ -87,7 +88,7 @@ class Ledger:
         """Record that `key` was read (into the current field, if any)."""
         found = self._fields.setdefault(key, set())
         if self._into:
-            found.add(self._into[-1])
+            found.update(self._into[-1])
 
     def skip(self, key: str, why: Skip) -> None:
         """Record that `key` (a key or a section) was left unread, and why (the first reason
@@ -139,7 +140,7 @@ class KeyReads:
         for key in [keys] if isinstance(keys, str) else keys:
             self.ledger.skip(self._path(key), Skip(reason, given_only))
 
-    def resolve(self, field: str, build: Callable[..., T], *args: Any) -> T:
+    def resolve(self, field: str | tuple[str, ...], build: Callable[..., T], *args: Any) -> T:
         """`build(*args)`, its reads recorded as going into the RunSpec field `field`."""
         with self.ledger.into(field):
             return build(*args)

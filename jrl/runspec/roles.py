@@ -170,18 +170,34 @@ def log_prob_impl(arr: Any, role: str) -> str:
     return FUSED_KERNEL_IMPLS[options.get("impl_backend") or "torch"]
 
 
+@dataclasses.dataclass(frozen=True)
+class Packing:
+    """How a model's rows are laid out in every pass of the roles that run it, resolved once:
+    packed when its ``use_remove_padding``, the `group_size` answers of a prompt (``rollout.n``)
+    then sharing the prompt's tokens where the mesh lets the model's `attention`
+    (``attn_implementation``) take the mask."""
+
+    remove_padding: bool
+    group_size: int
+    attention: str | None
+
+    @property
+    def share_prompts(self) -> bool:
+        return self.remove_padding and self.group_size > 1
+
+
+def packing(model: KeyReads, group_size: int) -> Packing:
+    """The Packing of the ``*.model`` section `model` with `group_size` answers per prompt."""
+    return Packing(bool(model.use_remove_padding), group_size, attention(model))
+
+
 def batch_split(
-    section: KeyReads,
-    prefix: str,
-    keys: SplitKeys,
-    model: KeyReads | None = None,
-    rollout_n: int = 1,
+    section: KeyReads, prefix: str, keys: SplitKeys, rows: Packing | None = None
 ) -> BatchSplit:
     """The split of the section at `prefix`: the token budget of ``keys.limit`` when
-    ``keys.flag`` is on, else ``keys.micro`` rows; rows packed as the ``*.model`` section
-    `model` says (``use_remove_padding``; None: not packed), the `rollout_n` answers of a
-    prompt sharing it where its attention allows."""
-    packed = bool(model.use_remove_padding) if model is not None else False
+    ``keys.flag`` is on, else ``keys.micro`` rows; rows laid out as `rows` says (None: never
+    packed)."""
+    packed = rows is not None and rows.remove_padding
     if section.get(keys.flag):
         limit = int(section[keys.limit])
         why = f"{prefix}.{keys.flag} is on: micro-batches hold {prefix}.{keys.limit} tokens"
@@ -190,8 +206,8 @@ def batch_split(
     section.skip(keys.limit, f"{prefix}.{keys.flag} is False: token budgets act with dynamic sizes")
     sharing = {
         "remove_padding": packed,
-        "share_prompts": packed and rollout_n > 1,
-        "attention": None if model is None else attention(model),
+        "share_prompts": rows is not None and rows.share_prompts,
+        "attention": None if rows is None else rows.attention,
     }
     per_gpu = section.get(f"{keys.micro}_per_gpu")
     if per_gpu:
@@ -219,9 +235,7 @@ def offloads(fsdp: KeyReads, prefix: str, optimizer: bool = True) -> Offloads:
     )
 
 
-def update_settings(
-    section: KeyReads, prefix: str, model: KeyReads, rollout_n: int
-) -> UpdateSettings:
+def update_settings(section: KeyReads, prefix: str, rows: Packing) -> UpdateSettings:
     """The PPO update of the trained role section at `prefix` (actor or critic)."""
     shuffle_seed = None
     if section.get("shuffle"):
@@ -239,8 +253,8 @@ def update_settings(
             "loss_scale_factor", f"the divisor of loss_agg_mode={SEQ_MEAN_TOKEN_SUM_NORM} only"
         )
     return UpdateSettings(
-        split=batch_split(section, prefix, PPO_UPDATE_KEYS, model, rollout_n),
-        mini_rows=int(section.ppo_mini_batch_size) * rollout_n,
+        split=batch_split(section, prefix, PPO_UPDATE_KEYS, rows),
+        mini_rows=int(section.ppo_mini_batch_size) * rows.group_size,
         epochs=int(section.ppo_epochs),
         grad_clip=float(section.grad_clip),
         loss_scale_factor=scale_factor,
@@ -249,26 +263,27 @@ def update_settings(
     )
 
 
-def actor_settings(config: KeyReads) -> ActorSettings:
-    """The actor of ``actor_rollout_ref`` (LoRA adapters initialised from ``data.seed``)."""
+def actor_settings(config: KeyReads, policy: Packing) -> ActorSettings:
+    """The actor of ``actor_rollout_ref`` (LoRA adapters initialised from ``data.seed``), its
+    rows laid out as the `policy` model's."""
     arr = config[ARR]
     actor, fsdp = arr.actor, arr.actor.fsdp_config
     seed = config.data.get("seed") if lora_rank(arr.model) > 0 else None
-    n = int(arr.rollout.n)
     return ActorSettings(
         model=model_settings(arr.model, fsdp, lora_seed=0 if seed is None else int(seed)),
         mesh=role_mesh_sizes(actor, fsdp, ACTOR),
         offload=offloads(fsdp, f"{ACTOR}.fsdp_config"),
-        log_probs=batch_split(arr.rollout, ROLLOUT, LOG_PROB_KEYS, arr.model, n),
-        update=update_settings(actor, ACTOR, arr.model, n),
+        log_probs=batch_split(arr.rollout, ROLLOUT, LOG_PROB_KEYS, policy),
+        update=update_settings(actor, ACTOR, policy),
         temperature=float(arr.rollout.temperature),
         log_prob_impl=log_prob_impl(arr, "actor"),
     )
 
 
-def reference_settings(config: KeyReads) -> ReferenceSettings:
+def reference_settings(config: KeyReads, policy: Packing) -> ReferenceSettings:
     """The reference policy of ``actor_rollout_ref``: with LoRA the actor's base model, on the
-    actor's mesh (its own model, mesh and offload keys are then not read)."""
+    actor's mesh (its own model, mesh and offload keys are then not read); its rows laid out as
+    the `policy` model's."""
     arr = config[ARR]
     ref, fsdp = arr.ref, arr.ref.fsdp_config
     own = lora_rank(arr.model) == 0
@@ -279,22 +294,22 @@ def reference_settings(config: KeyReads) -> ReferenceSettings:
         model=model_settings(arr.model, fsdp) if own else None,
         mesh=role_mesh_sizes(ref, fsdp, REF) if own else None,
         offload=offloads(fsdp, f"{REF}.fsdp_config", optimizer=False) if own else None,
-        log_probs=batch_split(ref, REF, LOG_PROB_KEYS, arr.model, int(arr.rollout.n)),
+        log_probs=batch_split(ref, REF, LOG_PROB_KEYS, policy),
         temperature=float(arr.rollout.temperature),
         log_prob_impl=log_prob_impl(arr, "ref"),
     )
 
 
-def critic_settings(config: KeyReads) -> CriticSettings:
-    """The critic of the ``critic`` section."""
+def critic_settings(config: KeyReads, group_size: int) -> CriticSettings:
+    """The critic of the ``critic`` section, `group_size` answers per prompt."""
     critic, fsdp = config.critic, config.critic.model.fsdp_config
-    n = int(config[ARR].rollout.n)
+    rows = packing(critic.model, group_size)
     return CriticSettings(
         model=model_settings(critic.model, fsdp, kind="value", section="critic.model"),
         mesh=role_mesh_sizes(critic, fsdp, "critic"),
         offload=offloads(fsdp, "critic.model.fsdp_config"),
-        values=batch_split(critic, "critic", VALUE_KEYS, critic.model, n),
-        update=update_settings(critic, "critic", critic.model, n),
+        values=batch_split(critic, "critic", VALUE_KEYS, rows),
+        update=update_settings(critic, "critic", rows),
         cliprange_value=float(critic.cliprange_value),
         loss_agg_mode=critic.loss_agg_mode,
     )

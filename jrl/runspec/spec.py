@@ -26,6 +26,7 @@ from jrl.runspec.roles import (
     RewardModelSettings,
     actor_settings,
     critic_settings,
+    packing,
     reference_settings,
     reward_model_settings,
 )
@@ -58,8 +59,6 @@ class RunSpec:
     """A PPO-family run: its mesh, data, roles (`actor`; `ref`, `critic`, `reward_model`: None
     where the run has none), algorithm (estimator, KL, the actor's objective, rollout
     correction), step options (`trainer`), cadence, checkpoints, loggers, rewards and rollout;
-    whether it trains a critic (`trains_critic`: ``critic.enable``, or the estimator's need of
-    values) and needs a reference policy (`has_reference`: a KL loss or KL in the reward);
     `keys`: each key read -> the fields it became, each key left unread -> why."""
 
     mesh: MeshSpec
@@ -75,9 +74,17 @@ class RunSpec:
     logging: LoggingSpec
     reward: RewardSettings
     rollout: RolloutSpec
-    trains_critic: bool
-    has_reference: bool
     keys: KeyRecord
+
+    @property
+    def trains_critic(self) -> bool:
+        """``critic.enable``, or the estimator's need of values (`uses_critic`)."""
+        return self.critic is not None
+
+    @property
+    def has_reference(self) -> bool:
+        """A KL loss or KL in the reward (`uses_reference`)."""
+        return self.ref is not None
 
     @property
     def reads(self) -> frozenset[str]:
@@ -104,8 +111,8 @@ def resolve_run(config: ConfigDict) -> RunSpec:
     """The RunSpec of a checked PPO-family config (`jrl.runspec.load_config`). The sections of
     roles the run does not have are left unread (a card's values for them say nothing)."""
     view = KeyReads(config)
-    trains_critic = view.resolve("trains_critic", uses_critic, view)
-    has_reference = view.resolve("has_reference", uses_reference, view)
+    trains_critic = view.resolve("critic", uses_critic, view)
+    has_reference = view.resolve("ref", uses_reference, view)
     scores = view.resolve("reward_model", lambda: bool(view.reward_model.enable))
     if not trains_critic:
         view.skip(("critic", "trainer.max_critic_ckpt_to_keep"), NO_CRITIC, given_only=True)
@@ -113,12 +120,18 @@ def resolve_run(config: ConfigDict) -> RunSpec:
         view.skip("actor_rollout_ref.ref", NO_REFERENCE, given_only=True)
     if not scores:
         view.reward_model.skip(REWARD_MODEL_KEYS, "reward_model.enable is False")
+    # Facts several roles share, resolved once: the answers per prompt and the policy's rows.
+    arr = view.actor_rollout_ref
+    policy_roles = ("actor", "ref") if has_reference else ("actor",)
+    grouped = (*policy_roles, "critic") if trains_critic else policy_roles
+    group_size = view.resolve(grouped, lambda: int(arr.rollout.n))
+    policy = view.resolve(policy_roles, packing, arr.model, group_size)
     return RunSpec(
         mesh=view.resolve("mesh", mesh_spec, view),
         data=view.resolve("data", data_spec, view),
-        actor=view.resolve("actor", actor_settings, view),
-        ref=view.resolve("ref", reference_settings, view) if has_reference else None,
-        critic=view.resolve("critic", critic_settings, view) if trains_critic else None,
+        actor=view.resolve("actor", actor_settings, view, policy),
+        ref=view.resolve("ref", reference_settings, view, policy) if has_reference else None,
+        critic=view.resolve("critic", critic_settings, view, group_size) if trains_critic else None,
         reward_model=view.resolve("reward_model", reward_model_settings, view) if scores else None,
         algorithm=resolve_algorithm(view),
         trainer=view.resolve("trainer", trainer_spec, view),
@@ -127,8 +140,6 @@ def resolve_run(config: ConfigDict) -> RunSpec:
         logging=view.resolve("logging", logging_spec, view),
         reward=view.resolve("reward", reward_settings, view),
         rollout=view.resolve("rollout", rollout_spec, view),
-        trains_critic=trains_critic,
-        has_reference=has_reference,
         keys=view.ledger.record(),
     )
 
