@@ -56,11 +56,12 @@ import jax
 from jrl.assets import prepare_for
 from jrl.compile_cache import enable_compilation_cache
 from jrl.config import ConfigError
+from jrl.config.overrides import command_line_keys
 from jrl.parallel import distributed
 from jrl.plot import plot_after_training, validation_summary
 from jrl.rollout.build import serving_engine
 from jrl.runspec import load_config, n_gpus
-from jrl.runspec.effects import command_line_keys, no_effect_notice
+from jrl.runspec.effects import no_effect_notice
 from jrl.runspec.explain import explain
 from jrl.runspec.rollout import rollout_spec
 from jrl.runspec.spec import resolve_run

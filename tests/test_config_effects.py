@@ -15,11 +15,12 @@ import pytest
 from jrl import train
 from jrl.config import default_config, resolve
 from jrl.config.moved import leaves
+from jrl.config.overrides import command_line_keys
 from jrl.config.tree import key_paths
 from jrl.rollout.build import serving_engine
 from jrl.rollout.engines import ENGINES, Host, serving
 from jrl.runspec import load_config
-from jrl.runspec.effects import command_line_keys, ignored_settings, no_effect_notice
+from jrl.runspec.effects import ignored_settings, no_effect_notice
 from jrl.runspec.explain import explain
 from jrl.runspec.no_effect import IDLE_HERE, UNREAD
 from jrl.runspec.rollout import rollout_spec

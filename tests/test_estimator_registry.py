@@ -13,8 +13,9 @@ from reference import MASK, UIDS, B, close, rand
 from jrl import algos, train
 from jrl.algos.policy_loss import POLICY_LOSSES
 from jrl.config import ConfigError
+from jrl.config.overrides import command_line_keys
 from jrl.runspec import load_config, uses_critic
-from jrl.runspec.effects import command_line_keys, ignored_settings
+from jrl.runspec.effects import ignored_settings
 from jrl.runspec.spec import resolve_run
 
 GRPO = "--config=configs/gsm8k_grpo.py:tiny"

@@ -11,9 +11,10 @@ import pytest
 
 from jrl.config import ConfigError, default_config, read_config
 from jrl.config.entry import load_entry_config
+from jrl.config.overrides import command_line_keys
 from jrl.config.trees import SFT
 from jrl.runspec import load_config, validate_sft
-from jrl.runspec.effects import command_line_keys, no_effect_notice
+from jrl.runspec.effects import no_effect_notice
 from jrl.runspec.spec import resolve_run
 
 REPO = Path(__file__).resolve().parents[1]

@@ -228,3 +228,8 @@ def apply_overrides(
             _set(config, path, value, len(prefix), given)
     settle_pairs(config, given)
     return config
+
+
+def command_line_keys(argv: Sequence[str]) -> frozenset[str]:
+    """The keys a command line sets or resets (``+``, ``++`` and ``~`` dropped)."""
+    return frozenset(split_key(key)[1] for key, _ in parse_command_line(argv).overrides)

@@ -4,23 +4,21 @@ key by key.
 
 A key the user set away from its default has no effect when the resolver did not read it, nor
 any key that follows it by interpolation (``rollout.response_length`` follows
-``data.max_response_length``): why
-is the reason the resolver gave where its choice left the key unread (`KeyReads.skip`: the
-critic's keys under GRPO, the cosine options under a constant schedule), else the reason of
-`no_effect.UNREAD` (keys of torch, Ray or Megatron that no resolver reads). A key the resolver
-reads acts, unless this host or the engine that generates here leaves it idle
+``data.max_response_length``): why is the reason the resolver gave where its choice left the key
+unread (`KeyReads.skip`: the critic's keys under GRPO, the cosine options under a constant
+schedule), else `no_effect.UNREAD`'s (keys of torch, Ray or Megatron that no resolver reads). A
+key the resolver reads acts, unless this host or the engine that generates here leaves it idle
 (`no_effect.IDLE_HERE`). Keys of features jrl does not implement are config errors instead
 (`jrl.runspec.unsupported`). Untouched defaults say nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Collection
 
 from ml_collections import ConfigDict
 
 from jrl.config.moved import followers, key_matches, moved_settings
-from jrl.config.overrides import parse_command_line, split_key
 from jrl.runspec.no_effect import IDLE_HERE, UNREAD
 from jrl.runspec.reads import KeyRecord
 
@@ -51,11 +49,6 @@ def no_effect_reason(
     if skip.given_only and given is not None:
         return skip.reason if any(key == g or key.startswith(f"{g}.") for g in given) else None
     return skip.reason
-
-
-def command_line_keys(argv: Sequence[str]) -> frozenset[str]:
-    """The keys a command line sets or resets (``+``, ``++`` and ``~`` dropped)."""
-    return frozenset(split_key(key)[1] for key, _ in parse_command_line(argv).overrides)
 
 
 def ignored_settings(

@@ -10,8 +10,8 @@ from jrl.config.defaults import default_config
 from jrl.config.interpolation import resolve
 from jrl.config.loading import load_card
 from jrl.config.moved import leaves, value_at
-from jrl.config.overrides import parse_command_line
-from jrl.runspec.effects import command_line_keys, no_effect_reason
+from jrl.config.overrides import command_line_keys, parse_command_line
+from jrl.runspec.effects import no_effect_reason
 from jrl.runspec.loading import load_config
 from jrl.runspec.spec import resolve_run
 from jrl.runspec.unsupported import unsupported_reason

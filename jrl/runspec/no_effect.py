@@ -14,7 +14,7 @@ import jax
 from ml_collections import ConfigDict
 
 from jrl.models.decoder import OFFLOAD_BACKENDS
-from jrl.rollout.engines import ENGINES, Engine
+from jrl.rollout.engines import ENGINES
 from jrl.rollout.limits import free_device_bytes
 from jrl.runspec.models import OWN_DECODER
 
@@ -121,10 +121,6 @@ def _tokenizer_without_code(config: ConfigDict, engine: str) -> bool:
     return settings.is_file() and "auto_map" not in json.loads(settings.read_text())
 
 
-def _not_generating(engine: Engine) -> Applies:
-    return lambda config, generating: generating != engine.name
-
-
 IDLE_HERE = (
     Idle(
         "*.enable_activation_offload",
@@ -153,7 +149,7 @@ IDLE_HERE = (
         Idle(
             f"{ROLLOUT}.{key}",
             f"{engine.label}'s option: {engine.label} does not generate in this run",
-            _not_generating(engine),
+            lambda config, generating, name=engine.name: generating != name,
         )
         for engine in ENGINES.values()
         for key in engine.only_keys
