@@ -51,10 +51,8 @@ from jrl.models.decoder import set_memory_options  # noqa: E402
 from jrl.optim.optimizers import make_optimizer  # noqa: E402
 from jrl.parallel import make_mesh, param_shardings  # noqa: E402
 from jrl.runspec import load_config  # noqa: E402
-from jrl.runspec.algorithm import resolve_algorithm  # noqa: E402
-from jrl.runspec.models import model_settings  # noqa: E402
-from jrl.runspec.optim import optimizer_settings  # noqa: E402
-from jrl.runspec.roles import log_prob_impl  # noqa: E402
+from jrl.runspec.roles import ActorSettings  # noqa: E402
+from jrl.runspec.spec import resolve_run  # noqa: E402
 from jrl.trainer.roles.actor import ActorLoss  # noqa: E402
 from jrl.trainer.update.learner import Learner, build_update, normalisers  # noqa: E402
 from jrl_kernels import resolve_impl  # noqa: E402
@@ -71,10 +69,9 @@ VARIANTS = (
 GIB = 1024**3
 
 
-def abstract_state(config: Any, model_config: ModelConfig) -> Learner:
-    """The actor's `Learner` on one device with abstract parameters and optimizer state."""
-    arr = config.actor_rollout_ref
-    spec = model_settings(arr.model, arr.actor.fsdp_config)
+def abstract_state(actor: ActorSettings, model_config: ModelConfig) -> Learner:
+    """The `actor`'s `Learner` on one device with abstract parameters and optimizer state."""
+    spec = actor.model
     model = nnx.eval_shape(
         lambda: CausalLM(
             model_config, dtype=spec.dtype, param_dtype=spec.param_dtype, rngs=nnx.Rngs(0)
@@ -82,7 +79,7 @@ def abstract_state(config: Any, model_config: ModelConfig) -> Learner:
     )
     set_memory_options(model, **spec.memory_options())
     graphdef, trainable, frozen = nnx.split(model, nnx.Param, ...)
-    tx = make_optimizer(optimizer_settings(arr.actor.optim, "actor_rollout_ref.actor.optim"))
+    tx = make_optimizer(actor.update.optimizer)
     opt_state = jax.eval_shape(tx.init, trainable)
     mesh = make_mesh(1)
     shardings = [param_shardings(tree, mesh) for tree in (trainable, frozen, opt_state)]
@@ -105,15 +102,13 @@ def actor_minibatch(config: Any, vocab: int, micro_batches: int) -> dict[str, np
 
 
 def update_memory(config: Any, model_config: ModelConfig, micro_batches: int) -> dict[str, Any]:
-    """Compiled memory statistics of one actor update under `config`."""
-    arr = config.actor_rollout_ref
-    state = abstract_state(config, model_config)
-    loss = ActorLoss.resolve(
-        resolve_algorithm(config), arr.rollout.temperature, log_prob_impl(arr, "actor")
-    )
+    """Compiled memory statistics of one actor update under `config` (its RunSpec's actor)."""
+    run = resolve_run(config)
+    state = abstract_state(run.actor, model_config)
+    loss = ActorLoss.resolve(run.algorithm, run.actor.temperature, run.actor.log_prob_impl)
     minibatch = actor_minibatch(config, model_config.vocab_size, micro_batches)
-    norm = normalisers(minibatch["response_mask"], arr.actor.loss_scale_factor)
-    update = build_update(state, loss, arr.actor.grad_clip, minibatch)
+    norm = normalisers(minibatch["response_mask"], run.actor.update.loss_scale_factor)
+    update = build_update(state, loss, run.actor.update.grad_clip, minibatch)
     args = (state.trainable, state.frozen, state.opt_state, minibatch, norm, jnp.float32(1e-6))
     out = memory_bytes(update.lower(*args).compile())
     out["peak_gb"] = round(out["peak_bytes"] / GIB, 3)
@@ -128,7 +123,7 @@ def run(shape: str, micro_batches: int, overrides: list[str]) -> list[dict[str, 
     measured: dict[str, dict[str, Any]] = {}
     for name, variant in VARIANTS:
         config, _ = load_config([f"--config={CARD}", *overrides, *variant])
-        impl = log_prob_impl(config.actor_rollout_ref, "actor")
+        impl = resolve_run(config).actor.log_prob_impl
         resolved = resolve_impl(impl)
         if resolved not in measured:
             measured[resolved] = update_memory(config, model_config, micro_batches)

@@ -274,6 +274,7 @@ def main(argv: list[str] | None = None) -> None:
         result = measure(args.worker, args.tokens, dim, args.vocab, args.steps, args.warmup)
         print(json.dumps(result), flush=True)
         return
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # leave it to the workers
     import jax
 
     backend = jax.default_backend()
