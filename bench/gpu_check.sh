@@ -62,7 +62,10 @@ case $shape in
 esac
 
 steps=(env train_step rollout logprob_kernel rollout_vllm actor_memory)
-mkdir -p "$out" || exit 2
+out=$(mkdir -p "$out" && cd "$out" && pwd) || exit 2  # absolute: the steps run from $ROOT
+if [[ -n $wheels ]]; then
+  wheels=$(cd "$wheels" && pwd) || exit 2
+fi
 for name in "${steps[@]}"; do rm -f "$out/$name.jsonl"; done
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
