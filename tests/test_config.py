@@ -601,10 +601,7 @@ def test_enumerated_values_fail_at_load_naming_key_and_valid_values(path, overri
         ),
         (
             GRPO,
-            [
-                f"{AR}.rollout.val_kwargs.{k}"
-                for k in ("top_p=0", "do_sample=true", "temperature=1")
-            ],
+            [f"{AR}.rollout.val_kwargs.top_p=0"],
             f"invalid sampling settings under {AR}.rollout.val_kwargs: SamplingParams.top_p=0.0",
         ),
         (

@@ -34,7 +34,8 @@ def summary_lines(stdout: str) -> dict[str, str]:
 
 
 def test_tiny_run_measures_every_step_and_reports_each_goal(tmp_path):
-    proc = gpu_check(tmp_path)
+    # The GPU budget guards device time; a loaded 2-core CI machine may need more than 240 s.
+    proc = gpu_check(tmp_path, "--budget", "800")
     assert proc.returncode == 0, proc.stderr[-4000:]
     for step in STEPS:
         assert (tmp_path / f"{step}.jsonl").exists(), step

@@ -158,10 +158,14 @@ def test_the_key_tree_imports_no_jax_and_no_other_jrl_package():
         "'numpy', 'jrl_kernels') or (m.startswith('jrl.') and not m.startswith('jrl.config'))); "
         "print(heavy, t)"
     )
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
-    heavy, seconds = out.stdout.rsplit(" ", 1)
-    assert heavy == "[]", heavy
-    assert float(seconds) < 0.3, f"import jrl.config took {float(seconds):.2f} s"
+    runs = [
+        subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        for _ in range(3)  # the fastest of three cold imports: a loaded machine stalls some
+    ]
+    heavy = {run.stdout.rsplit(" ", 1)[0] for run in runs}
+    assert heavy == {"[]"}, heavy
+    seconds = min(float(run.stdout.rsplit(" ", 1)[1]) for run in runs)
+    assert seconds < 0.3, f"import jrl.config took {seconds:.2f} s"
 
 
 @pytest.mark.parametrize(

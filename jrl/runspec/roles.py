@@ -162,6 +162,7 @@ def log_prob_impl(arr: Any, role: str) -> str:
     ``actor_rollout_ref`` section `arr`: ``naive`` (materialised logits) unless the role's
     ``use_fused_kernels`` (which follows ``model.use_fused_kernels``) is on, else
     `FUSED_KERNEL_IMPLS` of ``model.fused_kernel_options.impl_backend``."""
+    arr = KeyReads.of(arr, ARR)
     fused = arr[role].get("use_fused_kernels")
     if not (arr.model.use_fused_kernels if fused is None else fused):
         arr.model.skip("fused_kernel_options", f"{ARR}.model.use_fused_kernels is False")

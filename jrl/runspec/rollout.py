@@ -48,18 +48,23 @@ def _given(section: Any, keys: tuple[str, ...]) -> dict[str, Any]:
 def _validation_choices(own: KeyReads) -> dict[str, Any]:
     """``val_kwargs``' temperature, top_k, top_p and do_sample. Greedy validation (do_sample
     off or temperature 0) leaves unread the keys that cannot change it: top_k and top_p, and
-    whichever of do_sample and temperature the other makes moot."""
+    whichever of do_sample and temperature the other makes moot; their values are still
+    checked (peeked into the settings)."""
+    keys = ("temperature", "top_k", "top_p", "do_sample")
     do_sample, temperature = own.peek("do_sample"), own.peek("temperature")
     if do_sample and temperature != 0:
-        return {key: own[key] for key in ("temperature", "top_k", "top_p", "do_sample")}
+        return {key: own[key] for key in keys}
     own.skip(("top_k", "top_p"), "validation is greedy (val_kwargs.do_sample or temperature)")
-    if temperature != 0:
+    values = {key: own.peek(key) for key in keys}
+    if temperature != 0:  # do_sample off makes it greedy
         own.skip("temperature", "val_kwargs.do_sample is False: validation is greedy")
-        return {"do_sample": own.do_sample}
-    if do_sample:
+        values["do_sample"] = own.do_sample
+    elif do_sample:  # temperature 0 makes it greedy
         own.skip("do_sample", "val_kwargs.temperature is 0: validation is greedy either way")
-        return {"temperature": own.temperature}
-    return {"temperature": own.temperature, "do_sample": own.do_sample}
+        values["temperature"] = own.temperature
+    else:
+        values["temperature"], values["do_sample"] = own.temperature, own.do_sample
+    return values
 
 
 def sampling_settings(
@@ -87,10 +92,13 @@ def sampling_settings(
             ignore_eos=bool(_read(section, "ignore_eos", prefix)),
             calculate_log_probs=bool(_read(section, "calculate_log_probs", prefix)),
         )
-        if not values["calculate_log_probs"]:
+        if values["calculate_log_probs"]:
+            mode = section.get("logprobs_mode")
+        else:  # only checked
             section.skip("logprobs_mode", f"{prefix}.calculate_log_probs is False: no log-probs")
-        elif section.get("logprobs_mode"):
-            values["logprobs_mode"] = str(section.get("logprobs_mode"))
+            mode = section.peek("logprobs_mode") if "logprobs_mode" in section else None
+        if mode:
+            values["logprobs_mode"] = str(mode)
         return SamplingParams(**values)
     except SettingsError as err:
         lines = [
