@@ -11,6 +11,9 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# vLLM's own log handler would write to the sys.stdout of its first import, which pytest's capture
+# closes after that test: its records go through the logging module instead.
+os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
 
 
 @pytest.fixture(scope="session")

@@ -436,7 +436,7 @@ def _fake_engine(model, folder, generation_eos=None, **changes):
     spec = tiny_rollout_spec(
         str(folder), dtype="float32", prompt_length=6, response_length=8, **changes
     )
-    return VllmRollout(model, spec, pad_token_id=0, eos_token_ids=1), spec
+    return VllmRollout.from_spec(model, spec, pad_token_id=0, eos_token_ids=1), spec
 
 
 def test_engine_syncs_sleeps_and_generates_like_the_jax_engine(fake_vllm, jax_run, tmp_path):
@@ -588,7 +588,7 @@ def test_vllm_generates_with_synced_weights_and_follows_a_weight_change(tmp_path
         response_length=8,
         calculate_log_probs=True,
     )
-    engine = VllmRollout(model, spec, pad_token_id=0, eos_token_ids=None)
+    engine = VllmRollout.from_spec(model, spec, pad_token_id=0, eos_token_ids=None)
     ids, mask, _ = _batch_arrays()
     prompts = prompt_batch(ids, mask)
     greedy = SamplingParams(max_new_tokens=8, do_sample=False, calculate_log_probs=True)

@@ -30,7 +30,7 @@ def main(folder: Path) -> None:
         str(folder), dtype="float32", gpu_memory_utilization=0.2, max_num_seqs=8,
         max_num_batched_tokens=256, prompt_length=12, response_length=8, calculate_log_probs=True,
     )  # fmt: skip
-    engine = VllmRollout(model, spec, pad_token_id=0, eos_token_ids=None)
+    engine = VllmRollout.from_spec(model, spec, pad_token_id=0, eos_token_ids=None)
     assert engine._freed_bytes > 0, "sleep freed no GPU memory"
     ids, mask, _ = left_padded_inputs((0, 2, 9), 12, SHAPE["vocab_size"], seed=2, low=2)
     prompts = prompt_batch(ids, mask)

