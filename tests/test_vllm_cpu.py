@@ -37,13 +37,16 @@ MODEL = tiny_llama(
     vocab_size=256, hidden_size=128, intermediate_size=256, num_heads=2, num_kv_heads=1,
     head_dim=64, max_position_embeddings=128,
 )  # fmt: skip
-P, R, EOS = 10, 12, 1
+P, R, EOS = 40, 12, 1
+# vLLM's KV cache blocks of 32 tokens (the CPU's default is 128): the prompts fill one, which its
+# prefix cache keeps
+ENGINE_KWARGS = {**KV_CACHE, "block_size": 32}
 
 
 def _spec(folder, **changes):
     return tiny_rollout_spec(
         str(folder), dtype="float32", prompt_length=P, response_length=R,
-        max_num_seqs=16, max_num_batched_tokens=256, **{"engine_kwargs.vllm": KV_CACHE},
+        max_num_seqs=16, max_num_batched_tokens=256, **{"engine_kwargs.vllm": ENGINE_KWARGS},
         **changes,
     )  # fmt: skip
 
@@ -115,7 +118,7 @@ class Engines:
                 max_num_seqs=16, max_num_batched_tokens=256, logprobs_mode=mode,
             )  # fmt: skip
             rollout.update(changes)
-            rollout.engine_kwargs.vllm = KV_CACHE
+            rollout.engine_kwargs.vllm = ENGINE_KWARGS
             config.actor_rollout_ref.model.path = str(self.folder)
             graphdef, params = nnx.split(self.model)
             tokenizer = type("Tokenizer", (), {"eos_token_id": EOS, "pad_token_id": 0})()
@@ -151,7 +154,8 @@ def _trainer_log_probs(model, out, *, temperature=1.0, top_k=-1, top_p=1.0):
 def test_the_engine_is_built_from_the_rollout_keys_on_the_host_devices(engines):
     """rollout.name=vllm on the 8 forced host devices: vLLM's CPU build serves them (no
     fallback line), with the rollout keys as its engine's settings; free_cache_engine=True is
-    announced as having no sleep mode on the CPU, and release / resume leave the engine whole."""
+    announced as having no sleep mode on the CPU and chunked prefill as off (each announced
+    once), and release / resume leave the engine whole."""
     from jrl.rollout.vllm_rollout import VllmRollout
 
     engine, printed = engines(), engines.printed["processed_logprobs"]
@@ -159,12 +163,15 @@ def test_the_engine_is_built_from_the_rollout_keys_on_the_host_devices(engines):
     assert "JAX sampler generates" not in printed
     line = "jrl: vLLM has no sleep mode on cpu: actor_rollout_ref.rollout.free_cache_engine=True"
     assert printed.count(line) == 1 and not engine.free_cache_engine
+    line = "(actor_rollout_ref.rollout.enable_chunked_prefill=False): its CPU runner cannot resume"
+    assert printed.count(line) == 1
     config = engine.llm.llm_engine.vllm_config
     assert config.model_config.max_model_len == P + R and config.model_config.seed == 0
     assert str(config.model_config.dtype) == "torch.float32"
     assert config.model_config.logprobs_mode == "processed_logprobs"
     assert config.scheduler_config.max_num_seqs == 16
     assert config.scheduler_config.max_num_batched_tokens == 256
+    assert not config.scheduler_config.enable_chunked_prefill  # vLLM's CPU runner splits badly
     assert config.load_config.load_format == "dummy"
     assert config.cache_config.kv_cache_memory_bytes == KV_CACHE["kv_cache_memory_bytes"]
     assert (engine.response_length, engine.pad_token_id, engine.eos_token_ids) == (R, 0, (EOS,))
@@ -186,13 +193,22 @@ def test_greedy_rows_are_the_jax_samplers_and_log_probs_the_trainers(engines, mo
 
 
 def test_an_update_reaches_vllm_and_the_old_weights_restore_its_output(engines, model):
+    """After an update vLLM's greedy rows are the JAX sampler's with the new weights (its prefix
+    cache, which holds the prompts' first block, computed with the old ones, is dropped); the
+    old weights bring back the first rows and log-probs exactly."""
     engine, prompts = engines(), _prompts()
     greedy = _sampling(calculate_log_probs=True)
     before = engine.generate(prompts, greedy, jax.random.key(0)).to_numpy()
     state = nnx.state(model)
-    engine.update_weights(jax.tree.map(lambda x: 1.5 * x if x.ndim == 2 else x, state))
+    scaled = jax.tree.map(lambda x: 1.5 * x if x.ndim == 2 else x, state)
+    engine.update_weights(scaled)
     changed = engine.generate(prompts, greedy, jax.random.key(0)).to_numpy()
     assert not np.array_equal(changed["responses"], before["responses"])
+    jax_engine = JaxRollout(
+        nnx.merge(nnx.graphdef(model), scaled), response_length=R, pad_token_id=0, eos_token_ids=()
+    )
+    expected = jax_engine.generate(prompts, greedy, jax.random.key(0)).to_numpy()
+    np.testing.assert_array_equal(changed["responses"], expected["responses"])
     engine.update_weights(state)
     again = engine.generate(prompts, greedy, jax.random.key(0)).to_numpy()
     np.testing.assert_array_equal(again["responses"], before["responses"])
@@ -212,6 +228,12 @@ def test_stops_at_jrls_eos_ids_only(engines, model, jax_greedy, mid_row):
     np.testing.assert_array_equal(got["responses"], expected["responses"])
     np.testing.assert_array_equal(got["response_mask"], expected["response_mask"])
     assert got["response_mask"][0].tolist() == [1] * (at + 1) + [0] * (R - at - 1)
+    jrls = _sampling(eos_token_ids=(EOS,))
+    jax_eos = JaxRollout(model, response_length=R, pad_token_id=0, eos_token_ids=(EOS,))
+    np.testing.assert_array_equal(
+        engine.generate(prompts, jrls, jax.random.key(0)).to_numpy()["responses"],
+        jax_eos.generate(prompts, jrls, jax.random.key(0)).to_numpy()["responses"],
+    )
     ignoring = _sampling(eos_token_ids=(mid,), ignore_eos=True)
     full = engine.generate(prompts, ignoring, jax.random.key(0)).to_numpy()
     assert full["response_mask"].all()

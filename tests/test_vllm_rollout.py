@@ -541,3 +541,26 @@ def test_vllm_on_the_gpu_that_jax_uses(tmp_path):
         [sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True
     )
     assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
+
+
+def test_what_the_platform_lacks_is_turned_off_and_announced(capsys):
+    """On a GPU the engine's arguments stay as the keys say; on the CPU sleep mode and chunked
+    prefill are turned off (one line each), and a token budget below a whole prompt is refused
+    naming the key."""
+    import types
+
+    from jrl.rollout.vllm_rollout import platform_kwargs
+
+    kwargs = engine_kwargs(tiny_rollout_spec())
+    gpu = types.SimpleNamespace(device_type="cuda", is_sleep_mode_available=lambda: True)
+    assert platform_kwargs(kwargs, gpu, "actor_rollout_ref.rollout") == kwargs
+    assert capsys.readouterr().out == ""
+    cpu = types.SimpleNamespace(device_type="cpu", is_sleep_mode_available=lambda: False)
+    got = platform_kwargs(kwargs, cpu, "actor_rollout_ref.rollout")
+    assert got == kwargs | {"enable_sleep_mode": False, "enable_chunked_prefill": False}
+    printed = capsys.readouterr().out.splitlines()
+    assert len(printed) == 2 and "no sleep mode on cpu" in printed[0]
+    assert "enable_chunked_prefill=False" in printed[1]
+    small = kwargs | {"max_num_batched_tokens": 512}  # max_model_len 1024
+    with pytest.raises(ValueError, match="raise actor_rollout_ref.rollout.max_num_batched_tokens"):
+        platform_kwargs(small, cpu, "actor_rollout_ref.rollout")

@@ -255,6 +255,38 @@ def load_hf_weights(worker: Any, weights: Iterable[tuple[str, Any]]) -> list[str
     return unloaded_parameters(runner.model, names)
 
 
+def platform_kwargs(kwargs: Mapping[str, Any], platform: Any, section: str) -> dict[str, Any]:
+    """`kwargs` of `vllm.LLM` with what vLLM's `platform` lacks turned off, each announced in one
+    line naming the key of `section`: sleep mode where the platform has none (the CPU), and on
+    the CPU chunked prefill, since its model runner cannot rewind a seeded request's generator
+    when a prefill is split across steps (vLLM 0.32: "CPU Generator does not use offset"), and
+    jrl seeds every row."""
+    kwargs = dict(kwargs)
+    if kwargs["enable_sleep_mode"] and not platform.is_sleep_mode_available():
+        print(
+            f"jrl: vLLM has no sleep mode on {platform.device_type}: {section}.free_cache_engine="
+            "True keeps vLLM's weights and KV cache in memory between generations",
+            flush=True,
+        )
+        kwargs["enable_sleep_mode"] = False
+    if platform.device_type == "cpu" and kwargs.get("enable_chunked_prefill", True):
+        if kwargs["max_num_batched_tokens"] < kwargs["max_model_len"]:
+            raise ValueError(
+                "vLLM on the CPU prefills each prompt in one step (its CPU runner cannot resume "
+                f"a seeded row's sampler after a split prefill): raise {section}."
+                f"max_num_batched_tokens={kwargs['max_num_batched_tokens']} to max_model_len="
+                f"{kwargs['max_model_len']} at least"
+            )
+        print(
+            f"jrl: vLLM on the CPU prefills each prompt in one step ({section}."
+            "enable_chunked_prefill=False): its CPU runner cannot resume a seeded row's sampler "
+            "after a split prefill",
+            flush=True,
+        )
+        kwargs["enable_chunked_prefill"] = False
+    return kwargs
+
+
 def start_llm(spec: RolloutSpec) -> tuple[Any, dict[str, Any]]:
     """vLLM's `LLM` in this process for the rollout of `spec`, with its arguments
     (`engine_kwargs`), once the checks
@@ -278,16 +310,7 @@ def start_llm(spec: RolloutSpec) -> tuple[Any, dict[str, Any]]:
             "one per process: generate with that engine (validation does), or drop every "
             "reference to it before building another"
         )
-    kwargs = engine_kwargs(spec)
-    platform = vllm_platform()
-    if kwargs["enable_sleep_mode"] and not platform.is_sleep_mode_available():
-        print(
-            f"jrl: vLLM has no sleep mode on {platform.device_type}: "
-            f"{spec.section}.free_cache_engine=True keeps vLLM's weights and KV cache in memory "
-            "between generations",
-            flush=True,
-        )
-        kwargs["enable_sleep_mode"] = False
+    kwargs = platform_kwargs(engine_kwargs(spec), vllm_platform(), spec.section)
     problem = handover_problem(os.environ, kwargs["gpu_memory_utilization"])
     if problem and any(d.platform == "gpu" for d in jax.local_devices()):
         raise RuntimeError(problem)
