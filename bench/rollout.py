@@ -15,7 +15,13 @@ and continuous / static for jrl on the mixed workload:
     python bench/rollout.py --shape qwen2.5-0.5b         # one GPU
 
 Each implementation runs in its own subprocess and loads the same random weights, written first
-(`init_random`, `save_pretrained`, on the CPU) unless `--weights` names an existing folder.
+(`init_random`, `save_pretrained`, on the CPU) unless `--weights` names an existing folder;
+`--shape smollm2` loads the quickstart's SmolLM2-135M-Instruct (`jrl.assets.prepare_smollm2`).
+
+`--vs vllm` measures jrl against vLLM's own `LLM.generate` instead (`rollout_vllm.py` says how):
+
+    python bench/rollout.py --vs vllm --shape tiny       # vLLM installed; seconds once started
+    python bench/rollout.py --vs vllm --shape smollm2 --dtype fp32 --batches 128
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import rollout_vllm
 from train_step import GIB, SHAPES
 
 ROOT = Path(__file__).resolve().parents[1]
-IMPLS = ("jrl", "hf")
-WORKERS = (*IMPLS, "weights")
+# The implementations compared by each baseline (`--vs`).
+IMPLS = {"hf": ("jrl", "hf"), "vllm": ("jrl", "vllm")}
+WORKERS = ("jrl", "hf", "vllm", "weights")
+DTYPES = ("fp32", "bf16")
 PAD = 0
 # Per shape: prompt and new tokens of the fixed workload, its batch sizes, and the mixed workload.
 WORKLOADS: dict[str, dict[str, Any]] = {
@@ -48,6 +57,16 @@ WORKLOADS: dict[str, dict[str, Any]] = {
         "min_prompt": 64,
         "slots": 128,
         "stop_every": 200,
+    },
+    "smollm2": {
+        "prompt": 32,
+        "new": 64,
+        "batches": [128],
+        "mixed_rows": 128,
+        "mixed_new": 128,
+        "min_prompt": 8,
+        "slots": 64,
+        "stop_every": 64,
     },
     "tiny": {
         "prompt": 64,
@@ -63,31 +82,50 @@ WORKLOADS: dict[str, dict[str, Any]] = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    """Command-line options; workload sizes default to the shape's own."""
+    """Command-line options; workload sizes default to the shape's own (for `--vs vllm`, to
+    `rollout_vllm.VS_WORKLOADS`)."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", choices=sorted(WORKLOADS), default="qwen2.5-0.5b")
+    p.add_argument("--vs", choices=sorted(IMPLS), default="hf", help="the baseline")
     p.add_argument("--prompt", type=int, help="prompt tokens (fixed workload; mixed maximum)")
     p.add_argument("--new", type=int, help="new tokens per row (fixed workload)")
     p.add_argument("--batches", type=int, nargs="+", help="batch sizes of the fixed workload")
     p.add_argument("--mixed-rows", type=int, help="prompts of the mixed workload (0: skip it)")
     p.add_argument("--mixed-new", type=int, help="longest response of the mixed workload")
     p.add_argument("--min-prompt", type=int, help="shortest prompt of the mixed workload")
-    p.add_argument("--slots", type=int, help="sequences decoding together on the mixed workload")
+    p.add_argument("--slots", type=int, help="sequences decoding together")
     p.add_argument("--stop-every", type=int, help="mean tokens between EOS draws (mixed)")
-    p.add_argument("--dtype", choices=("bf16", "fp32"), default="bf16")
-    p.add_argument("--impl", choices=(*IMPLS, "both"), default="both")
+    p.add_argument("--dtype", choices=(*DTYPES, "both"), help="bf16, or both with --vs vllm")
+    p.add_argument("--impl", choices=(*WORKERS[:3], "both"), default="both")
+    p.add_argument("--n", type=int, default=4, help="answers per prompt (--vs vllm)")
+    samplings = rollout_vllm.SAMPLINGS
+    p.add_argument("--sampling", nargs="+", choices=samplings, default=list(samplings))
+    p.add_argument("--repeats", type=int, default=3, help="timed calls (--vs vllm)")
+    p.add_argument("--batched-tokens", type=int, default=8192, help="tokens per step (--vs vllm)")
     p.add_argument("--weights", help="HF folder of the model (written if missing)")
     p.add_argument("--worker", choices=WORKERS, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.impl not in ("both", *IMPLS[args.vs]):
+        p.error(f"--impl {args.impl} is not compared with --vs {args.vs}")
+    if args.vs == "vllm":
+        for key in ("batches", "slots"):
+            if getattr(args, key) is None:
+                setattr(args, key, rollout_vllm.VS_WORKLOADS[args.shape][key])
+        bad = [rows for rows in args.batches if rows % args.n]
+        if bad or args.repeats < 1:
+            p.error(f"--batches must be multiples of --n {args.n} and --repeats >= 1")
+        args.dtype = args.dtype or "both"
+        return args
     for key, value in WORKLOADS[args.shape].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    args.dtype = args.dtype or "bf16"
     return args
 
 
 def fixed_prompts(args: argparse.Namespace, rows: int) -> tuple[np.ndarray, np.ndarray]:
     """[rows, prompt] random token ids (never PAD) and an all-ones mask."""
-    vocab = SHAPES[args.shape]["config"]["vocab_size"]
+    vocab = rollout_vllm.vocab_size(args.weights)
     ids = np.random.default_rng(rows).integers(1, vocab, (rows, args.prompt))
     return ids.astype(np.int32), np.ones_like(ids, np.int32)
 
@@ -103,7 +141,7 @@ def mixed_prompts(args: argparse.Namespace) -> tuple[np.ndarray, np.ndarray]:
 
 def stop_ids(args: argparse.Namespace) -> list[int]:
     """The mixed workload's EOS ids: vocab / stop_every random ids other than PAD."""
-    vocab = SHAPES[args.shape]["config"]["vocab_size"]
+    vocab = rollout_vllm.vocab_size(args.weights)
     count = max(1, round(vocab / args.stop_every))
     return sorted(np.random.default_rng(3).choice(np.arange(1, vocab), count, replace=False))
 
@@ -140,12 +178,16 @@ def measure(
 
 
 def write_weights(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """A random model in the HF layout at `args.weights`."""
+    """The model's HF folder: SmolLM2-135M-Instruct (fetched once), or a random model of the
+    shape written at `args.weights`."""
+    from jrl.assets import prepare_smollm2
     from jrl.models import ModelConfig, init_random, save_pretrained
 
+    if args.shape == "smollm2":
+        return [{"impl": "weights", "shape": args.shape, "folder": str(prepare_smollm2())}]
     config = ModelConfig.from_hf(SHAPES[args.shape]["config"])
     save_pretrained(init_random(config, seed=0), args.weights)
-    return [{"impl": "weights", "shape": args.shape}]
+    return [{"impl": "weights", "shape": args.shape, "folder": args.weights}]
 
 
 def copy_bandwidth() -> float:
@@ -331,16 +373,17 @@ def run_worker(impl: str, argv: list[str], weights: str) -> list[dict[str, Any]]
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """jrl / hf tokens/s per workload (jrl continuous) and jrl continuous / static (mixed)."""
-    runs = {(r["impl"], r["workload"], r["rows"], r.get("batching", "")): r for r in results}
+    keys = ("impl", "dtype", "workload", "rows")
+    runs = {(*(r[k] for k in keys), r.get("batching", "")): r for r in results}
     lines = []
-    for (impl, workload, rows, batching), r in runs.items():
+    for (impl, dtype, workload, rows, batching), r in runs.items():
         if impl != "jrl" or batching != "continuous":
             continue
-        hf = next((h for k, h in runs.items() if k[:3] == ("hf", workload, rows)), None)
+        hf = next((h for k, h in runs.items() if k[:4] == ("hf", dtype, workload, rows)), None)
         if hf is not None:
             ratio = r["tokens_per_s"] / hf["tokens_per_s"]
             lines.append(_ratio("jrl/hf", r, ratio))
-        static = runs.get(("jrl", workload, rows, "static"))
+        static = runs.get(("jrl", dtype, workload, rows, "static"))
         if static is not None:
             ratio = r["tokens_per_s"] / static["tokens_per_s"]
             lines.append(_ratio("jrl continuous/static", r, ratio))
@@ -353,25 +396,30 @@ def _ratio(impl: str, run: dict[str, Any], ratio: float) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Parent: run the chosen implementations one after another and print their JSON lines."""
+    """Parent: run the chosen implementations one after another (per dtype) and print their
+    JSON lines, then the ratio lines."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     if args.worker:
-        worker = {"jrl": run_jrl, "hf": run_hf, "weights": write_weights}[args.worker]
-        for line in worker(args):
+        workers = {"hf": run_hf, "vllm": rollout_vllm.run_vllm, "weights": write_weights}
+        workers["jrl"] = rollout_vllm.run_jrl if args.vs == "vllm" else run_jrl
+        for line in workers[args.worker](args):
             print(json.dumps(line, default=float), flush=True)
         return
-    impls = IMPLS if args.impl == "both" else (args.impl,)
+    impls = IMPLS[args.vs] if args.impl == "both" else (args.impl,)
+    dtypes = DTYPES if args.dtype == "both" else (args.dtype,)
     with tempfile.TemporaryDirectory() as scratch:
         weights = args.weights or scratch
         if not (Path(weights) / "config.json").exists():
-            run_worker("weights", argv, weights)
+            weights = run_worker("weights", argv, weights)[0]["folder"]
         results = []
-        for impl in impls:
-            for line in run_worker(impl, argv, weights):
-                print(json.dumps(line), flush=True)
-                results.append(line)
-    for line in ratios(results):
+        for dtype in dtypes:
+            for impl in impls:
+                for line in run_worker(impl, [*argv, "--dtype", dtype], weights):
+                    print(json.dumps(line), flush=True)
+                    results.append(line)
+    ratio_lines = rollout_vllm.ratios(results) if args.vs == "vllm" else ratios(results)
+    for line in ratio_lines:
         print(json.dumps(line), flush=True)
 
 

@@ -12,8 +12,12 @@ from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.selection import (
     apply_top_k,
     apply_top_p,
+    categorical,
+    first_argmax,
+    gumbel_noise,
     row_keys,
     select_tokens,
+    threefry_bits,
     token_log_probs,
 )
 from jrl.runspec.rollout import ROLLOUT, sampling_settings
@@ -180,3 +184,26 @@ def test_row_keys_follow_row_and_step_only():
     np.testing.assert_array_equal(data(keys[1]), data(expected))
     later = row_keys(rng, jnp.asarray([3]), jnp.asarray([3]))
     assert not np.array_equal(data(later[0]), data(keys[0]))
+
+
+def test_the_sampler_draws_jax_s_own_categorical_bit_for_bit():
+    """The written-out Threefry, Gumbel noise and first-argmax draw the tokens
+    `jax.random.categorical` draws (an odd width, -inf logits of top-k / top-p included)."""
+    width = 1001
+    keys = row_keys(jax.random.key(11), jnp.arange(64), jnp.full(64, 5))
+    logits = jax.random.normal(jax.random.key(1), (64, width)) * 4
+    logits = logits.at[:, ::3].set(-jnp.inf)
+    one_row = jax.vmap(lambda key: jax.random.bits(key, (width,)))
+    np.testing.assert_array_equal(
+        jax.jit(threefry_bits, static_argnums=1)(jax.random.key_data(keys), width),
+        one_row(keys),
+    )
+    gumbel = jax.vmap(lambda key: jax.random.gumbel(key, (width,)))
+    np.testing.assert_array_equal(
+        jax.jit(gumbel_noise, static_argnums=1)(keys, width), gumbel(keys)
+    )
+    tokens = jax.jit(categorical)(keys, logits)
+    np.testing.assert_array_equal(tokens, jax.vmap(jax.random.categorical)(keys, logits))
+    assert len(set(np.asarray(tokens).tolist())) > 30
+    ties = jnp.asarray([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 5.0]])
+    np.testing.assert_array_equal(first_argmax(ties), jnp.argmax(ties, axis=-1))
