@@ -214,8 +214,6 @@ def run_jrl(args: argparse.Namespace) -> list[dict[str, Any]]:
     from jrl.batch import Batch
     from jrl.models import from_pretrained
     from jrl.rollout import EngineLimits, JaxRollout, SamplingParams
-    from jrl.rollout.limits import kv_bytes_per_token
-    from jrl.rollout.sampler import cache_length
 
     dtype = jnp.bfloat16 if args.dtype == "bf16" else jnp.float32
     model = from_pretrained(args.weights, dtype=dtype, param_dtype=dtype)
@@ -244,9 +242,8 @@ def run_jrl(args: argparse.Namespace) -> list[dict[str, Any]]:
         seconds = time.perf_counter() - start
         stats = rollout.stats
         slots_used, steps = int(stats["rollout/slots"]), int(stats["rollout/decode_steps"])
-        per_token = kv_bytes_per_token(model.config, dtype, 1)
         bucket = int(stats["rollout/prompt_bucket"])
-        kv_bytes = slots_used * cache_length(bucket, sampling, model.config.kv_layout) * per_token
+        kv_bytes = rollout.cache_bytes(slots_used, bucket, sampling)
         weights = sum(x.nbytes for x in jax.tree.leaves(rollout.state))
         achieved = steps * (weights + kv_bytes) / seconds
         memory = device.memory_stats() or {}

@@ -10,6 +10,7 @@ from helpers import assert_close, jit_call, left_padded_inputs, prefill_then_dec
 from reference import SHAPE, randomise, torch_logits
 from safetensors.numpy import load_file, save_file
 
+import jrl.models.decoder as decoder_module
 from jrl.models import (
     CausalLM,
     ModelConfig,
@@ -66,9 +67,13 @@ def test_logits_match_transformers_with_left_padding(which, request, batch):
     assert_close(jit_call(model, batch), torch_logits(hf_model, batch), batch[1])
 
 
-@pytest.mark.parametrize("head_dim", [16, 128])
-def test_forward_cached_prefill_then_decode_matches_full_forward(head_dim, tmp_path, batch):
-    """Both cache layouts: tokens-major for head_dim 16, heads-major for head_dim 128."""
+@pytest.mark.parametrize("head_dim, platform", [(16, "cpu"), (16, "gpu"), (128, "gpu")])
+def test_forward_cached_prefill_then_decode_matches_full_forward(
+    head_dim, platform, tmp_path, batch, monkeypatch
+):
+    """Both cache layouts: tokens-major for head_dim 16 on a GPU (its rule, here on the CPU),
+    heads-major for head_dim 16 on a CPU and for head_dim 128."""
+    monkeypatch.setattr(decoder_module, "mesh_platform", lambda: platform)
     cfg = transformers.LlamaConfig(**SHAPE, head_dim=head_dim, tie_word_embeddings=False)
     hf_model = randomise(transformers.LlamaForCausalLM(cfg))
     hf_model.save_pretrained(tmp_path, safe_serialization=True)
@@ -77,12 +82,14 @@ def test_forward_cached_prefill_then_decode_matches_full_forward(head_dim, tmp_p
     max_len = 12
     logits, cache = prefill_then_decode(model, batch, prompt=6, max_len=max_len)
     assert_close(logits, torch_logits(hf_model, batch), mask)
-    layout = model.config.kv_layout
-    assert layout.heads_major == (head_dim == 128)
-    assert cache.k.shape == layout.shape(2, 3, max_len, 2, head_dim)
-    assert cache.k.shape[layout.token_axis] == max_len
-    unused = np.moveaxis(np.asarray(cache.k), layout.token_axis, 2)[:, :, ids.shape[1] :]
-    assert not unused.any()  # unused slots stay empty
+    layout = model.config.kv_layout(platform)
+    assert layout.heads_major == (head_dim == 128 or platform == "cpu")
+    assert len(cache.k) == len(cache.v) == 2  # one buffer per layer
+    for layer in cache.k:
+        assert layer.shape == layout.shape(3, max_len, 2, head_dim)
+        assert layer.shape[layout.token_axis] == max_len
+        unused = np.moveaxis(np.asarray(layer), layout.token_axis, 1)[:, ids.shape[1] :]
+        assert not unused.any()  # unused slots stay empty
 
 
 def test_save_pretrained_loads_in_transformers(llama_dir, batch, tmp_path):
@@ -151,7 +158,7 @@ def test_bf16_compute_keeps_float32_logits_and_cache_dtype(llama_dir, batch):
     assert logits.dtype == np.float32
     assert_close(logits, exact, batch[1], rel=5e-2)
     cache = model.init_cache(3, 10)
-    assert cache.k.dtype == jnp.bfloat16
+    assert {x.dtype for x in (*cache.k, *cache.v)} == {jnp.dtype(jnp.bfloat16)}
     ids, mask, pos = (jnp.asarray(a) for a in batch)
     hidden, cache = jax.jit(CausalLM.forward_cached)(model, ids, pos, cache, 0, mask)
     assert_close(np.asarray(model.logits(hidden)), exact, batch[1], rel=5e-2)

@@ -116,8 +116,9 @@ def test_tensor_parallel_decode_equals_single_device(model, prompts, reference):
     assert layer["mlp"]["down_proj"]["kernel"].sharding.spec == PartitionSpec("tensor", None)
     _assert_same_rows(_run(rollout, prompts), reference[0])
     # The kept cache (slots split over the replicas, kv heads over 'tensor') goes back in as is.
-    expected = NamedSharding(rollout.mesh, PartitionSpec(None, "data", None, "tensor"))
-    assert rollout.cache.k.sharding.is_equivalent_to(expected, 5)
+    expected = NamedSharding(rollout.mesh, PartitionSpec("data", "tensor"))  # [S, K, T, D]
+    for layer in (*rollout.cache.k, *rollout.cache.v):
+        assert layer.sharding.is_equivalent_to(expected, 4)
     compiled = generate_tokens._cache_size()
     _assert_same_rows(_run(rollout, prompts), reference[0])
     assert generate_tokens._cache_size() == compiled
@@ -132,14 +133,17 @@ def test_free_cache_engine_frees_the_cache(model, prompts, reference):
     _assert_same_rows(_run(kept, prompts), reference[0])
     cache = kept.cache
     layers, heads, dim = CONFIG.num_layers, CONFIG.num_kv_heads, CONFIG.head_dim
-    tokens = P + R - 1  # head_dim 16: tokens-major, the exact count
-    assert cache.k.shape == (layers, 16, tokens, heads, dim)
-    size = 2 * cache.k.nbytes
+    tokens = P + R - 1  # head_dim 16 on a CPU: heads-major, the exact count
+    buffers = (*cache.k, *cache.v)  # one per layer
+    assert len(buffers) == 2 * layers
+    assert {x.shape for x in buffers} == {(16, heads, tokens, dim)}
+    size = sum(x.nbytes for x in buffers)
     assert size == 16 * tokens * kv_bytes_per_token(CONFIG, jnp.float32, 1)
-    pointer = cache.k.unsafe_buffer_pointer()
+    pointers = [x.unsafe_buffer_pointer() for x in buffers]
     _assert_same_rows(_run(kept, prompts), reference[0])
-    assert cache.k.is_deleted()  # donated to the second call, which wrote it in place
-    assert kept.cache.k.unsafe_buffer_pointer() == pointer
+    # donated to the second call, which wrote them in place
+    assert all(x.is_deleted() for x in buffers)
+    assert [x.unsafe_buffer_pointer() for x in (*kept.cache.k, *kept.cache.v)] == pointers
     before = _live_bytes()
     kept.release()
     assert kept.cache is None and before - _live_bytes() == size
@@ -147,7 +151,7 @@ def test_free_cache_engine_frees_the_cache(model, prompts, reference):
     freed = _engine(model)
     _assert_same_rows(_run(freed, prompts), reference[0])
     assert freed.cache is None
-    assert not any(x.shape == cache.k.shape for x in jax.live_arrays())
+    assert not any(x.shape == buffers[0].shape for x in jax.live_arrays())
 
 
 def test_compilations_stay_bounded_across_prompt_lengths(model):

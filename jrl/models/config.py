@@ -186,10 +186,9 @@ class ModelConfig:
         """Whether the attention output projection has a bias."""
         return self.attention_bias and self.family.output_bias
 
-    @property
-    def kv_layout(self) -> KVLayout:
-        """The KV cache's axis order for this head_dim (`jrl.models.kv_layout`)."""
-        return KVLayout.for_head_dim(self.head_dim)
+    def kv_layout(self, platform: str) -> KVLayout:
+        """The KV cache's axis order for this head_dim on `platform` (`jrl.models.kv_layout`)."""
+        return KVLayout.for_model(self.head_dim, platform)
 
     @property
     def attention_scale(self) -> float:

@@ -28,12 +28,15 @@ OFFLOAD_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
 
 
 class KVCache(NamedTuple):
-    """Per-layer keys and values, each [num_layers, batch, max_len, num_kv_heads, head_dim] or,
-    when head_dim is a multiple of 128, [num_layers, batch, num_kv_heads, max_len, head_dim]
-    (`config.kv_layout`)."""
+    """Keys and values: one array per layer, each [batch, max_len, num_kv_heads, head_dim] or
+    [batch, num_kv_heads, max_len, head_dim] (`config.kv_layout` of the platform).
 
-    k: jax.Array
-    v: jax.Array
+    A buffer per layer, not one stacked array: a cached step writes and reads each layer's keys
+    and values in place, where a layer's slice of a stacked array was copied for every layer and
+    step (XLA:CPU: the cache's size in copies per decode step)."""
+
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
 
 
 def default_position_ids(attention_mask: jax.Array) -> jax.Array:
@@ -144,6 +147,7 @@ class Decoder(nnx.Module):
         if cache is None:
             x = constrain_activations(x)
         run_layer = self._layer_fn(visibility)
+        layout = c.kv_layout(mesh_platform())
         for i, layer in enumerate(self.layers):
             rope_key = c.layer_rope(i)
             if rope_key not in ropes:
@@ -152,8 +156,8 @@ class Decoder(nnx.Module):
                 x = constrain_activations(run_layer(layer, x, ropes[rope_key]))
                 continue
             q, k, v = layer.project(x, ropes[rope_key])
-            cache = _write_kv(cache, c.kv_layout, i, cache_offset, k, v)
-            k, v = (c.kv_layout.reorder(part[i]).astype(k.dtype) for part in cache)
+            cache = _write_kv(cache, layout, i, cache_offset, k, v)
+            k, v = (layout.reorder(part[i]).astype(k.dtype) for part in cache)
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
 
@@ -182,12 +186,14 @@ def _write_kv(
     v: jax.Array,
 ) -> KVCache:
     """Writes k, v [B, T, K, Dh] into cache slots offset .. offset+T-1 of `layer`."""
-    start: list[jax.Array | int] = [layer, 0, 0, 0, 0]
+    start: list[jax.Array | int] = [0, 0, 0, 0]
     start[layout.token_axis] = offset
 
-    def write(target: jax.Array, new: jax.Array) -> jax.Array:
-        new = layout.reorder(new)[None].astype(target.dtype)
-        return jax.lax.dynamic_update_slice(target, new, tuple(start))
+    def write(layers: tuple[jax.Array, ...], new: jax.Array) -> tuple[jax.Array, ...]:
+        target = layers[layer]
+        new = layout.reorder(new).astype(target.dtype)
+        updated = jax.lax.dynamic_update_slice(target, new, tuple(start))
+        return (*layers[:layer], updated, *layers[layer + 1 :])
 
     return KVCache(write(cache.k, k), write(cache.v, v))
 
@@ -314,9 +320,10 @@ class CausalLM(_DecoderModel):
     def init_cache(self, batch_size: int, max_len: int, dtype: Any = None) -> KVCache:
         """An all-zero KV cache (in the compute dtype unless `dtype` is given)."""
         c = self.config
-        shape = c.kv_layout.shape(c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
+        shape = c.kv_layout(mesh_platform()).shape(batch_size, max_len, c.num_kv_heads, c.head_dim)
         dtype = dtype or self.dtype
-        return KVCache(jnp.zeros(shape, dtype), jnp.zeros(shape, dtype))
+        layers = range(c.num_layers)
+        return KVCache(*(tuple(jnp.zeros(shape, dtype) for _ in layers) for _ in "kv"))
 
     def forward_cached(
         self,

@@ -42,7 +42,7 @@ from jrl.rollout.limits import (
 from jrl.rollout.sampler import SlotCache, cache_length, generate_tokens
 from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.spec import RolloutSpec
-from jrl.rollout.tensor_parallel import cache_sharding, rollout_mesh
+from jrl.rollout.tensor_parallel import cache_sharding, kv_layout, rollout_mesh
 
 
 class JaxRollout:
@@ -73,6 +73,7 @@ class JaxRollout:
         self.mesh = rollout_mesh(mesh, int(tensor_parallel_size))
         self.config = model.config
         self.dtype = model.dtype
+        self._kv_layout = kv_layout(self.mesh, self.config)
         self._graphdef, state = nnx.split(model)
         self._shardings = param_shardings(state, self.mesh, ROLLOUT_RULES)
         self._state = self._place(state)
@@ -138,7 +139,7 @@ class JaxRollout:
 
     def slot_bytes(self, prompt_length: int, sampling: SamplingParams) -> int:
         """Device bytes one slot takes for prompts `prompt_length` wide (`slot_bytes`)."""
-        tokens = cache_length(prompt_length, sampling, self.config.kv_layout)
+        tokens = cache_length(prompt_length, sampling, self._kv_layout)
         return slot_bytes(self.config, self.dtype, self.mesh.shape["tensor"], tokens)
 
     def plan(self, rows: int, prompt_length: int, sampling: SamplingParams) -> SlotPlan:
@@ -155,8 +156,8 @@ class JaxRollout:
     def _call_layout(
         self, rows: int, bucket: int, sampling: SamplingParams
     ) -> tuple[RowLayout, SlotPlan, SamplingParams, tuple[int, ...]]:
-        """(row layout, slot plan, per-row sampling, cache shape) of a call with `rows` rows
-        (prompts already repeated n times) cut to `bucket` tokens."""
+        """(row layout, slot plan, per-row sampling, one layer's cache shape) of a call with
+        `rows` rows (prompts already repeated n times) cut to `bucket` tokens."""
         replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         layout = row_layout(rows, replicas)
         plan = self.plan(layout.per_replica, bucket, sampling)
@@ -166,9 +167,9 @@ class JaxRollout:
         plan = dataclasses.replace(plan, shared_prefill=shared)
         sampling = dataclasses.replace(sampling, n=1)  # rows are already repeated
         c = self.config
-        tokens = cache_length(bucket, sampling, c.kv_layout)
+        tokens = cache_length(bucket, sampling, self._kv_layout)
         slots = replicas * plan.slots
-        cache = c.kv_layout.shape(c.num_layers, slots, tokens, c.num_kv_heads, c.head_dim)
+        cache = self._kv_layout.shape(slots, tokens, c.num_kv_heads, c.head_dim)
         return layout, plan, sampling, cache
 
     def _request_shardings(self) -> dict[str, NamedSharding]:
@@ -191,7 +192,8 @@ class JaxRollout:
         part = jax.ShapeDtypeStruct(shape, self.dtype, sharding=sharding)
         key = jax.eval_shape(lambda: jax.random.key(0))
         continuous = jax.ShapeDtypeStruct((), jnp.bool_)
-        cache = SlotCache(part, part)
+        layers = (part,) * self.config.num_layers
+        cache = SlotCache(layers, layers)
         return self._call(generate_tokens.lower, args, key, continuous, cache, sampling, plan)
 
     def _call(
@@ -252,19 +254,19 @@ class JaxRollout:
         return {k: v[real] for k, v in out.items()}
 
     def _take_cache(self, shape: tuple[int, ...]) -> SlotCache:
-        """The kept cache when its shape fits this call, else a new zeroed one."""
+        """The kept cache when its layers' shape fits this call, else a new zeroed one."""
         sharding = cache_sharding(self.mesh, self.config)
         cache, self._cache = self._cache, None
-        if cache is not None and cache.k.shape == shape:
+        if cache is not None and cache.k[0].shape == shape:
             # The same layout, spelled as the compiled call expects it: no copy.
-            return jax.device_put(cache, SlotCache(sharding, sharding))
+            return jax.device_put(cache, sharding)
         del cache
-        return _zero_cache(shape, self.dtype, sharding)()
+        return _zero_cache(shape, self.config.num_layers, self.dtype, sharding)()
 
     def cache_bytes(self, slots: int, bucket: int, sampling: SamplingParams) -> int:
         """Bytes of the KV cache (keys and values, all devices) of `slots` sequences of prompts
         `bucket` wide."""
-        tokens = cache_length(bucket, sampling, self.config.kv_layout)
+        tokens = cache_length(bucket, sampling, self._kv_layout)
         return slots * tokens * kv_bytes_per_token(self.config, self.dtype, 1)
 
     def assume_free_bytes(self, free: int) -> None:
@@ -326,8 +328,12 @@ class JaxRollout:
 
 @functools.lru_cache(maxsize=8)
 def _zero_cache(
-    shape: tuple[int, ...], dtype: Any, sharding: NamedSharding
+    shape: tuple[int, ...], layers: int, dtype: Any, sharding: NamedSharding
 ) -> Callable[[], SlotCache]:
-    """A compiled allocator of a zeroed KV cache, created in place with its sharding."""
-    zeros = functools.partial(jnp.zeros, shape, dtype)
-    return jax.jit(lambda: SlotCache(zeros(), zeros()), out_shardings=SlotCache(sharding, sharding))
+    """A compiled allocator of a zeroed KV cache (`layers` arrays of `shape` for keys and for
+    values), created in place with its sharding."""
+
+    def zeros() -> tuple[jax.Array, ...]:
+        return tuple(jnp.zeros(shape, dtype) for _ in range(layers))
+
+    return jax.jit(lambda: SlotCache(zeros(), zeros()), out_shardings=sharding)

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jrl.models import CausalLM, KVCache
 from jrl.models.kv_layout import KVLayout
 from jrl.parallel import batch_axes
+from jrl.parallel.devices import mesh_platform
 from jrl.rollout.limits import SlotPlan
 from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.selection import row_keys, select_tokens
@@ -59,8 +60,9 @@ def cache_length(prompt_length: int, params: SamplingParams, layout: KVLayout) -
 
 
 class SlotCache(NamedTuple):
-    """Keys and values of every slot, each [layers, slots, tokens, kv_heads, head_dim] (or kv_heads
-    before tokens, as `config.kv_layout` says).
+    """Keys and values of every slot: one array per layer, each [slots, tokens, kv_heads,
+    head_dim] (or kv_heads before tokens, as `config.kv_layout` says for the platform;
+    `KVCache`).
 
     A slot's first P columns hold its prompt (written when it is admitted). The W >= R - 1
     columns after them (`ring_length`) are a ring that all slots write together: decode step g
@@ -69,8 +71,8 @@ class SlotCache(NamedTuple):
     `ring_slots` puts those columns back in token order for the attention mask.
     """
 
-    k: jax.Array
-    v: jax.Array
+    k: tuple[jax.Array, ...]
+    v: tuple[jax.Array, ...]
 
 
 def ring_slots(
@@ -157,7 +159,8 @@ def _generate_replica(
     model = nnx.merge(graphdef, state)
     rows, prompt_len = prompt_ids.shape
     slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
-    ring = ring_length(prompt_len, params, model.config.kv_layout)
+    layout = model.config.kv_layout(mesh_platform())
+    ring = ring_length(prompt_len, params, layout)
     shared = plan.shared_prefill
     prompt_mask = prompt_mask.astype(bool)
     real_rows = real_rows[0]
@@ -170,9 +173,8 @@ def _generate_replica(
         slot = jnp.where(valid, jnp.argsort(s.active, stable=True)[:group], slots)
         out_row = jnp.where(valid, row, rows)  # lanes past the last prompt write nothing
         ids, mask = prompt_ids[row], prompt_mask[row]
-        hidden, fresh = _prefill(model, ids[::shared], mask[::shared], cache.k.dtype)
+        hidden, fresh = _prefill(model, ids[::shared], mask[::shared], cache.k[0].dtype)
         last = jnp.repeat(hidden[:, -1], shared, axis=0)
-        fresh = KVCache(*(jnp.repeat(x, shared, axis=1) for x in fresh))
         keys = row_keys(rng, row_ids[row], jnp.zeros(group, jnp.int32))
         token, logp = select_tokens(model.logits(last), keys, params)
         finished = _is_eos(token, params) | (steps == 1)
@@ -180,10 +182,18 @@ def _generate_replica(
         def put(target: jax.Array, value: jax.Array) -> jax.Array:
             return target.at[slot].set(value, mode="drop")
 
-        columns = model.config.kv_layout.first_tokens(slot, prompt_len)
-        written = (c.at[columns].set(f, mode="drop") for c, f in zip(s.cache, fresh, strict=True))
+        columns = layout.first_tokens(slot, prompt_len)
+
+        def write(layers: tuple[jax.Array, ...], prompts: tuple[jax.Array, ...]) -> tuple:
+            """Each layer's prompt columns of the admitted slots (a prompt's keys and values
+            repeated into the slots of its `shared` rows)."""
+            pairs = zip(layers, prompts, strict=True)
+            return tuple(
+                c.at[columns].set(jnp.repeat(f, shared, axis=0), mode="drop") for c, f in pairs
+            )
+
         return s._replace(
-            cache=SlotCache(*written),
+            cache=SlotCache(*map(write, s.cache, fresh)),
             row=put(s.row, row),
             step=put(s.step, 1),
             active=put(s.active, ~finished),
@@ -278,8 +288,7 @@ def generate_tokens(
     temperature, 0 where masked}, the decode steps each replica ran [R], the cache to reuse or
     drop).
     """
-    rows = PartitionSpec(batch_axes())
-    slots = PartitionSpec(None, batch_axes())
+    rows = slots = PartitionSpec(batch_axes())
     request_specs = _Request(rows, rows, rows, rows, PartitionSpec(), PartitionSpec())
     run = jax.shard_map(
         functools.partial(_generate_replica, graphdef, params=params, plan=plan),
@@ -291,7 +300,7 @@ def generate_tokens(
     layout = cache_sharding(mesh, nnx.merge(graphdef, state).config)  # the kept cache's layout
     request = _Request(prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous)
     responses, log_probs, decode_steps, cache = run(state, request, cache)
-    cache = jax.lax.with_sharding_constraint(cache, SlotCache(layout, layout))
+    cache = jax.lax.with_sharding_constraint(cache, layout)
     mask = response_mask(responses, params)
     out = {"responses": responses, "response_mask": mask, "rollout_log_probs": log_probs * mask}
     return out, decode_steps, cache

@@ -12,7 +12,9 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrl.models.config import ModelConfig
+from jrl.models.kv_layout import KVLayout
 from jrl.parallel import MESH_AXES, batch_axes
+from jrl_kernels.platform import platform_name
 
 _CONFIG_KEY = "actor_rollout_ref.rollout.tensor_model_parallel_size"
 
@@ -29,10 +31,15 @@ def rollout_mesh(mesh: Mesh | None, tensor_parallel: int) -> Mesh:
     return Mesh(devices.reshape(shape), MESH_AXES)
 
 
+def kv_layout(mesh: Mesh, config: ModelConfig) -> KVLayout:
+    """The KV cache layout of `config`'s model on `mesh`'s devices (`config.kv_layout`)."""
+    return config.kv_layout(platform_name(mesh.devices.flat[0].platform))
+
+
 def cache_sharding(mesh: Mesh, config: ModelConfig) -> NamedSharding:
-    """The KV cache of `config`'s model (`config.kv_layout`): slots over the replicas, kv heads
-    over `tensor` (when they divide evenly)."""
-    spec: list[str | tuple[str, ...] | None] = [None, batch_axes(), None, None]
+    """Each layer's KV cache of `config`'s model on `mesh` (`kv_layout`): slots over the
+    replicas, kv heads over `tensor` (when they divide evenly)."""
+    spec: list[str | tuple[str, ...] | None] = [batch_axes(), None, None, None]
     if config.num_kv_heads % mesh.shape["tensor"] == 0:
-        spec[config.kv_layout.heads_axis] = "tensor"
+        spec[kv_layout(mesh, config).heads_axis] = "tensor"
     return NamedSharding(mesh, PartitionSpec(*spec))
