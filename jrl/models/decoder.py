@@ -15,7 +15,7 @@ from jax.ad_checkpoint import Recompute, checkpoint_name
 
 from jrl.models.attention import Visibility
 from jrl.models.config import ModelConfig
-from jrl.models.kv_layout import KVLayout
+from jrl.models.kv_layout import AxisOrder, KVLayout
 from jrl.models.layers import DecoderLayer, RMSNorm, dense, rope_frequencies, rope_tables
 from jrl.parallel.devices import mesh_platform
 from jrl.parallel.mesh import constrain_activations, sequence_mesh, sequence_parallel_size
@@ -28,8 +28,8 @@ OFFLOAD_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
 
 
 class KVCache(NamedTuple):
-    """Keys and values: one array per layer, each [batch, max_len, num_kv_heads, head_dim] or
-    [batch, num_kv_heads, max_len, head_dim] (`config.kv_layout` of the platform).
+    """Keys and values: one array per layer, each [batch, max_len, num_kv_heads, head_dim] in the
+    axis order `config.kv_layout` gives the platform (`jrl.models.kv_layout`).
 
     A buffer per layer, not one stacked array: a cached step writes and reads each layer's keys
     and values in place, where a layer's slice of a stacked array was copied for every layer and
@@ -157,7 +157,8 @@ class Decoder(nnx.Module):
                 continue
             q, k, v = layer.project(x, ropes[rope_key])
             cache = _write_kv(cache, layout, i, cache_offset, k, v)
-            k, v = (layout.reorder(part[i]).astype(k.dtype) for part in cache)
+            k, v = (layout.keys.take(cache.k[i]), layout.values.take(cache.v[i]))
+            k, v = k.astype(q.dtype), v.astype(q.dtype)
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
 
@@ -186,16 +187,17 @@ def _write_kv(
     v: jax.Array,
 ) -> KVCache:
     """Writes k, v [B, T, K, Dh] into cache slots offset .. offset+T-1 of `layer`."""
-    start: list[jax.Array | int] = [0, 0, 0, 0]
-    start[layout.token_axis] = offset
 
-    def write(layers: tuple[jax.Array, ...], new: jax.Array) -> tuple[jax.Array, ...]:
+    def write(
+        layers: tuple[jax.Array, ...], order: AxisOrder, new: jax.Array
+    ) -> tuple[jax.Array, ...]:
+        start: list[jax.Array | int] = [0, 0, 0, 0]
+        start[order.token_axis] = offset
         target = layers[layer]
-        new = layout.reorder(new).astype(target.dtype)
-        updated = jax.lax.dynamic_update_slice(target, new, tuple(start))
+        updated = jax.lax.dynamic_update_slice(target, order.put(new).astype(target.dtype), start)
         return (*layers[:layer], updated, *layers[layer + 1 :])
 
-    return KVCache(write(cache.k, k), write(cache.v, v))
+    return KVCache(write(cache.k, layout.keys, k), write(cache.v, layout.values, v))
 
 
 class _DecoderModel(nnx.Module):
@@ -320,10 +322,12 @@ class CausalLM(_DecoderModel):
     def init_cache(self, batch_size: int, max_len: int, dtype: Any = None) -> KVCache:
         """An all-zero KV cache (in the compute dtype unless `dtype` is given)."""
         c = self.config
-        shape = c.kv_layout(mesh_platform()).shape(batch_size, max_len, c.num_kv_heads, c.head_dim)
+        shapes = c.kv_layout(mesh_platform()).shapes(
+            batch_size, max_len, c.num_kv_heads, c.head_dim
+        )
         dtype = dtype or self.dtype
         layers = range(c.num_layers)
-        return KVCache(*(tuple(jnp.zeros(shape, dtype) for _ in layers) for _ in "kv"))
+        return KVCache(*(tuple(jnp.zeros(shape, dtype) for _ in layers) for shape in shapes))
 
     def forward_cached(
         self,

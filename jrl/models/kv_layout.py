@@ -1,19 +1,22 @@
-"""The KV cache's axis order: each layer's [batch, tokens, kv_heads, head_dim] (tokens-major) or
-[batch, kv_heads, tokens, head_dim] (heads-major), chosen from head_dim and the platform.
+"""The KV cache's axis orders: how one layer's keys and values lay out the logical axes (batch,
+tokens, kv_heads, head_dim), chosen from head_dim and the platform.
 
 A TPU tiles an array's two minor dimensions as (sublanes, 128 lanes). When the decode loop wants
 the cache laid out otherwise than the program's entry parameter, the compiler copies the whole
-cache into and out of the loop, per layer. Tokens-major puts (kv_heads, head_dim) minor; heads-major
-puts (tokens, head_dim) minor, which pads nothing when head_dim is a multiple of 128 but pads a
-head_dim of 64 to 128 lanes. So the cache is heads-major exactly when head_dim is a multiple of
-128, and then a slot's column count is rounded up to a multiple of the bf16 sublane tile (16):
-with an odd count (prompt + response - 1) the entry was laid out unpadded and the loop padded.
-A tokens-major cache keeps the exact count. A GPU follows the TPU's rule.
+cache into and out of the loop, per layer. Tokens-major [batch, tokens, kv_heads, head_dim] puts
+(kv_heads, head_dim) minor; heads-major [batch, kv_heads, tokens, head_dim] puts (tokens, head_dim)
+minor, which pads nothing when head_dim is a multiple of 128 but pads a head_dim of 64 to 128
+lanes. So on a TPU or GPU the cache is heads-major exactly when head_dim is a multiple of 128,
+and then a slot's column count is rounded up to a multiple of the bf16 sublane tile (16): with an
+odd count (prompt + response - 1) the entry was laid out unpadded and the loop padded. A
+tokens-major cache keeps the exact count.
 
-On a CPU the cache is heads-major for every head_dim, unrounded: XLA:CPU's dots read one layer's
-keys and values [batch, kv_heads, tokens, head_dim] as they lie, where a tokens-major layer was
-transposed into a copy at every decode step (SmolLM2-135M, head_dim 64, fp32, 128 slots of 95
-tokens: a quarter of the decode loop's time, 7.5 of 30.5 CPU seconds).
+On a CPU the values are heads-major and the keys transposed, [batch, kv_heads, head_dim, tokens],
+for every head_dim, unrounded: a decode step's two attention products are then plain batched
+matrix products over (batch, kv_heads) that XLA:CPU runs on the layers as they lie. SmolLM2-135M
+(head_dim 64, fp32, 128 slots of 95 tokens, one layer's attention): tokens-major keys and values
+were transposed into copies at every step (a quarter of the decode loop's time); heads-major keys
+took 2.1 ms, transposed keys 1.2 ms (reading the layer's keys and values once: 0.45 ms).
 
 Measured with the TPU compiler, one kv head per chip (tensor parallel 2), temporaries of the
 rollout program (`jrl.compile`'s figures, 1 / 2 decoder layers):
@@ -35,13 +38,55 @@ if TYPE_CHECKING:  # annotations only: the layout is plain data, read without ja
 
 TPU_LANES = 128
 TPU_SUBLANES = 16  # of a bf16 tile
+BATCH, TOKENS, KV_HEADS, HEAD_DIM = range(4)  # the logical axes of a layer's keys or values
+
+
+@dataclasses.dataclass(frozen=True)
+class AxisOrder:
+    """A layer's keys or values as the cache holds them: `axes[i]` is the logical axis (BATCH,
+    TOKENS, KV_HEADS, HEAD_DIM) at the cache's axis i; the batch stays first."""
+
+    axes: tuple[int, int, int, int]
+
+    def shape(self, batch: int, tokens: int, kv_heads: int, head_dim: int) -> tuple[int, ...]:
+        """The layer's shape in this order."""
+        logical = (batch, tokens, kv_heads, head_dim)
+        return tuple(logical[axis] for axis in self.axes)
+
+    def put(self, x: jax.Array) -> jax.Array:
+        """[B, T, K, Dh] in this order."""
+        return x.transpose(self.axes)
+
+    def take(self, x: jax.Array) -> jax.Array:
+        """This order's layer as [B, T, K, Dh]."""
+        return x.transpose(tuple(self.axes.index(axis) for axis in range(4)))
+
+    @property
+    def token_axis(self) -> int:
+        return self.axes.index(TOKENS)
+
+    @property
+    def heads_axis(self) -> int:
+        return self.axes.index(KV_HEADS)
+
+    def first_tokens(self, batch: jax.Array, tokens: int) -> tuple[object, ...]:
+        """The index of the layer's columns 0 .. tokens-1 of the rows `batch`."""
+        between = (slice(None),) * (self.token_axis - 1)
+        return (batch, *between, slice(None, tokens))
+
+
+TOKENS_MAJOR = AxisOrder((BATCH, TOKENS, KV_HEADS, HEAD_DIM))
+HEADS_MAJOR = AxisOrder((BATCH, KV_HEADS, TOKENS, HEAD_DIM))
+TOKENS_MINOR = AxisOrder((BATCH, KV_HEADS, HEAD_DIM, TOKENS))
 
 
 @dataclasses.dataclass(frozen=True)
 class KVLayout:
-    """Where a cache of this model keeps its tokens and kv heads."""
+    """Where a cache of this model keeps its tokens and kv heads: the keys' and the values'
+    `AxisOrder`."""
 
-    heads_major: bool
+    keys: AxisOrder
+    values: AxisOrder
     # What a slot's column count is rounded up to: the TPU's sublane tile (16 rows of bf16, 8 of
     # fp32) where (tokens, head_dim) are the minor dimensions for the TPU's sake, else 1.
     token_multiple: int = 1
@@ -50,30 +95,19 @@ class KVLayout:
     def for_model(cls, head_dim: int, platform: str) -> KVLayout:
         """The layout of a model with this head_dim on `platform` ('cpu', 'gpu', 'tpu'; see the
         module docstring)."""
+        if platform == "cpu":
+            return cls(TOKENS_MINOR, HEADS_MAJOR)
         if head_dim % TPU_LANES == 0:
-            return cls(heads_major=True, token_multiple=TPU_SUBLANES)
-        return cls(heads_major=platform == "cpu")
+            return cls(HEADS_MAJOR, HEADS_MAJOR, token_multiple=TPU_SUBLANES)
+        return cls(TOKENS_MAJOR, TOKENS_MAJOR)
 
     @property
-    def token_axis(self) -> int:
-        """The tokens' axis in one layer's cache [batch, ...]."""
-        return 2 if self.heads_major else 1
+    def orders(self) -> tuple[AxisOrder, AxisOrder]:
+        """(keys, values): the parts of a cache, in `KVCache`'s order."""
+        return self.keys, self.values
 
-    @property
-    def heads_axis(self) -> int:
-        """The kv heads' axis in one layer's cache [batch, ...]."""
-        return 1 if self.heads_major else 2
-
-    def shape(self, batch: int, tokens: int, kv_heads: int, head_dim: int) -> tuple[int, ...]:
-        """One layer's cache shape."""
-        middle = (kv_heads, tokens) if self.heads_major else (tokens, kv_heads)
-        return (batch, *middle, head_dim)
-
-    def reorder(self, x: jax.Array) -> jax.Array:
-        """One layer's [B, T, K, Dh] <-> the cache's order of it (the swap is its own inverse)."""
-        return x.swapaxes(1, 2) if self.heads_major else x
-
-    def first_tokens(self, batch: jax.Array, tokens: int) -> tuple[object, ...]:
-        """The index of one layer's cache columns 0 .. tokens-1 of the rows `batch`."""
-        between = (slice(None),) * (self.token_axis - 1)
-        return (batch, *between, slice(None, tokens))
+    def shapes(
+        self, batch: int, tokens: int, kv_heads: int, head_dim: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """One layer's (keys, values) shapes."""
+        return tuple(order.shape(batch, tokens, kv_heads, head_dim) for order in self.orders)

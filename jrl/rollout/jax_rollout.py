@@ -44,6 +44,8 @@ from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.tensor_parallel import cache_sharding, kv_layout, rollout_mesh
 
+CacheShapes = tuple[tuple[int, ...], tuple[int, ...]]  # one layer's (keys, values) shape
+
 
 class JaxRollout:
     """Generates responses with the model's own forward pass and a slot-based KV cache.
@@ -155,8 +157,8 @@ class JaxRollout:
 
     def _call_layout(
         self, rows: int, bucket: int, sampling: SamplingParams
-    ) -> tuple[RowLayout, SlotPlan, SamplingParams, tuple[int, ...]]:
-        """(row layout, slot plan, per-row sampling, one layer's cache shape) of a call with
+    ) -> tuple[RowLayout, SlotPlan, SamplingParams, CacheShapes]:
+        """(row layout, slot plan, per-row sampling, one layer's cache shapes) of a call with
         `rows` rows (prompts already repeated n times) cut to `bucket` tokens."""
         replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         layout = row_layout(rows, replicas)
@@ -169,8 +171,8 @@ class JaxRollout:
         c = self.config
         tokens = cache_length(bucket, sampling, self._kv_layout)
         slots = replicas * plan.slots
-        cache = self._kv_layout.shape(slots, tokens, c.num_kv_heads, c.head_dim)
-        return layout, plan, sampling, cache
+        shapes = self._kv_layout.shapes(slots, tokens, c.num_kv_heads, c.head_dim)
+        return layout, plan, sampling, shapes
 
     def _request_shardings(self) -> dict[str, NamedSharding]:
         rows, prompts = batch_sharding(self.mesh, 1), batch_sharding(self.mesh, 2)
@@ -180,7 +182,7 @@ class JaxRollout:
         """The generate program of a call with `rows` rows (prompts x n) whose longest prompt
         takes the `bucket` width, lowered for this engine's mesh from shapes alone (`.compile()`
         it for its memory and cost analysis; `jrl.plan` does)."""
-        layout, plan, sampling, shape = self._call_layout(rows, bucket, sampling)
+        layout, plan, sampling, cache_shapes = self._call_layout(rows, bucket, sampling)
         shardings = self._request_shardings()
         count = len(layout.source)
         shapes = {"ids": (count, bucket), "mask": (count, bucket), "row_ids": (count,)}
@@ -188,12 +190,13 @@ class JaxRollout:
         args = {
             k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=shardings[k]) for k, v in shapes.items()
         }
-        sharding = cache_sharding(self.mesh, self.config)
-        part = jax.ShapeDtypeStruct(shape, self.dtype, sharding=sharding)
+        layers = self.config.num_layers
+        parts = zip(cache_shapes, cache_sharding(self.mesh, self.config), strict=True)
+        cache = SlotCache(
+            *((jax.ShapeDtypeStruct(shape, self.dtype, sharding=s),) * layers for shape, s in parts)
+        )
         key = jax.eval_shape(lambda: jax.random.key(0))
         continuous = jax.ShapeDtypeStruct((), jnp.bool_)
-        layers = (part,) * self.config.num_layers
-        cache = SlotCache(layers, layers)
         return self._call(generate_tokens.lower, args, key, continuous, cache, sampling, plan)
 
     def _call(
@@ -227,7 +230,7 @@ class JaxRollout:
         self, ids: np.ndarray, mask: np.ndarray, sampling: SamplingParams, rng: jax.Array
     ) -> dict[str, jax.Array]:
         bucket = prompt_bucket(int(mask.sum(axis=1).max()), ids.shape[1])
-        layout, plan, sampling, shape = self._call_layout(len(ids), bucket, sampling)
+        layout, plan, sampling, cache_shapes = self._call_layout(len(ids), bucket, sampling)
         host = {
             "ids": ids[layout.source, -bucket:],
             "mask": mask[layout.source, -bucket:],
@@ -236,7 +239,7 @@ class JaxRollout:
         }
         shardings = self._request_shardings()
         args = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
-        cache = self._take_cache(shape)
+        cache = self._take_cache(cache_shapes)
         continuous = jnp.asarray(self.continuous_batching)
         out, decode_steps, cache = self._call(
             generate_tokens, args, rng, continuous, cache, sampling, plan
@@ -253,15 +256,15 @@ class JaxRollout:
         real = np.flatnonzero(layout.real)
         return {k: v[real] for k, v in out.items()}
 
-    def _take_cache(self, shape: tuple[int, ...]) -> SlotCache:
-        """The kept cache when its layers' shape fits this call, else a new zeroed one."""
-        sharding = cache_sharding(self.mesh, self.config)
+    def _take_cache(self, shapes: CacheShapes) -> SlotCache:
+        """The kept cache when its layers' shapes fit this call, else a new zeroed one."""
+        shardings = SlotCache(*cache_sharding(self.mesh, self.config))
         cache, self._cache = self._cache, None
-        if cache is not None and cache.k[0].shape == shape:
+        if cache is not None and (cache.k[0].shape, cache.v[0].shape) == shapes:
             # The same layout, spelled as the compiled call expects it: no copy.
-            return jax.device_put(cache, sharding)
+            return jax.device_put(cache, shardings)
         del cache
-        return _zero_cache(shape, self.config.num_layers, self.dtype, sharding)()
+        return _zero_cache(shapes, self.config.num_layers, self.dtype, shardings)()
 
     def cache_bytes(self, slots: int, bucket: int, sampling: SamplingParams) -> int:
         """Bytes of the KV cache (keys and values, all devices) of `slots` sequences of prompts
@@ -328,12 +331,12 @@ class JaxRollout:
 
 @functools.lru_cache(maxsize=8)
 def _zero_cache(
-    shape: tuple[int, ...], layers: int, dtype: Any, sharding: NamedSharding
+    shapes: CacheShapes, layers: int, dtype: Any, shardings: SlotCache
 ) -> Callable[[], SlotCache]:
-    """A compiled allocator of a zeroed KV cache (`layers` arrays of `shape` for keys and for
-    values), created in place with its sharding."""
+    """A compiled allocator of a zeroed KV cache (`layers` arrays of each of the (keys, values)
+    `shapes`), created in place with its shardings."""
 
-    def zeros() -> tuple[jax.Array, ...]:
+    def zeros(shape: tuple[int, ...]) -> tuple[jax.Array, ...]:
         return tuple(jnp.zeros(shape, dtype) for _ in range(layers))
 
-    return jax.jit(lambda: SlotCache(zeros(), zeros()), out_shardings=sharding)
+    return jax.jit(lambda: SlotCache(*map(zeros, shapes)), out_shardings=shardings)

@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from jrl.models import CausalLM, KVCache
-from jrl.models.kv_layout import KVLayout
+from jrl.models.kv_layout import AxisOrder, KVLayout
 from jrl.parallel import batch_axes
 from jrl.parallel.devices import mesh_platform
 from jrl.rollout.limits import SlotPlan
@@ -61,8 +61,7 @@ def cache_length(prompt_length: int, params: SamplingParams, layout: KVLayout) -
 
 class SlotCache(NamedTuple):
     """Keys and values of every slot: one array per layer, each [slots, tokens, kv_heads,
-    head_dim] (or kv_heads before tokens, as `config.kv_layout` says for the platform;
-    `KVCache`).
+    head_dim] in the axis order `config.kv_layout` gives the platform (`KVCache`).
 
     A slot's first P columns hold its prompt (written when it is admitted). The W >= R - 1
     columns after them (`ring_length`) are a ring that all slots write together: decode step g
@@ -182,18 +181,19 @@ def _generate_replica(
         def put(target: jax.Array, value: jax.Array) -> jax.Array:
             return target.at[slot].set(value, mode="drop")
 
-        columns = layout.first_tokens(slot, prompt_len)
-
-        def write(layers: tuple[jax.Array, ...], prompts: tuple[jax.Array, ...]) -> tuple:
-            """Each layer's prompt columns of the admitted slots (a prompt's keys and values
+        def write(
+            order: AxisOrder, layers: tuple[jax.Array, ...], prompts: tuple[jax.Array, ...]
+        ) -> tuple[jax.Array, ...]:
+            """Each layer's prompt columns of the admitted slots (a prompt's keys or values
             repeated into the slots of its `shared` rows)."""
+            columns = order.first_tokens(slot, prompt_len)
             pairs = zip(layers, prompts, strict=True)
             return tuple(
                 c.at[columns].set(jnp.repeat(f, shared, axis=0), mode="drop") for c, f in pairs
             )
 
         return s._replace(
-            cache=SlotCache(*map(write, s.cache, fresh)),
+            cache=SlotCache(*map(write, layout.orders, s.cache, fresh)),
             row=put(s.row, row),
             step=put(s.step, 1),
             active=put(s.active, ~finished),
@@ -300,7 +300,7 @@ def generate_tokens(
     layout = cache_sharding(mesh, nnx.merge(graphdef, state).config)  # the kept cache's layout
     request = _Request(prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous)
     responses, log_probs, decode_steps, cache = run(state, request, cache)
-    cache = jax.lax.with_sharding_constraint(cache, layout)
+    cache = jax.lax.with_sharding_constraint(cache, SlotCache(*layout))
     mask = response_mask(responses, params)
     out = {"responses": responses, "response_mask": mask, "rollout_log_probs": log_probs * mask}
     return out, decode_steps, cache

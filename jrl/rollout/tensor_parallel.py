@@ -12,7 +12,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrl.models.config import ModelConfig
-from jrl.models.kv_layout import KVLayout
+from jrl.models.kv_layout import AxisOrder, KVLayout
 from jrl.parallel import MESH_AXES, batch_axes
 from jrl_kernels.platform import platform_name
 
@@ -36,10 +36,16 @@ def kv_layout(mesh: Mesh, config: ModelConfig) -> KVLayout:
     return config.kv_layout(platform_name(mesh.devices.flat[0].platform))
 
 
-def cache_sharding(mesh: Mesh, config: ModelConfig) -> NamedSharding:
-    """Each layer's KV cache of `config`'s model on `mesh` (`kv_layout`): slots over the
-    replicas, kv heads over `tensor` (when they divide evenly)."""
-    spec: list[str | tuple[str, ...] | None] = [batch_axes(), None, None, None]
-    if config.num_kv_heads % mesh.shape["tensor"] == 0:
-        spec[kv_layout(mesh, config).heads_axis] = "tensor"
-    return NamedSharding(mesh, PartitionSpec(*spec))
+def cache_sharding(mesh: Mesh, config: ModelConfig) -> tuple[NamedSharding, NamedSharding]:
+    """Each layer's (keys, values) sharding of `config`'s model on `mesh` (`kv_layout`): slots
+    over the replicas, kv heads over `tensor` (when they divide evenly)."""
+    split_heads = config.num_kv_heads % mesh.shape["tensor"] == 0
+
+    def sharding(order: AxisOrder) -> NamedSharding:
+        spec: list[str | tuple[str, ...] | None] = [batch_axes(), None, None, None]
+        if split_heads:
+            spec[order.heads_axis] = "tensor"
+        return NamedSharding(mesh, PartitionSpec(*spec))
+
+    keys, values = kv_layout(mesh, config).orders
+    return sharding(keys), sharding(values)
