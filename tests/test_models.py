@@ -20,6 +20,7 @@ from jrl.models import (
     init_random,
     save_pretrained,
 )
+from jrl.models.kv_layout import HEADS_MAJOR, TOKENS_MAJOR, TOKENS_MINOR
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -71,8 +72,8 @@ def test_logits_match_transformers_with_left_padding(which, request, batch):
 def test_forward_cached_prefill_then_decode_matches_full_forward(
     head_dim, platform, tmp_path, batch, monkeypatch
 ):
-    """Both cache layouts: tokens-major for head_dim 16 on a GPU (its rule, here on the CPU),
-    heads-major for head_dim 16 on a CPU and for head_dim 128."""
+    """Every cache layout: tokens-major for head_dim 16 on a GPU (its rule, here on the CPU),
+    heads-major for head_dim 128 there, keys tokens-minor and values heads-major on a CPU."""
     monkeypatch.setattr(decoder_module, "mesh_platform", lambda: platform)
     cfg = transformers.LlamaConfig(**SHAPE, head_dim=head_dim, tie_word_embeddings=False)
     hf_model = randomise(transformers.LlamaForCausalLM(cfg))
@@ -83,13 +84,14 @@ def test_forward_cached_prefill_then_decode_matches_full_forward(
     logits, cache = prefill_then_decode(model, batch, prompt=6, max_len=max_len)
     assert_close(logits, torch_logits(hf_model, batch), mask)
     layout = model.config.kv_layout(platform)
-    assert layout.heads_major == (head_dim == 128 or platform == "cpu")
+    expected = {"cpu": (TOKENS_MINOR, HEADS_MAJOR), "gpu": (TOKENS_MAJOR, TOKENS_MAJOR)}[platform]
+    assert layout.orders == (expected if head_dim == 16 else (HEADS_MAJOR, HEADS_MAJOR))
     assert len(cache.k) == len(cache.v) == 2  # one buffer per layer
-    for layer in cache.k:
-        assert layer.shape == layout.shape(3, max_len, 2, head_dim)
-        assert layer.shape[layout.token_axis] == max_len
-        unused = np.moveaxis(np.asarray(layer), layout.token_axis, 1)[:, ids.shape[1] :]
-        assert not unused.any()  # unused slots stay empty
+    for order, layers in zip(layout.orders, cache, strict=True):
+        for layer in layers:
+            assert layer.shape == order.shape(3, max_len, 2, head_dim)
+            unused = np.asarray(order.take(layer))[:, ids.shape[1] :]
+            assert not unused.any()  # unused slots stay empty
 
 
 def test_save_pretrained_loads_in_transformers(llama_dir, batch, tmp_path):

@@ -11,7 +11,7 @@ from helpers import left_padded_prompts, tiny_llama, tiny_rollout_spec
 
 from jrl.batch import Batch
 from jrl.models import init_random
-from jrl.models.kv_layout import KVLayout
+from jrl.models.kv_layout import HEADS_MAJOR, TOKENS_MAJOR, TOKENS_MINOR, KVLayout
 from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, make_rollout, sampling_params
 from jrl.rollout.limits import kv_bytes_per_token
 from jrl.rollout.sampler import cache_length
@@ -99,8 +99,8 @@ def _generate(rollout, prompts: Batch, params: SamplingParams, seed: int = 0) ->
 
 
 def test_greedy_matches_full_forward(rollout, prompts, naive):
-    """head_dim 16 on this CPU: the cache keeps kv heads before tokens, unrounded."""
-    assert CONFIG.kv_layout("cpu") == KVLayout(heads_major=True, token_multiple=1)
+    """head_dim 16 on this CPU: keys tokens-minor, values heads-major, unrounded."""
+    assert CONFIG.kv_layout("cpu") == KVLayout(TOKENS_MINOR, HEADS_MAJOR, token_multiple=1)
     assert rollout.cache_bytes(1, P, GREEDY) == (P + R - 1) * kv_bytes_per_token(
         CONFIG, jnp.float32, 1
     )
@@ -110,20 +110,25 @@ def test_greedy_matches_full_forward(rollout, prompts, naive):
 def test_greedy_matches_full_forward_with_a_tokens_major_cache(model, prompts, naive, monkeypatch):
     """head_dim 16 on a GPU or TPU: tokens before kv heads (`jrl.models.kv_layout`), here under
     the GPU's rule."""
-    assert not CONFIG.kv_layout("gpu").heads_major and not CONFIG.kv_layout("tpu").heads_major
+    tokens_major = KVLayout(TOKENS_MAJOR, TOKENS_MAJOR)
+    assert CONFIG.kv_layout("gpu") == CONFIG.kv_layout("tpu") == tokens_major
     rule = KVLayout.for_model
     monkeypatch.setattr(KVLayout, "for_model", lambda head_dim, platform: rule(head_dim, "gpu"))
-    assert CONFIG.kv_layout("cpu") == KVLayout(heads_major=False)
+    assert CONFIG.kv_layout("cpu") == tokens_major
     _assert_greedy_matches(_engine(model), prompts, naive)
 
 
-def test_greedy_matches_full_forward_with_a_heads_major_cache(prompts):
-    """head_dim 128: the cache keeps kv heads before tokens (`jrl.models.kv_layout`)."""
+def test_greedy_matches_full_forward_with_a_heads_major_cache(prompts, monkeypatch):
+    """head_dim 128 on a GPU or TPU: the cache keeps kv heads before tokens
+    (`jrl.models.kv_layout`), here under the TPU's rule."""
     config = tiny_llama(pad_token_id=PAD, initializer_range=0.5, head_dim=128)
-    assert all(config.kv_layout(platform).heads_major for platform in ("cpu", "gpu", "tpu"))
+    heads_major = KVLayout(HEADS_MAJOR, HEADS_MAJOR, token_multiple=16)
+    assert config.kv_layout("gpu") == config.kv_layout("tpu") == heads_major
     # P + R - 1 = 10 columns, rounded up to 16: the ring has 10 columns for 4 tokens.
     assert cache_length(P, GREEDY, config.kv_layout("tpu")) == 16
     assert cache_length(P, GREEDY, CONFIG.kv_layout("tpu")) == P + R - 1
+    rule = KVLayout.for_model
+    monkeypatch.setattr(KVLayout, "for_model", lambda head_dim, platform: rule(head_dim, "tpu"))
     model = init_random(config, seed=0)
     naive = _naive_greedy(_full_forward(model), nnx.state(model), prompts, R)
     _assert_greedy_matches(_engine(model), prompts, naive)
