@@ -99,8 +99,9 @@ def _generate(rollout, prompts: Batch, params: SamplingParams, seed: int = 0) ->
 
 
 def test_greedy_matches_full_forward(rollout, prompts, naive):
-    """head_dim 16 on this CPU: keys tokens-minor, values heads-major, unrounded."""
-    assert CONFIG.kv_layout("cpu") == KVLayout(TOKENS_MINOR, HEADS_MAJOR, token_multiple=1)
+    """head_dim 16 on this CPU: keys tokens-minor, values heads-major, unrounded, a buffer per
+    layer."""
+    assert CONFIG.kv_layout("cpu") == KVLayout(TOKENS_MINOR, HEADS_MAJOR, 1, per_layer=True)
     assert rollout.cache_bytes(1, P, GREEDY) == (P + R - 1) * kv_bytes_per_token(
         CONFIG, jnp.float32, 1
     )

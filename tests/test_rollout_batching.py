@@ -116,9 +116,9 @@ def test_tensor_parallel_decode_equals_single_device(model, prompts, reference):
     assert layer["mlp"]["down_proj"]["kernel"].sharding.spec == PartitionSpec("tensor", None)
     _assert_same_rows(_run(rollout, prompts), reference[0])
     # The kept cache (slots split over the replicas, kv heads over 'tensor') goes back in as is.
-    expected = NamedSharding(rollout.mesh, PartitionSpec("data", "tensor"))  # [S, K, T, D]
-    for layer in (*rollout.cache.k, *rollout.cache.v):
-        assert layer.sharding.is_equivalent_to(expected, 4)
+    expected = NamedSharding(rollout.mesh, PartitionSpec("data", "tensor"))  # [S, K, ...]
+    for buffer in (*rollout.cache.k, *rollout.cache.v):
+        assert buffer.sharding.is_equivalent_to(expected, 4)
     compiled = generate_tokens._cache_size()
     _assert_same_rows(_run(rollout, prompts), reference[0])
     assert generate_tokens._cache_size() == compiled
@@ -134,9 +134,9 @@ def test_free_cache_engine_frees_the_cache(model, prompts, reference):
     cache = kept.cache
     layers, heads, dim = CONFIG.num_layers, CONFIG.num_kv_heads, CONFIG.head_dim
     tokens = P + R - 1  # on a CPU: keys tokens-minor, values heads-major, the exact count
-    buffers = (*cache.k, *cache.v)  # one per layer
+    buffers = (*cache.k, *cache.v)
     assert len(buffers) == 2 * layers
-    assert {x.shape for x in cache.k} == {(16, heads, dim, tokens)}
+    assert {x.shape for x in cache.k} == {(16, heads, dim, tokens)}  # a buffer per layer
     assert {x.shape for x in cache.v} == {(16, heads, tokens, dim)}
     size = sum(x.nbytes for x in buffers)
     assert size == 16 * tokens * kv_bytes_per_token(CONFIG, jnp.float32, 1)

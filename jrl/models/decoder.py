@@ -28,12 +28,9 @@ OFFLOAD_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
 
 
 class KVCache(NamedTuple):
-    """Keys and values: one array per layer, each [batch, max_len, num_kv_heads, head_dim] in the
-    axis order `config.kv_layout` gives the platform (`jrl.models.kv_layout`).
-
-    A buffer per layer, not one stacked array: a cached step writes and reads each layer's keys
-    and values in place, where a layer's slice of a stacked array was copied for every layer and
-    step (XLA:CPU: the cache's size in copies per decode step)."""
+    """Keys and values, each a tuple of buffers [batch, max_len, num_kv_heads, head_dim] in the
+    axis order `config.kv_layout` gives the platform: one buffer per layer, or one buffer
+    [layers, ...] for all (`jrl.models.kv_layout`)."""
 
     k: tuple[jax.Array, ...]
     v: tuple[jax.Array, ...]
@@ -157,8 +154,9 @@ class Decoder(nnx.Module):
                 continue
             q, k, v = layer.project(x, ropes[rope_key])
             cache = _write_kv(cache, layout, i, cache_offset, k, v)
-            k, v = (layout.keys.take(cache.k[i]), layout.values.take(cache.v[i]))
-            k, v = k.astype(q.dtype), v.astype(q.dtype)
+            buffer, index = layout.where(i)
+            k = layout.keys.take(cache.k[buffer][index]).astype(k.dtype)
+            v = layout.values.take(cache.v[buffer][index]).astype(v.dtype)
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
 
@@ -187,15 +185,17 @@ def _write_kv(
     v: jax.Array,
 ) -> KVCache:
     """Writes k, v [B, T, K, Dh] into cache slots offset .. offset+T-1 of `layer`."""
+    buffer, index = layout.where(layer)
 
     def write(
-        layers: tuple[jax.Array, ...], order: AxisOrder, new: jax.Array
+        buffers: tuple[jax.Array, ...], order: AxisOrder, new: jax.Array
     ) -> tuple[jax.Array, ...]:
-        start: list[jax.Array | int] = [0, 0, 0, 0]
-        start[order.token_axis] = offset
-        target = layers[layer]
-        updated = jax.lax.dynamic_update_slice(target, order.put(new).astype(target.dtype), start)
-        return (*layers[:layer], updated, *layers[layer + 1 :])
+        start: list[jax.Array | int] = [*index, 0, 0, 0, 0]
+        start[len(index) + order.token_axis] = offset
+        target = buffers[buffer]
+        new = order.put(new)[(None,) * len(index)].astype(target.dtype)
+        updated = jax.lax.dynamic_update_slice(target, new, start)
+        return (*buffers[:buffer], updated, *buffers[buffer + 1 :])
 
     return KVCache(write(cache.k, layout.keys, k), write(cache.v, layout.values, v))
 
@@ -323,11 +323,10 @@ class CausalLM(_DecoderModel):
         """An all-zero KV cache (in the compute dtype unless `dtype` is given)."""
         c = self.config
         shapes = c.kv_layout(mesh_platform()).shapes(
-            batch_size, max_len, c.num_kv_heads, c.head_dim
+            c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim
         )
         dtype = dtype or self.dtype
-        layers = range(c.num_layers)
-        return KVCache(*(tuple(jnp.zeros(shape, dtype) for _ in layers) for shape in shapes))
+        return KVCache(*(tuple(jnp.zeros(shape, dtype) for shape in part) for part in shapes))
 
     def forward_cached(
         self,

@@ -16,7 +16,11 @@ for every head_dim, unrounded: a decode step's two attention products are then p
 matrix products over (batch, kv_heads) that XLA:CPU runs on the layers as they lie. SmolLM2-135M
 (head_dim 64, fp32, 128 slots of 95 tokens, one layer's attention): tokens-major keys and values
 were transposed into copies at every step (a quarter of the decode loop's time); heads-major keys
-took 2.1 ms, transposed keys 1.2 ms (reading the layer's keys and values once: 0.45 ms).
+took 2.1 ms, transposed keys 1.2 ms (reading the layer's keys and values once: 0.45 ms). There
+each layer also has a buffer of its own: XLA:CPU copied a layer's slice of one stacked buffer
+into the attention's operand at every step. Elsewhere one buffer holds all layers (the TPU
+compiler's memory for the rollout stays close to affine in depth, which `jrl.compile --layers`
+extrapolates from).
 
 Measured with the TPU compiler, one kv head per chip (tensor parallel 2), temporaries of the
 rollout program (`jrl.compile`'s figures, 1 / 2 decoder layers):
@@ -70,7 +74,7 @@ class AxisOrder:
         return self.axes.index(KV_HEADS)
 
     def first_tokens(self, batch: jax.Array, tokens: int) -> tuple[object, ...]:
-        """The index of the layer's columns 0 .. tokens-1 of the rows `batch`."""
+        """The index of a layer's columns 0 .. tokens-1 of the rows `batch`."""
         between = (slice(None),) * (self.token_axis - 1)
         return (batch, *between, slice(None, tokens))
 
@@ -83,20 +87,22 @@ TOKENS_MINOR = AxisOrder((BATCH, KV_HEADS, HEAD_DIM, TOKENS))
 @dataclasses.dataclass(frozen=True)
 class KVLayout:
     """Where a cache of this model keeps its tokens and kv heads: the keys' and the values'
-    `AxisOrder`."""
+    `AxisOrder`, and whether each layer has a buffer of its own (else one buffer holds all
+    layers). A buffer is [layers it holds, batch, ...the part's order]."""
 
     keys: AxisOrder
     values: AxisOrder
     # What a slot's column count is rounded up to: the TPU's sublane tile (16 rows of bf16, 8 of
     # fp32) where (tokens, head_dim) are the minor dimensions for the TPU's sake, else 1.
     token_multiple: int = 1
+    per_layer: bool = False
 
     @classmethod
     def for_model(cls, head_dim: int, platform: str) -> KVLayout:
         """The layout of a model with this head_dim on `platform` ('cpu', 'gpu', 'tpu'; see the
         module docstring)."""
         if platform == "cpu":
-            return cls(TOKENS_MINOR, HEADS_MAJOR)
+            return cls(TOKENS_MINOR, HEADS_MAJOR, per_layer=True)
         if head_dim % TPU_LANES == 0:
             return cls(HEADS_MAJOR, HEADS_MAJOR, token_multiple=TPU_SUBLANES)
         return cls(TOKENS_MAJOR, TOKENS_MAJOR)
@@ -106,8 +112,21 @@ class KVLayout:
         """(keys, values): the parts of a cache, in `KVCache`'s order."""
         return self.keys, self.values
 
+    @property
+    def layer_axes(self) -> int:
+        """Leading layer axes of a buffer: 0 (a buffer per layer) or 1 (all layers in one)."""
+        return 0 if self.per_layer else 1
+
+    def where(self, layer: int) -> tuple[int, tuple[int, ...]]:
+        """(the buffer of `layer`, the layer's index in it)."""
+        return (layer, ()) if self.per_layer else (0, (layer,))
+
     def shapes(
-        self, batch: int, tokens: int, kv_heads: int, head_dim: int
-    ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-        """One layer's (keys, values) shapes."""
-        return tuple(order.shape(batch, tokens, kv_heads, head_dim) for order in self.orders)
+        self, layers: int, batch: int, tokens: int, kv_heads: int, head_dim: int
+    ) -> tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]:
+        """The (keys, values) buffers' shapes of a cache of `layers` layers."""
+        count, lead = (layers, ()) if self.per_layer else (1, (layers,))
+        return tuple(
+            ((*lead, *order.shape(batch, tokens, kv_heads, head_dim)),) * count
+            for order in self.orders
+        )

@@ -44,7 +44,8 @@ from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.tensor_parallel import cache_sharding, kv_layout, rollout_mesh
 
-CacheShapes = tuple[tuple[int, ...], tuple[int, ...]]  # one layer's (keys, values) shape
+# The (keys, values) buffers' shapes of a cache (`KVLayout.shapes`).
+CacheShapes = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
 
 
 class JaxRollout:
@@ -158,7 +159,7 @@ class JaxRollout:
     def _call_layout(
         self, rows: int, bucket: int, sampling: SamplingParams
     ) -> tuple[RowLayout, SlotPlan, SamplingParams, CacheShapes]:
-        """(row layout, slot plan, per-row sampling, one layer's cache shapes) of a call with
+        """(row layout, slot plan, per-row sampling, the cache's buffer shapes) of a call with
         `rows` rows (prompts already repeated n times) cut to `bucket` tokens."""
         replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         layout = row_layout(rows, replicas)
@@ -171,7 +172,7 @@ class JaxRollout:
         c = self.config
         tokens = cache_length(bucket, sampling, self._kv_layout)
         slots = replicas * plan.slots
-        shapes = self._kv_layout.shapes(slots, tokens, c.num_kv_heads, c.head_dim)
+        shapes = self._kv_layout.shapes(c.num_layers, slots, tokens, c.num_kv_heads, c.head_dim)
         return layout, plan, sampling, shapes
 
     def _request_shardings(self) -> dict[str, NamedSharding]:
@@ -190,10 +191,12 @@ class JaxRollout:
         args = {
             k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=shardings[k]) for k, v in shapes.items()
         }
-        layers = self.config.num_layers
-        parts = zip(cache_shapes, cache_sharding(self.mesh, self.config), strict=True)
+        shardings = cache_sharding(self.mesh, self.config)
         cache = SlotCache(
-            *((jax.ShapeDtypeStruct(shape, self.dtype, sharding=s),) * layers for shape, s in parts)
+            *(
+                tuple(jax.ShapeDtypeStruct(shape, self.dtype, sharding=sharding) for shape in part)
+                for part, sharding in zip(cache_shapes, shardings, strict=True)
+            )
         )
         key = jax.eval_shape(lambda: jax.random.key(0))
         continuous = jax.ShapeDtypeStruct((), jnp.bool_)
@@ -257,14 +260,14 @@ class JaxRollout:
         return {k: v[real] for k, v in out.items()}
 
     def _take_cache(self, shapes: CacheShapes) -> SlotCache:
-        """The kept cache when its layers' shapes fit this call, else a new zeroed one."""
+        """The kept cache when its buffers' shapes fit this call, else a new zeroed one."""
         shardings = SlotCache(*cache_sharding(self.mesh, self.config))
         cache, self._cache = self._cache, None
-        if cache is not None and (cache.k[0].shape, cache.v[0].shape) == shapes:
+        if cache is not None and tuple(tuple(x.shape for x in part) for part in cache) == shapes:
             # The same layout, spelled as the compiled call expects it: no copy.
             return jax.device_put(cache, shardings)
         del cache
-        return _zero_cache(shapes, self.config.num_layers, self.dtype, shardings)()
+        return _zero_cache(shapes, self.dtype, shardings)()
 
     def cache_bytes(self, slots: int, bucket: int, sampling: SamplingParams) -> int:
         """Bytes of the KV cache (keys and values, all devices) of `slots` sequences of prompts
@@ -330,13 +333,11 @@ class JaxRollout:
 
 
 @functools.lru_cache(maxsize=8)
-def _zero_cache(
-    shapes: CacheShapes, layers: int, dtype: Any, shardings: SlotCache
-) -> Callable[[], SlotCache]:
-    """A compiled allocator of a zeroed KV cache (`layers` arrays of each of the (keys, values)
-    `shapes`), created in place with its shardings."""
+def _zero_cache(shapes: CacheShapes, dtype: Any, shardings: SlotCache) -> Callable[[], SlotCache]:
+    """A compiled allocator of a zeroed KV cache (buffers of the (keys, values) `shapes`),
+    created in place with its shardings."""
 
-    def zeros(shape: tuple[int, ...]) -> tuple[jax.Array, ...]:
-        return tuple(jnp.zeros(shape, dtype) for _ in range(layers))
+    def zeros(part: tuple[tuple[int, ...], ...]) -> tuple[jax.Array, ...]:
+        return tuple(jnp.zeros(shape, dtype) for shape in part)
 
     return jax.jit(lambda: SlotCache(*map(zeros, shapes)), out_shardings=shardings)

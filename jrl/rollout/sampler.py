@@ -26,7 +26,7 @@ from jrl.parallel.devices import mesh_platform
 from jrl.rollout.limits import SlotPlan
 from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.selection import row_keys, select_tokens
-from jrl.rollout.tensor_parallel import cache_sharding
+from jrl.rollout.tensor_parallel import cache_sharding, kv_layout
 
 
 def prompt_positions(prompt_mask: jax.Array) -> jax.Array:
@@ -60,8 +60,8 @@ def cache_length(prompt_length: int, params: SamplingParams, layout: KVLayout) -
 
 
 class SlotCache(NamedTuple):
-    """Keys and values of every slot: one array per layer, each [slots, tokens, kv_heads,
-    head_dim] in the axis order `config.kv_layout` gives the platform (`KVCache`).
+    """Keys and values of every slot, each a tuple of buffers [slots, tokens, kv_heads, head_dim]
+    (or [layers, slots, ...]) as `config.kv_layout` gives the platform (`KVCache`).
 
     A slot's first P columns hold its prompt (written when it is admitted). The W >= R - 1
     columns after them (`ring_length`) are a ring that all slots write together: decode step g
@@ -182,14 +182,15 @@ def _generate_replica(
             return target.at[slot].set(value, mode="drop")
 
         def write(
-            order: AxisOrder, layers: tuple[jax.Array, ...], prompts: tuple[jax.Array, ...]
+            order: AxisOrder, buffers: tuple[jax.Array, ...], prompts: tuple[jax.Array, ...]
         ) -> tuple[jax.Array, ...]:
-            """Each layer's prompt columns of the admitted slots (a prompt's keys or values
+            """Each buffer's prompt columns of the admitted slots (a prompt's keys or values
             repeated into the slots of its `shared` rows)."""
-            columns = order.first_tokens(slot, prompt_len)
-            pairs = zip(layers, prompts, strict=True)
+            lead = layout.layer_axes
+            columns = (slice(None),) * lead + order.first_tokens(slot, prompt_len)
+            pairs = zip(buffers, prompts, strict=True)
             return tuple(
-                c.at[columns].set(jnp.repeat(f, shared, axis=0), mode="drop") for c, f in pairs
+                c.at[columns].set(jnp.repeat(f, shared, axis=lead), mode="drop") for c, f in pairs
             )
 
         return s._replace(
@@ -288,7 +289,10 @@ def generate_tokens(
     temperature, 0 where masked}, the decode steps each replica ran [R], the cache to reuse or
     drop).
     """
-    rows = slots = PartitionSpec(batch_axes())
+    rows = PartitionSpec(batch_axes())
+    config = nnx.merge(graphdef, state).config
+    layers = (None,) * kv_layout(mesh, config).layer_axes
+    slots = PartitionSpec(*layers, batch_axes())  # a cache buffer [(layers,) slots, ...]
     request_specs = _Request(rows, rows, rows, rows, PartitionSpec(), PartitionSpec())
     run = jax.shard_map(
         functools.partial(_generate_replica, graphdef, params=params, plan=plan),
@@ -297,7 +301,7 @@ def generate_tokens(
         out_specs=(rows, rows, rows, slots),
         axis_names=frozenset(batch_axes()),
     )
-    layout = cache_sharding(mesh, nnx.merge(graphdef, state).config)  # the kept cache's layout
+    layout = cache_sharding(mesh, config)  # the kept cache's layout
     request = _Request(prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous)
     responses, log_probs, decode_steps, cache = run(state, request, cache)
     cache = jax.lax.with_sharding_constraint(cache, SlotCache(*layout))

@@ -37,15 +37,15 @@ def kv_layout(mesh: Mesh, config: ModelConfig) -> KVLayout:
 
 
 def cache_sharding(mesh: Mesh, config: ModelConfig) -> tuple[NamedSharding, NamedSharding]:
-    """Each layer's (keys, values) sharding of `config`'s model on `mesh` (`kv_layout`): slots
+    """The (keys, values) buffers' shardings of `config`'s model on `mesh` (`kv_layout`): slots
     over the replicas, kv heads over `tensor` (when they divide evenly)."""
     split_heads = config.num_kv_heads % mesh.shape["tensor"] == 0
+    layout = kv_layout(mesh, config)
 
     def sharding(order: AxisOrder) -> NamedSharding:
         spec: list[str | tuple[str, ...] | None] = [batch_axes(), None, None, None]
         if split_heads:
             spec[order.heads_axis] = "tensor"
-        return NamedSharding(mesh, PartitionSpec(*spec))
+        return NamedSharding(mesh, PartitionSpec(*(None,) * layout.layer_axes, *spec))
 
-    keys, values = kv_layout(mesh, config).orders
-    return sharding(keys), sharding(values)
+    return sharding(layout.keys), sharding(layout.values)
