@@ -191,11 +191,11 @@ class JaxRollout:
         args = {
             k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=shardings[k]) for k, v in shapes.items()
         }
-        shardings = cache_sharding(self.mesh, self.config)
+        cache_shardings = cache_sharding(self.mesh, self.config)
         cache = SlotCache(
             *(
                 tuple(jax.ShapeDtypeStruct(shape, self.dtype, sharding=sharding) for shape in part)
-                for part, sharding in zip(cache_shapes, shardings, strict=True)
+                for part, sharding in zip(cache_shapes, cache_shardings, strict=True)
             )
         )
         key = jax.eval_shape(lambda: jax.random.key(0))
