@@ -29,8 +29,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
+from jrl.models.config import ModelConfig
+from jrl.rollout.limits import kv_bytes_per_token
 from jrl.rollout.vllm_platform import vllm_platform, vllm_version
 
 # Per shape: (prompt, new) tokens of the decode-heavy and the prefill-heavy workload, the rows
@@ -202,11 +205,9 @@ def run_vllm(args: argparse.Namespace) -> list[dict[str, Any]]:
 def _kv_cache_bytes(weights: str, dtype: str, tokens: int) -> int:
     """vLLM's KV cache for `tokens` tokens (keys and values of every layer), with a quarter more
     for its block rounding, at least 256 MiB."""
-    config = json.loads((Path(weights) / "config.json").read_text())
-    heads = config.get("num_key_value_heads", config["num_attention_heads"])
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    itemsize = 4 if dtype == "fp32" else 2
-    per_token = 2 * config["num_hidden_layers"] * heads * head_dim * itemsize
+    config = ModelConfig.from_hf(json.loads((Path(weights) / "config.json").read_text()))
+    numpy_dtype = {"fp32": np.float32, "bf16": ml_dtypes.bfloat16}[dtype]
+    per_token = kv_bytes_per_token(config, numpy_dtype, 1)
     return max(2**28, int(1.25 * tokens * per_token))
 
 

@@ -87,8 +87,8 @@ TOKENS_MINOR = AxisOrder((BATCH, KV_HEADS, HEAD_DIM, TOKENS))
 @dataclasses.dataclass(frozen=True)
 class KVLayout:
     """Where a cache of this model keeps its tokens and kv heads: the keys' and the values'
-    `AxisOrder`, and whether each layer has a buffer of its own (else one buffer holds all
-    layers). A buffer is [layers it holds, batch, ...the part's order]."""
+    `AxisOrder`, and whether each layer has a buffer of its own, [batch, ...the part's order],
+    or one buffer [layers, batch, ...] holds all layers."""
 
     keys: AxisOrder
     values: AxisOrder

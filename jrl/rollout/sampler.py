@@ -22,7 +22,6 @@ from jax.sharding import Mesh, PartitionSpec
 from jrl.models import CausalLM, KVCache
 from jrl.models.kv_layout import AxisOrder, KVLayout
 from jrl.parallel import batch_axes
-from jrl.parallel.devices import mesh_platform
 from jrl.rollout.limits import SlotPlan
 from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.selection import row_keys, select_tokens
@@ -153,12 +152,12 @@ def _generate_replica(
     *,
     params: SamplingParams,
     plan: SlotPlan,
+    layout: KVLayout,
 ) -> tuple[jax.Array, jax.Array, jax.Array, SlotCache]:
     prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous = request
     model = nnx.merge(graphdef, state)
     rows, prompt_len = prompt_ids.shape
     slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
-    layout = model.config.kv_layout(mesh_platform())
     ring = ring_length(prompt_len, params, layout)
     shared = plan.shared_prefill
     prompt_mask = prompt_mask.astype(bool)
@@ -291,20 +290,21 @@ def generate_tokens(
     """
     rows = PartitionSpec(batch_axes())
     config = nnx.merge(graphdef, state).config
-    layers = (None,) * kv_layout(mesh, config).layer_axes
+    layout = kv_layout(mesh, config)
+    layers = (None,) * layout.layer_axes
     slots = PartitionSpec(*layers, batch_axes())  # a cache buffer [(layers,) slots, ...]
     request_specs = _Request(rows, rows, rows, rows, PartitionSpec(), PartitionSpec())
     run = jax.shard_map(
-        functools.partial(_generate_replica, graphdef, params=params, plan=plan),
+        functools.partial(_generate_replica, graphdef, params=params, plan=plan, layout=layout),
         mesh=mesh,
         in_specs=(PartitionSpec(), request_specs, slots),
         out_specs=(rows, rows, rows, slots),
         axis_names=frozenset(batch_axes()),
     )
-    layout = cache_sharding(mesh, config)  # the kept cache's layout
     request = _Request(prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous)
     responses, log_probs, decode_steps, cache = run(state, request, cache)
-    cache = jax.lax.with_sharding_constraint(cache, SlotCache(*layout))
+    kept = SlotCache(*cache_sharding(mesh, config))  # the kept cache's layout
+    cache = jax.lax.with_sharding_constraint(cache, kept)
     mask = response_mask(responses, params)
     out = {"responses": responses, "response_mask": mask, "rollout_log_probs": log_probs * mask}
     return out, decode_steps, cache
