@@ -106,7 +106,9 @@ def eager_attention(
 
     q [B, T, H, D]; k, v [B, S, K, D] with H a multiple of K (query head h uses kv head h // (H/K));
     mask [B, T, S] bool. Scores are scale * q.k, soft-capped to softcap * tanh(score / softcap)
-    when `softcap` is set. Returns [B, T, H, D] in q's dtype.
+    when `softcap` is set. Returns [B, T, H, D] in q's dtype. k and v may be held wider than q
+    (a cache of bfloat16 values kept in float32): the products accumulate in float32 either way
+    and the probabilities take q's dtype, so the result is the same.
 
     Both products are batched over (B, K) with the queries' rows first: probs [B, K, T, G, S] @
     v -> [B, K, T, G, D]. (Spelled as einsums, XLA:CPU computed the second one as v^T @ probs^T
@@ -121,8 +123,10 @@ def eager_attention(
     if softcap is not None:
         scores = softcap * jnp.tanh(scores / softcap)
     scores = jnp.where(mask[:, None, :, None, :], scores, MASKED_SCORE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-    out = jax.lax.dot_general(probs, v, (((4,), (1,)), ((0, 1), (0, 2))))  # [B, K, T, G, D]
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    out = jax.lax.dot_general(  # [B, K, T, G, D]
+        probs, v, (((4,), (1,)), ((0, 1), (0, 2))), preferred_element_type=jnp.float32
+    )
     return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d).astype(q.dtype)
 
 
@@ -413,6 +417,8 @@ def _local_attention(
     """`attention` without the sequence-parallel dispatch: the kernel on the arrays as given
     (whole, or one device's part inside `ulysses_attention`)."""
     kernel = _pick_kernel(implementation, softcap=softcap, dtype=q.dtype, visibility=visibility)
+    if kernel != "eager":  # the kernels take k, v in q's dtype (a cache may hold them wider)
+        k, v = k.astype(q.dtype), v.astype(q.dtype)
     if kernel == "splash":
         splash = functools.partial(splash_attention, scale=scale, window=window, softcap=softcap)
         return per_device(splash, q, k, v, visibility.segments(), requested=implementation)

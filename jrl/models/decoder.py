@@ -155,8 +155,8 @@ class Decoder(nnx.Module):
             q, k, v = layer.project(x, ropes[rope_key])
             cache = _write_kv(cache, layout, i, cache_offset, k, v)
             buffer, index = layout.where(i)
-            k = layout.keys.take(cache.k[buffer][index]).astype(k.dtype)
-            v = layout.values.take(cache.v[buffer][index]).astype(v.dtype)
+            k = layout.keys.take(cache.k[buffer][index])  # as stored: attention takes any dtype
+            v = layout.values.take(cache.v[buffer][index])
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
 
@@ -314,18 +314,28 @@ class CausalLM(_DecoderModel):
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Projects hidden states [..., D] to float32 logits [..., V] (soft-capped to
         c * tanh(logits / c) when the config sets final_logit_softcapping c)."""
-        kernel = self.lm_head_kernel().astype(self.dtype)
-        logits = jnp.dot(hidden.astype(self.dtype), kernel, preferred_element_type=jnp.float32)
+        if self.lm_head is None:  # tied: contract with the embedding [V, D] as it lies
+            kernel, contracted = self.model.embed_tokens.embedding[...], 1
+        else:
+            kernel, contracted = self.lm_head.kernel[...], 0
+        # (A transposed embedding made XLA:CPU copy it, in float32, at every decode step.)
+        dims = (((hidden.ndim - 1,), (contracted,)), ((), ()))
+        logits = jax.lax.dot_general(
+            hidden.astype(self.dtype),
+            kernel.astype(self.dtype),
+            dims,
+            preferred_element_type=jnp.float32,
+        )
         cap = self.config.final_logit_softcapping
         return logits if cap is None else cap * jnp.tanh(logits / cap)
 
     def init_cache(self, batch_size: int, max_len: int, dtype: Any = None) -> KVCache:
-        """An all-zero KV cache (in the compute dtype unless `dtype` is given)."""
+        """An all-zero KV cache for values in the compute dtype unless `dtype` is given, held as
+        `KVLayout.storage_dtype` says."""
         c = self.config
-        shapes = c.kv_layout(mesh_platform()).shapes(
-            c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim
-        )
-        dtype = dtype or self.dtype
+        layout = c.kv_layout(mesh_platform())
+        shapes = layout.shapes(c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
+        dtype = layout.storage_dtype(dtype or self.dtype)
         return KVCache(*(tuple(jnp.zeros(shape, dtype) for shape in part) for part in shapes))
 
     def forward_cached(

@@ -18,6 +18,7 @@ from flax import nnx
 
 from jrl.models.attention import Visibility, attention
 from jrl.models.config import ModelConfig, RopeScaling
+from jrl.parallel.devices import mesh_platform
 from jrl.parallel.sharding import axes_of, logical_axes
 
 _ACTIVATIONS = {
@@ -79,13 +80,28 @@ class Linear(nnx.Linear):
         return (kernel.astype(jnp.float32) + (a @ b) * self.lora_scale).astype(kernel.dtype)
 
     def __call__(self, inputs: jax.Array) -> jax.Array:
-        y = super().__call__(inputs)
+        y = self._project(inputs)
         if not self.has_adapter:
             return y
         dtype = self.dtype or inputs.dtype
         a, b = (p[...].astype(dtype) for p in (self.lora_a, self.lora_b))
         delta = (inputs.astype(dtype) @ a) @ b
         return y + delta * jnp.asarray(self.lora_scale, dtype)
+
+    def _project(self, inputs: jax.Array) -> jax.Array:
+        """x @ W + b. A 16-bit product accumulates in float32 and rounds once on every backend;
+        XLA:CPU runs it on the matrix units (AMX) only when the float32 result is asked for and
+        rounded afterwards (bf16 [128, 576] @ [576, 1536]: 1384 against 221 GFLOP/s), so on a
+        CPU it is spelled that way."""
+        dtype = jnp.dtype(self.dtype or inputs.dtype)
+        if dtype.itemsize != 2 or mesh_platform() != "cpu":
+            return super().__call__(inputs)
+        kernel = self.kernel[...].astype(dtype)
+        contract = (((inputs.ndim - 1,), (0,)), ((), ()))
+        y = jax.lax.dot_general(
+            inputs.astype(dtype), kernel, contract, preferred_element_type=jnp.float32
+        ).astype(dtype)
+        return y if self.bias is None else y + self.bias[...].astype(dtype)
 
 
 def dense(

@@ -143,7 +143,7 @@ class JaxRollout:
     def slot_bytes(self, prompt_length: int, sampling: SamplingParams) -> int:
         """Device bytes one slot takes for prompts `prompt_length` wide (`slot_bytes`)."""
         tokens = cache_length(prompt_length, sampling, self._kv_layout)
-        return slot_bytes(self.config, self.dtype, self.mesh.shape["tensor"], tokens)
+        return slot_bytes(self.config, self._cache_dtype, self.mesh.shape["tensor"], tokens)
 
     def plan(self, rows: int, prompt_length: int, sampling: SamplingParams) -> SlotPlan:
         """The slot plan of a call with `rows` rows (per replica) of `prompt_length` tokens."""
@@ -194,7 +194,10 @@ class JaxRollout:
         cache_shardings = cache_sharding(self.mesh, self.config)
         cache = SlotCache(
             *(
-                tuple(jax.ShapeDtypeStruct(shape, self.dtype, sharding=sharding) for shape in part)
+                tuple(
+                    jax.ShapeDtypeStruct(shape, self._cache_dtype, sharding=sharding)
+                    for shape in part
+                )
                 for part, sharding in zip(cache_shapes, cache_shardings, strict=True)
             )
         )
@@ -259,6 +262,11 @@ class JaxRollout:
         real = np.flatnonzero(layout.real)
         return {k: v[real] for k, v in out.items()}
 
+    @property
+    def _cache_dtype(self) -> np.dtype:
+        """The cache buffers' dtype (`KVLayout.storage_dtype` of the compute dtype)."""
+        return self._kv_layout.storage_dtype(self.dtype)
+
     def _take_cache(self, shapes: CacheShapes) -> SlotCache:
         """The kept cache when its buffers' shapes fit this call, else a new zeroed one."""
         shardings = SlotCache(*cache_sharding(self.mesh, self.config))
@@ -267,13 +275,13 @@ class JaxRollout:
             # The same layout, spelled as the compiled call expects it: no copy.
             return jax.device_put(cache, shardings)
         del cache
-        return _zero_cache(shapes, self.dtype, shardings)()
+        return _zero_cache(shapes, self._cache_dtype, shardings)()
 
     def cache_bytes(self, slots: int, bucket: int, sampling: SamplingParams) -> int:
         """Bytes of the KV cache (keys and values, all devices) of `slots` sequences of prompts
         `bucket` wide."""
         tokens = cache_length(bucket, sampling, self._kv_layout)
-        return slots * tokens * kv_bytes_per_token(self.config, self.dtype, 1)
+        return slots * tokens * kv_bytes_per_token(self.config, self._cache_dtype, 1)
 
     def assume_free_bytes(self, free: int) -> None:
         """Plan the KV cache for `free` bytes per device instead of measuring them (for a slice
