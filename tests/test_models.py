@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 from helpers import assert_close, jit_call, left_padded_inputs, prefill_then_decode
 from reference import SHAPE, randomise, torch_logits
 from safetensors.numpy import load_file, save_file
@@ -21,6 +22,7 @@ from jrl.models import (
     save_pretrained,
 )
 from jrl.models.kv_layout import HEADS_MAJOR, TOKENS_MAJOR, TOKENS_MINOR
+from jrl.models.layers import dense
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -162,10 +164,40 @@ def test_bf16_compute_keeps_float32_logits_and_cache_dtype(llama_dir, batch):
     assert logits.dtype == np.float32
     assert_close(logits, exact, batch[1], rel=5e-2)
     cache = model.init_cache(3, 10)
-    assert {x.dtype for x in (*cache.k, *cache.v)} == {jnp.dtype(jnp.bfloat16)}
+    # On a CPU the cache holds its bfloat16 values in float32 (`KVLayout.float32_storage`).
+    assert {x.dtype for x in (*cache.k, *cache.v)} == {jnp.dtype(jnp.float32)}
     ids, mask, pos = (jnp.asarray(a) for a in batch)
     hidden, cache = jax.jit(CausalLM.forward_cached)(model, ids, pos, cache, 0, mask)
     assert_close(np.asarray(model.logits(hidden)), exact, batch[1], rel=5e-2)
+    for x in (*cache.k, *cache.v):  # bfloat16 values, exactly
+        np.testing.assert_array_equal(x, x.astype(jnp.bfloat16).astype(jnp.float32))
+
+
+def test_bf16_linear_on_cpu_accumulates_in_float32_and_rounds_once():
+    """On a CPU a bf16 layer asks for the float32 product and rounds it once (XLA:CPU runs that
+    on AMX; a bf16-output dot ran 6x slower); the bias is added in bf16 afterwards."""
+    layer = dense(
+        64,
+        32,
+        (None, None),
+        use_bias=True,
+        std=0.5,
+        dtype=jnp.bfloat16,
+        param_dtype=jnp.float32,
+        rngs=nnx.Rngs(0),
+    )
+    layer.bias[...] = jax.random.normal(jax.random.key(1), (32,))
+    x = jax.random.normal(jax.random.key(2), (4, 64)).astype(jnp.bfloat16)
+    text = jax.jit(lambda x: layer(x)).lower(x).as_text()
+    products = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    assert len(products) == 1 and products[0].endswith("-> tensor<4x32xf32>")
+    y = np.asarray(layer(x).astype(jnp.float32))
+    kernel = np.asarray(layer.kernel[...].astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+    exact = np.asarray(x.astype(jnp.float32), np.float64) @ kernel
+    rounded = jnp.asarray(exact, jnp.float32).astype(jnp.bfloat16) + layer.bias[...].astype(
+        jnp.bfloat16
+    )
+    np.testing.assert_allclose(y, np.asarray(rounded.astype(jnp.float32)), rtol=2**-7, atol=2**-7)
 
 
 def test_init_random_and_config_roundtrip():

@@ -100,8 +100,11 @@ def _generate(rollout, prompts: Batch, params: SamplingParams, seed: int = 0) ->
 
 def test_greedy_matches_full_forward(rollout, prompts, naive):
     """head_dim 16 on this CPU: keys tokens-minor, values heads-major, unrounded, a buffer per
-    layer."""
-    assert CONFIG.kv_layout("cpu") == KVLayout(TOKENS_MINOR, HEADS_MAJOR, 1, per_layer=True)
+    layer, 16-bit values held in float32."""
+    cpu = KVLayout(TOKENS_MINOR, HEADS_MAJOR, 1, per_layer=True, float32_storage=True)
+    assert CONFIG.kv_layout("cpu") == cpu
+    assert cpu.storage_dtype(jnp.bfloat16) == np.float32
+    assert CONFIG.kv_layout("tpu").storage_dtype(jnp.bfloat16) == jnp.bfloat16
     assert rollout.cache_bytes(1, P, GREEDY) == (P + R - 1) * kv_bytes_per_token(
         CONFIG, jnp.float32, 1
     )
