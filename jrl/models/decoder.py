@@ -27,6 +27,10 @@ LAYER_INPUT = "decoder_layer_input"
 OFFLOAD_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
 
 
+# cos and sin [positions, head_dim // 2] by (base frequency, scaling) (`Decoder.position_tables`).
+RopeByPosition = dict[tuple[float, Any], tuple[jax.Array, jax.Array]]
+
+
 class KVCache(NamedTuple):
     """Keys and values, each a tuple of buffers [batch, max_len, num_kv_heads, head_dim] in the
     axis order `config.kv_layout` gives the platform: one buffer per layer, or one buffer
@@ -129,12 +133,14 @@ class Decoder(nnx.Module):
         visibility: Visibility,
         cache: KVCache | None = None,
         cache_offset: jax.Array | int = 0,
+        rope: RopeByPosition | None = None,
     ) -> tuple[jax.Array, KVCache | None]:
         """Final-normed hidden states [B, T, D] (and the updated cache when one is given).
 
         Without a cache, the keys are this chunk's tokens; with one, they are the cache slots, and
         this chunk's k/v are written at `cache_offset` first. `visibility` says which keys each
-        query sees.
+        query sees. The rotary tables come from `rope` (`position_tables`) where given, else
+        from the positions.
         """
         c = self.config
         x = self.embed_tokens(input_ids)
@@ -148,7 +154,11 @@ class Decoder(nnx.Module):
         for i, layer in enumerate(self.layers):
             rope_key = c.layer_rope(i)
             if rope_key not in ropes:
-                ropes[rope_key] = rope_tables(position_ids, rope_frequencies(c.head_dim, *rope_key))
+                ropes[rope_key] = (
+                    rope_tables(position_ids, rope_frequencies(c.head_dim, *rope_key))
+                    if rope is None
+                    else tuple(table[position_ids] for table in rope[rope_key])
+                )
             if cache is None:
                 x = constrain_activations(run_layer(layer, x, ropes[rope_key]))
                 continue
@@ -159,6 +169,18 @@ class Decoder(nnx.Module):
             v = layout.values.take(cache.v[buffer][index])
             x = layer.combine(x, q, k, v, visibility)
         return self.norm(x), cache
+
+    def position_tables(self, positions: int) -> RopeByPosition:
+        """cos and sin [positions, head_dim // 2] of positions 0 .. positions-1 for each rotary
+        embedding the layers use, to index by position (`rope`): a decode loop that takes them
+        from outside evaluates no cos or sin (XLA:CPU evaluated them anew in every layer's q and
+        k fusions, for every head: a tenth of a decode step of SmolLM2-135M)."""
+        c = self.config
+        every = jnp.arange(positions, dtype=jnp.int32)
+        return {
+            key: rope_tables(every, rope_frequencies(c.head_dim, *key))
+            for key in dict.fromkeys(c.layer_rope(i) for i in range(c.num_layers))
+        }
 
     def _layer_fn(
         self, visibility: Visibility
@@ -346,6 +368,7 @@ class CausalLM(_DecoderModel):
         cache_offset: jax.Array | int,
         kv_mask: jax.Array,
         slots: tuple[jax.Array, jax.Array] | None = None,
+        rope: RopeByPosition | None = None,
     ) -> tuple[jax.Array, KVCache]:
         """Runs a chunk [B, T] against the cache (prefill: offset 0; decode: T = 1).
 
@@ -358,7 +381,8 @@ class CausalLM(_DecoderModel):
         differ by less than sliding_window. Slots count tokens, so for rows whose valid tokens
         occupy consecutive slots (left padding, then generated tokens) the window spans the same
         positions as in the full forward.
-        Returns (final-normed hidden [B, T, D], updated cache).
+        `rope` gives the rotary tables by position (`Decoder.position_tables`, covering every
+        position of the chunk). Returns (final-normed hidden [B, T, D], updated cache).
         """
         offset = jnp.asarray(cache_offset, jnp.int32)
         valid = kv_mask.astype(jnp.bool_)
@@ -367,7 +391,7 @@ class CausalLM(_DecoderModel):
             visibility = Visibility(valid, queries, self_attention=False)
         else:
             visibility = Visibility(valid, slots[0], self_attention=False, kv_slots=slots[1])
-        return self.model(input_ids, position_ids, visibility, cache, offset)
+        return self.model(input_ids, position_ids, visibility, cache, offset, rope)
 
 
 class _ScoreModel(_DecoderModel):

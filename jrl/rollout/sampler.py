@@ -20,6 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from jrl.models import CausalLM, KVCache
+from jrl.models.decoder import RopeByPosition
 from jrl.models.kv_layout import AxisOrder, KVLayout
 from jrl.parallel import batch_axes
 from jrl.rollout.limits import SlotPlan
@@ -104,10 +105,10 @@ class _Slots(NamedTuple):
 
 
 def _decode_slots(
-    model: CausalLM, s: _Slots, prompt_length: int, ring: int
+    model: CausalLM, s: _Slots, prompt_length: int, ring: int, rope: RopeByPosition
 ) -> tuple[jax.Array, SlotCache]:
-    """One cached decode step of every slot, each writing the ring's shared column; hidden
-    [S, D]."""
+    """One cached decode step of every slot, each writing the ring's shared column, with the
+    rotary tables of every position it can reach (`rope`); hidden [S, D]."""
     ring_slot, ring_valid = ring_slots(s.decode_steps, s.step, prompt_length, ring)
     prompt_slot = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), s.prompt_mask.shape)
     columns = jnp.concatenate([prompt_slot, ring_slot], axis=1)
@@ -120,6 +121,7 @@ def _decode_slots(
         prompt_length + s.decode_steps % ring,
         kv_mask,
         slots=(query[:, None], columns),
+        rope=rope,
     )
     return hidden[:, 0], SlotCache(*cache)
 
@@ -159,6 +161,7 @@ def _generate_replica(
     rows, prompt_len = prompt_ids.shape
     slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
     ring = ring_length(prompt_len, params, layout)
+    rope = model.model.position_tables(prompt_len + steps)  # once, outside the decode loop
     shared = plan.shared_prefill
     prompt_mask = prompt_mask.astype(bool)
     real_rows = real_rows[0]
@@ -219,7 +222,7 @@ def _generate_replica(
 
     def decode(s: _Slots) -> _Slots:
         """One token for every slot; finished slots compute but write nothing."""
-        hidden, new_cache = _decode_slots(model, s, prompt_len, ring)
+        hidden, new_cache = _decode_slots(model, s, prompt_len, ring, rope)
         keys = row_keys(rng, row_ids[jnp.minimum(s.row, rows - 1)], s.step)
         token, logp = select_tokens(model.logits(hidden), keys, params)
         out_row = jnp.where(s.active, s.row, rows)
