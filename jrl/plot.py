@@ -49,14 +49,18 @@ FIGURES = (
 Series = dict[str, list[tuple[int, float]]]
 
 
-def read_metrics(path: Path) -> Series:
-    """Each metric's (step, value) points from a metrics JSON-lines file, sorted by step; a
-    step's last row wins. Non-finite values (written as text) are kept as NaN."""
+def read_metrics(path: Path, start: int = 0) -> Series:
+    """Each metric's (step, value) points from a metrics JSON-lines file, from byte `start` on
+    (where one run began appending), sorted by step; a step's last row wins. Non-finite values
+    (written as text) are kept as NaN."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no metrics file; train with this run directory first")
     by_step: dict[int, dict[str, float]] = {}
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    content = path.read_bytes()
+    before = content[:start].count(b"\n")
+    lines = content[start:].decode("utf-8").splitlines()
+    for number, line in enumerate(lines, before + 1):
         if not line.strip():
             continue
         try:
@@ -110,12 +114,15 @@ def plot_after_training(run_dir: str | Path) -> list[Path]:
     return paths
 
 
-def validation_summary(run_dir: str | Path, seconds: float, plots: list[Path]) -> str | None:
+def validation_summary(
+    run_dir: str | Path, seconds: float, plots: list[Path], start: int = 0
+) -> str | None:
     """'val reward 0.22 -> 0.38 in 8 steps, 7m41s; plot: RUN_DIR/plots/validation.png' from the
-    run's metrics: the first ``val-core/.../mean@N`` score (the first data source by name) at its
-    first and last validation. None without a metrics file or without two validations."""
+    metrics this run appended from byte `start` on (an earlier run in the same folder wrote
+    the rows before): the first ``val-core/.../mean@N`` score (the first data source by name)
+    at its first and last validation. None without a metrics file or without two validations."""
     try:
-        series = read_metrics(Path(run_dir) / METRICS_FILE)
+        series = read_metrics(Path(run_dir) / METRICS_FILE, start)
     except (FileNotFoundError, ValueError):
         return None
     scores = sorted(k for k in series if k.startswith("val-core/") and "/mean@" in k)

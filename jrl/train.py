@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -65,6 +66,7 @@ from jrl.runspec.effects import no_effect_notice
 from jrl.runspec.explain import explain
 from jrl.runspec.rollout import rollout_spec
 from jrl.runspec.spec import resolve_run
+from jrl.trainer.io.tracking import METRICS_FILE
 from jrl.trainer.loop.stopping import NonFiniteLossError
 from jrl.trainer.ppo.trainer import PPOTrainer
 
@@ -92,6 +94,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     prepare_for(config)
 
     start = time.perf_counter()
+    metrics_file = Path(run.logging.run_dir) / METRICS_FILE
+    written_before = metrics_file.stat().st_size if metrics_file.is_file() else 0
     trainer = PPOTrainer(run)
     print(trainer.describe(), flush=True)
     devices = list(trainer.actor.mesh.devices.flat)
@@ -107,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             plots = plot_after_training(run.logging.run_dir)
     print(f"jrl: training finished in {time.perf_counter() - start:.1f}s", flush=True)
     seconds = time.perf_counter() - began  # assets and set-up included
-    summary = validation_summary(run.logging.run_dir, seconds, plots)
+    summary = validation_summary(run.logging.run_dir, seconds, plots, written_before)
     if summary and distributed.is_primary():
         print(f"jrl: {summary}", flush=True)
     return metrics

@@ -141,6 +141,24 @@ def test_validation_summary_gives_first_and_last_score_steps_time_and_plot(tmp_p
     )
 
 
+def test_validation_summary_reads_only_the_rows_this_run_appended(tmp_path):
+    """An earlier run left two validations in the folder; this run (validation off) appended
+    its training rows at the same steps: no summary, not the earlier run's."""
+    val = "val-core/jrl/digits/reward/mean@1"
+    _write(tmp_path, [(0, {val: 0.2}), _train_row(1), (1, {val: 0.6})])
+    start = (tmp_path / plot.METRICS_FILE).stat().st_size
+    assert (
+        plot.validation_summary(tmp_path, 10.0, []) == "val reward 0.20 -> 0.60 in 1 steps, 0m10s"
+    )
+    with open(tmp_path / plot.METRICS_FILE, "a", encoding="utf-8") as out:
+        for step in (1, 2):
+            out.write(json.dumps({"step": step, "data": _train_row(step)[1]}) + "\n")
+    assert plot.validation_summary(tmp_path, 10.0, [], start) is None
+    series = plot.read_metrics(tmp_path / plot.METRICS_FILE, start)
+    assert not any(key.startswith("val-core/") for key in series)
+    assert [step for step, _ in series["critic/score/mean"]] == [1, 2]
+
+
 def test_validation_summary_needs_two_validations(tmp_path):
     _write(tmp_path, [(0, {"val-core/jrl/digits/reward/mean@1": 0.5}), _train_row(1)])
     assert plot.validation_summary(tmp_path, 10.0, []) is None
