@@ -12,6 +12,7 @@ from reference import SHAPE, randomise, torch_logits
 from safetensors.numpy import load_file, save_file
 
 import jrl.models.decoder as decoder_module
+import jrl.models.dtypes as dtypes_module
 from jrl.models import (
     CausalLM,
     ModelConfig,
@@ -173,7 +174,7 @@ def test_bf16_compute_keeps_float32_logits_and_cache_dtype(llama_dir, batch):
         np.testing.assert_array_equal(x, x.astype(jnp.bfloat16).astype(jnp.float32))
 
 
-def test_bf16_linear_on_cpu_accumulates_in_float32_and_rounds_once():
+def test_bf16_linear_on_cpu_accumulates_in_float32_and_rounds_once(monkeypatch):
     """On a CPU a bf16 layer asks for the float32 product and rounds it once (XLA:CPU runs that
     on AMX; a bf16-output dot ran 6x slower); the bias is added in bf16 afterwards."""
     layer = dense(
@@ -198,6 +199,12 @@ def test_bf16_linear_on_cpu_accumulates_in_float32_and_rounds_once():
         jnp.bfloat16
     )
     np.testing.assert_allclose(y, np.asarray(rounded.astype(jnp.float32)), rtol=2**-7, atol=2**-7)
+    # Traced for a TPU (or GPU), the product stays bf16: a float32 result would make the
+    # backward pass multiply in float32 there.
+    monkeypatch.setattr(dtypes_module, "mesh_platform", lambda: "tpu")
+    text = jax.jit(lambda x: layer(x)).lower(x).as_text()
+    products = [line for line in text.splitlines() if "stablehlo.dot_general" in line]
+    assert len(products) == 1 and products[0].endswith("-> tensor<4x32xbf16>")
 
 
 def test_init_random_and_config_roundtrip():

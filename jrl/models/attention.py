@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from jrl.models.dtypes import product_dtype
 from jrl.parallel.devices import mesh_platform
 from jrl.parallel.mesh import (
     SEQUENCE_AXIS,
@@ -125,7 +126,7 @@ def eager_attention(
     scores = jnp.where(mask[:, None, :, None, :], scores, MASKED_SCORE)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
     out = jax.lax.dot_general(  # [B, K, T, G, D]
-        probs, v, (((4,), (1,)), ((0, 1), (0, 2))), preferred_element_type=jnp.float32
+        probs, v, (((4,), (1,)), ((0, 1), (0, 2))), preferred_element_type=product_dtype()
     )
     return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d).astype(q.dtype)
 
