@@ -49,11 +49,8 @@ if TYPE_CHECKING:  # annotations only: the layout is plain data, read without ja
 
 TPU_LANES = 128
 TPU_SUBLANES = 16  # of a bf16 tile
-BATCH, TOKENS, KV_HEADS, HEAD_DIM = range(4)
-HALF_FLOATS = (
-    np.dtype(ml_dtypes.bfloat16),
-    np.dtype(np.float16),
-)  # the logical axes of a layer's keys or values
+BATCH, TOKENS, KV_HEADS, HEAD_DIM = range(4)  # the logical axes of a layer's keys or values
+HALF_FLOATS = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))  # `float32_storage` widens
 
 
 @dataclasses.dataclass(frozen=True)
