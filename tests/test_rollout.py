@@ -11,6 +11,7 @@ from helpers import left_padded_prompts, tiny_llama, tiny_rollout_spec
 
 from jrl.batch import Batch
 from jrl.models import init_random
+from jrl.models.dtypes import cache_dtype
 from jrl.models.kv_layout import HEADS_MAJOR, TOKENS_MAJOR, TOKENS_MINOR, KVLayout
 from jrl.rollout import EngineLimits, JaxRollout, SamplingParams, make_rollout, sampling_params
 from jrl.rollout.limits import kv_bytes_per_token
@@ -103,8 +104,8 @@ def test_greedy_matches_full_forward(rollout, prompts, naive):
     layer, 16-bit values held in float32."""
     cpu = KVLayout(TOKENS_MINOR, HEADS_MAJOR, 1, per_layer=True, float32_storage=True)
     assert CONFIG.kv_layout("cpu") == cpu
-    assert cpu.storage_dtype(jnp.bfloat16) == np.float32
-    assert CONFIG.kv_layout("tpu").storage_dtype(jnp.bfloat16) == jnp.bfloat16
+    assert cache_dtype(cpu, jnp.bfloat16) == cache_dtype(cpu, jnp.float32) == np.float32
+    assert cache_dtype(CONFIG.kv_layout("tpu"), jnp.bfloat16) == jnp.bfloat16
     assert rollout.cache_bytes(1, P, GREEDY) == (P + R - 1) * kv_bytes_per_token(
         CONFIG, jnp.float32, 1
     )

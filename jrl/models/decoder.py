@@ -15,6 +15,7 @@ from jax.ad_checkpoint import Recompute, checkpoint_name
 
 from jrl.models.attention import Visibility
 from jrl.models.config import ModelConfig
+from jrl.models.dtypes import cache_dtype
 from jrl.models.kv_layout import AxisOrder, KVLayout
 from jrl.models.layers import DecoderLayer, RMSNorm, dense, rope_frequencies, rope_tables
 from jrl.parallel.devices import mesh_platform
@@ -353,11 +354,11 @@ class CausalLM(_DecoderModel):
 
     def init_cache(self, batch_size: int, max_len: int, dtype: Any = None) -> KVCache:
         """An all-zero KV cache for values in the compute dtype unless `dtype` is given, held as
-        `KVLayout.storage_dtype` says."""
+        `cache_dtype` says."""
         c = self.config
         layout = c.kv_layout(mesh_platform())
         shapes = layout.shapes(c.num_layers, batch_size, max_len, c.num_kv_heads, c.head_dim)
-        dtype = layout.storage_dtype(dtype or self.dtype)
+        dtype = cache_dtype(layout, dtype or self.dtype)
         return KVCache(*(tuple(jnp.zeros(shape, dtype) for shape in part) for part in shapes))
 
     def forward_cached(

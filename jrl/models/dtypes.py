@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax.numpy as jnp
 
 from jrl.parallel.devices import mesh_platform
+
+if TYPE_CHECKING:
+    from jrl.models.kv_layout import KVLayout
 
 DTYPES = {
     "float32": jnp.float32,
@@ -31,3 +34,11 @@ def product_dtype() -> Any:
     [128, 576] @ [576, 1536]: 1384 against 221 GFLOP/s). Elsewhere a float32 result would make
     the backward pass multiply in float32."""
     return jnp.float32 if mesh_platform() == "cpu" else None
+
+
+def cache_dtype(layout: KVLayout, dtype: Any) -> jnp.dtype:
+    """The KV cache buffers' dtype for values computed in `dtype`: float32 for a 16-bit float
+    where `layout.float32_storage` (the same values, held wider), else `dtype`."""
+    dtype = jnp.dtype(dtype)
+    half = dtype.itemsize == 2 and jnp.issubdtype(dtype, jnp.floating)
+    return jnp.dtype(jnp.float32) if layout.float32_storage and half else dtype

@@ -39,10 +39,7 @@ rollout program (`jrl.compile`'s figures, 1 / 2 decoder layers):
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
-
-import ml_dtypes
-import numpy as np
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # annotations only: the layout is plain data, read without jax (ModelConfig)
     import jax
@@ -50,7 +47,6 @@ if TYPE_CHECKING:  # annotations only: the layout is plain data, read without ja
 TPU_LANES = 128
 TPU_SUBLANES = 16  # of a bf16 tile
 BATCH, TOKENS, KV_HEADS, HEAD_DIM = range(4)  # the logical axes of a layer's keys or values
-HALF_FLOATS = (np.dtype(ml_dtypes.bfloat16), np.dtype(np.float16))  # `float32_storage` widens
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,7 +101,7 @@ class KVLayout:
     token_multiple: int = 1
     per_layer: bool = False
     # Whether the values of a 16-bit float model are held in float32 (unchanged: a bfloat16 is
-    # exact in float32). See the module docstring.
+    # exact in float32; `jrl.models.dtypes.cache_dtype`). See the module docstring.
     float32_storage: bool = False
 
     @classmethod
@@ -117,11 +113,6 @@ class KVLayout:
         if head_dim % TPU_LANES == 0:
             return cls(HEADS_MAJOR, HEADS_MAJOR, token_multiple=TPU_SUBLANES)
         return cls(TOKENS_MAJOR, TOKENS_MAJOR)
-
-    def storage_dtype(self, dtype: Any) -> np.dtype:
-        """The buffers' dtype for values computed in `dtype`."""
-        dtype = np.dtype(dtype)
-        return np.dtype(np.float32) if self.float32_storage and dtype in HALF_FLOATS else dtype
 
     @property
     def orders(self) -> tuple[AxisOrder, AxisOrder]:

@@ -16,6 +16,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from jrl.batch import Batch
 from jrl.models import CausalLM
+from jrl.models.dtypes import cache_dtype
 from jrl.parallel import (
     ROLLOUT_RULES,
     agreed_minimum,
@@ -263,9 +264,9 @@ class JaxRollout:
         return {k: v[real] for k, v in out.items()}
 
     @property
-    def _cache_dtype(self) -> np.dtype:
-        """The cache buffers' dtype (`KVLayout.storage_dtype` of the compute dtype)."""
-        return self._kv_layout.storage_dtype(self.dtype)
+    def _cache_dtype(self) -> jnp.dtype:
+        """The cache buffers' dtype (`cache_dtype` of the compute dtype)."""
+        return cache_dtype(self._kv_layout, self.dtype)
 
     def _take_cache(self, shapes: CacheShapes) -> SlotCache:
         """The kept cache when its buffers' shapes fit this call, else a new zeroed one."""
