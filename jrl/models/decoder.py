@@ -328,20 +328,24 @@ class CausalLM(_DecoderModel):
         """Logits [B, T, V] in float32."""
         return self.logits(self.hidden(input_ids, attention_mask, position_ids))
 
+    def _output_projection(self) -> tuple[jax.Array, int]:
+        """(the output projection as stored, its axis of D): the embedding [V, D] when tied,
+        else `lm_head`'s kernel [D, V]."""
+        if self.lm_head is None:
+            return self.model.embed_tokens.embedding[...], 1
+        return self.lm_head.kernel[...], 0
+
     def lm_head_kernel(self) -> jax.Array:
         """The output projection [D, V] (the embedding transposed when tied)."""
-        if self.lm_head is None:
-            return self.model.embed_tokens.embedding[...].T
-        return self.lm_head.kernel[...]
+        kernel, contracted = self._output_projection()
+        return kernel.T if contracted else kernel
 
     def logits(self, hidden: jax.Array) -> jax.Array:
         """Projects hidden states [..., D] to float32 logits [..., V] (soft-capped to
-        c * tanh(logits / c) when the config sets final_logit_softcapping c)."""
-        if self.lm_head is None:  # tied: contract with the embedding [V, D] as it lies
-            kernel, contracted = self.model.embed_tokens.embedding[...], 1
-        else:
-            kernel, contracted = self.lm_head.kernel[...], 0
-        # (A transposed embedding made XLA:CPU copy it, in float32, at every decode step.)
+        c * tanh(logits / c) when the config sets final_logit_softcapping c). The projection
+        is contracted as it lies: a transposed embedding made XLA:CPU copy it, in float32, at
+        every decode step."""
+        kernel, contracted = self._output_projection()
         dims = (((hidden.ndim - 1,), (contracted,)), ((), ()))
         logits = jax.lax.dot_general(
             hidden.astype(self.dtype),

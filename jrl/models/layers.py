@@ -91,13 +91,13 @@ class Linear(nnx.Linear):
     def _project(self, inputs: jax.Array) -> jax.Array:
         """x @ W + b; a 16-bit product takes `product_dtype` and is rounded afterwards, then
         the bias is added."""
-        dtype = jnp.dtype(self.dtype or inputs.dtype)
-        if dtype.itemsize != 2 or product_dtype() is None:
+        dtype, wide = jnp.dtype(self.dtype or inputs.dtype), product_dtype()
+        if dtype.itemsize != 2 or wide is None:
             return super().__call__(inputs)
         kernel = self.kernel[...].astype(dtype)
         contract = (((inputs.ndim - 1,), (0,)), ((), ()))
         y = jax.lax.dot_general(
-            inputs.astype(dtype), kernel, contract, preferred_element_type=product_dtype()
+            inputs.astype(dtype), kernel, contract, preferred_element_type=wide
         ).astype(dtype)
         return y if self.bias is None else y + self.bias[...].astype(dtype)
 
