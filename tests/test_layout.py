@@ -2,10 +2,10 @@
 each other.
 
 Layers, lowest first: kernels, the batch type, the key tree (config) and the lazy package exports
-(lazy) <- parallel <- models <- data <- algos / optim / rollout / reward <- assets <- the resolver
-(runspec) <- trainer <- what the entry points share (plots, the compilation cache, the TPU
-planner) <- entry points (the ``python -m`` commands); inside the trainer, update <- io / roles <-
-loop <- ppo / sft. A module may import its own package and the layers below it, never a sibling
+(lazy) <- parallel <- models <- data <- algos / optim / rollout / reward <- agent <- assets <- the
+resolver (runspec) <- trainer <- what the entry points share (plots, the compilation cache, the
+TPU planner) <- entry points (the ``python -m`` commands); inside the trainer, update <- io /
+roles <- loop <- ppo / sft. A module may import its own package and the layers below it, never a sibling
 of its layer or anything above.
 """
 
@@ -25,6 +25,7 @@ LAYERS = (
     ("jrl.models",),
     ("jrl.data",),
     ("jrl.algos", "jrl.optim", "jrl.rollout", "jrl.reward"),
+    ("jrl.agent",),
     ("jrl.assets",),
     ("jrl.runspec",),
     ("jrl.trainer",),

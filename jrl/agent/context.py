@@ -1,0 +1,58 @@
+"""`AgentContext`: what every trajectory of a run shares, built once per rollout: the settings,
+the tokenizer and its chat-template options, the tools and their schemas, the interactions, and
+the gate user calls go through."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from jrl.agent.calls import CallGate
+from jrl.agent.interactions import BaseInteraction, load_interactions
+from jrl.agent.loop import register_from_file
+from jrl.agent.settings import AgentSettings
+from jrl.agent.tools.base import BaseTool
+from jrl.agent.tools.registry import load_tools
+
+
+@dataclasses.dataclass
+class AgentContext:
+    settings: AgentSettings
+    tokenizer: Any
+    chat_template_kwargs: Mapping[str, Any]
+    tools: dict[str, BaseTool]
+    interactions: dict[str, BaseInteraction]
+    gate: CallGate
+
+    @property
+    def default_loop(self) -> str:
+        return self.settings.default_agent_loop
+
+    @property
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        return [tool.tool_schema for tool in self.tools.values()]
+
+    @classmethod
+    def build(
+        cls,
+        settings: AgentSettings,
+        tokenizer: Any,
+        chat_template_kwargs: Mapping[str, Any] | None = None,
+    ) -> AgentContext:
+        """Loads the settings' loop, tool and interaction files (each error names its key)."""
+        if settings.agent_loop_config_path:
+            register_from_file(settings.agent_loop_config_path)
+        interactions = (
+            load_interactions(settings.interaction_config_path)
+            if settings.interaction_config_path
+            else {}
+        )
+        return cls(
+            settings,
+            tokenizer,
+            dict(chat_template_kwargs or {}),
+            load_tools(settings.tool_config_path, settings.function_tool_path),
+            interactions,
+            CallGate(settings.num_workers, settings.tool_timeout),
+        )

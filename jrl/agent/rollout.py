@@ -1,0 +1,161 @@
+"""`AgentRollout`: the `Rollout` of a multi-turn run. It wraps an engine (the JAX sampler or
+vLLM), runs one agent loop per response row (the row's ``agent_name``, else the default), and
+returns verl's rollout batch with the loops' response masks: 1 on the model's tokens, 0 on the
+tool and user turns between them."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import jax
+import numpy as np
+from flax import nnx
+
+from jrl.agent.context import AgentContext
+from jrl.agent.loop import AgentLoopOutput, TrainerConfig, agent_loop_class
+from jrl.agent.metrics import agent_metrics
+from jrl.agent.server import ROW, TurnServer
+from jrl.batch import Batch
+from jrl.data.prompts import left_pad, position_ids_from_mask
+from jrl.rollout.protocol import Rollout
+from jrl.rollout.sampling import SamplingParams
+
+
+def sampling_dict(sampling: SamplingParams) -> dict[str, Any]:
+    """verl's ``sampling_params`` argument of ``AgentLoopBase.run``."""
+    return {
+        "temperature": sampling.temperature if sampling.do_sample else 0.0,
+        "top_p": sampling.top_p,
+        "top_k": sampling.top_k,
+        "logprobs": sampling.calculate_log_probs,
+    }
+
+
+def row_fields(prompts: Batch, row: int) -> dict[str, Any]:
+    """The dataset fields of prompt `row` as verl hands them to ``run``: its meta, with
+    ``tools_kwargs`` and ``interaction_kwargs`` lifted from ``extra_info``."""
+    fields = {key: values[row] for key, values in prompts.meta.items()}
+    extra = fields.get("extra_info") or {}
+    if isinstance(extra, Mapping):
+        fields.setdefault("tools_kwargs", extra.get("tools_kwargs") or {})
+        fields.setdefault("interaction_kwargs", extra.get("interaction_kwargs") or {})
+    return fields
+
+
+class AgentRollout:
+    """`Rollout` over `engine`, the trajectories' shapes bounded by the engine's response
+    length (the whole multi-turn response) and `context` (settings, tools, interactions)."""
+
+    def __init__(self, engine: Rollout, context: AgentContext, trainer_config: Mapping[str, Any]):
+        self.engine, self.context = engine, context
+        self.trainer_config = TrainerConfig(trainer_config)
+        self._stats: dict[str, float] = {}
+
+    @property
+    def response_length(self) -> int:
+        return self.engine.response_length
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.engine.pad_token_id
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.engine.eos_token_ids
+
+    @property
+    def stats(self) -> dict[str, float]:
+        return dict(self._stats)
+
+    def update_weights(self, params: nnx.State) -> None:
+        self.engine.update_weights(params)
+
+    def release(self) -> None:
+        self.engine.release()
+
+    def resume(self) -> None:
+        self.engine.resume()
+
+    def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
+        """`sampling.n` trajectories per prompt (rows interleaved), each by its row's loop."""
+        server = TurnServer(self.engine, prompts, sampling, key, sampling.n)
+        outputs = asyncio.run(self._run_all(prompts, sampling, server))
+        batch = self._batch(prompts.repeat(sampling.n, interleave=True), outputs)
+        self._stats = {
+            **self.engine.stats,
+            **agent_metrics(outputs, self.response_length),
+            "agent/rounds": float(server.rounds),
+            "agent/prefill_tokens": float(server.tokens_prefilled),
+        }
+        return batch
+
+    async def _run_all(
+        self, prompts: Batch, sampling: SamplingParams, server: TurnServer
+    ) -> list[AgentLoopOutput]:
+        """Every row's loop as a task; a round is flushed once every unfinished task waits."""
+        params = sampling_dict(sampling)
+        tasks = []
+        for row in range(server.rows):
+            fields = row_fields(prompts, row // sampling.n)
+            loop = agent_loop_class(str(fields.get("agent_name") or self.context.default_loop))
+            ROW.set(row)
+            tasks.append(asyncio.create_task(self._run_row(loop, params, fields, server)))
+        pending = set(tasks)
+        while pending:
+            while pending and len(server.waiting) < len(pending):
+                server.arrived.clear()
+                arrival = asyncio.create_task(server.arrived.wait())
+                done, _ = await asyncio.wait(
+                    pending | {arrival}, return_when=asyncio.FIRST_COMPLETED
+                )
+                arrival.cancel()
+                pending -= done
+                for task in done & set(tasks):
+                    task.result()  # a loop's own bug stops the rollout, naming it
+            if server.waiting:
+                server.flush()
+        return [task.result() for task in tasks]
+
+    async def _run_row(
+        self, loop: type, params: dict[str, Any], fields: dict[str, Any], server: TurnServer
+    ) -> AgentLoopOutput:
+        agent = loop(self.trainer_config, server, self.context.tokenizer, context=self.context)
+        return await agent.run(dict(params), request_id=uuid.uuid4().hex, **fields)
+
+    def _batch(self, prompts: Batch, outputs: list[AgentLoopOutput]) -> Batch:
+        """verl's rollout tensors of the trajectories: prompts left-padded to the batch's width
+        (wider when a loop's prompt is longer), responses right-padded to the response length."""
+        widest = max(len(o.prompt_ids) for o in outputs)
+        width = max(np.asarray(prompts["input_ids"]).shape[1], widest)
+        length, pad = self.response_length, self.pad_token_id
+        prompt_ids, prompt_mask = map(
+            np.asarray, zip(*(left_pad(o.prompt_ids, width, pad) for o in outputs), strict=True)
+        )
+        responses = np.full((len(outputs), length), pad, np.int32)
+        response_mask = np.zeros((len(outputs), length), np.int32)
+        present = np.zeros((len(outputs), length), np.int32)
+        log_probs = np.zeros((len(outputs), length), np.float32)
+        for i, out in enumerate(outputs):
+            n = min(len(out.response_ids), length)
+            responses[i, :n] = out.response_ids[:n]
+            response_mask[i, :n] = out.response_mask[:n]
+            present[i, :n] = 1
+            if out.response_logprobs is not None:
+                log_probs[i, :n] = out.response_logprobs[:n]
+        positions = position_ids_from_mask(prompt_mask)
+        steps = np.arange(1, length + 1, dtype=positions.dtype)
+        tensors = {
+            "prompts": prompt_ids,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": np.concatenate([prompt_ids, responses], axis=1),
+            "attention_mask": np.concatenate([prompt_mask, present], axis=1),
+            "position_ids": np.concatenate([positions, positions[:, -1:] + steps], axis=1),
+        }
+        if any(o.response_logprobs is not None for o in outputs):
+            tensors["rollout_log_probs"] = log_probs * response_mask
+        turns = np.asarray([o.num_turns for o in outputs], np.int32)
+        return Batch(tensors, meta=prompts.meta).union(Batch(meta={"num_turns": turns}))

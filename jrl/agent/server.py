@@ -1,0 +1,129 @@
+"""`TurnServer`: the ``server_manager`` agent loops call. Every trajectory runs as a task; once
+each unfinished task waits for a turn, the server samples all their turns in one engine call
+(a "round"), so turns of many rows share the engine's batch."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jrl.agent.loop import TokenOutput
+from jrl.batch import Batch
+from jrl.data.prompts import left_pad, position_ids_from_mask
+from jrl.rollout.protocol import Rollout
+from jrl.rollout.sampling import SamplingParams
+
+# The row whose trajectory the current task runs (set by the driver per task).
+ROW: contextvars.ContextVar[int] = contextvars.ContextVar("jrl_agent_row")
+
+
+@dataclasses.dataclass
+class _Turn:
+    row: int
+    prompt_ids: list[int]
+    max_tokens: int
+    answer: asyncio.Future
+
+
+def _bucket(tokens: int, cap: int) -> int:
+    """The power of two >= `tokens`, at most `cap` (few distinct shapes, few compilations)."""
+    return min(cap, 1 << max(tokens - 1, 0).bit_length())
+
+
+class TurnServer:
+    """Samples turns with `engine` and the call's `sampling` (``n`` answers per prompt of the
+    call's batch: `group` consecutive rows share a prompt). Round 0, when every row asks with its
+    group's shared prompt and the whole response budget, is the very call a single-turn rollout
+    makes (`prompts` as given, `key`, n answers per prompt); round k > 0 samples each waiting
+    row once with ``fold_in(key, k)``. `response_budget` [rows] is what each row may still
+    generate; a turn gets the least of it and the engine's response length."""
+
+    def __init__(
+        self, engine: Rollout, prompts: Batch, sampling: SamplingParams, key: jax.Array, group: int
+    ):
+        self.engine, self.prompts, self.sampling, self.key = engine, prompts, sampling, key
+        self.group = group
+        self.rows = len(prompts) * group
+        self.waiting: list[_Turn] = []
+        self.arrived = asyncio.Event()
+        self.rounds = 0
+        self.tokens_prefilled = 0
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None = None,
+        image_data: Any = None,
+        max_tokens: int | None = None,
+    ) -> TokenOutput:
+        """One turn after `prompt_ids`: at most `max_tokens` (else the response length) tokens,
+        ending with EOS or at the limit."""
+        if image_data is not None:
+            raise ValueError("jrl's models are text-only: a turn cannot carry images")
+        limit = self.engine.response_length if max_tokens is None else max_tokens
+        answer = asyncio.get_running_loop().create_future()
+        self.waiting.append(_Turn(ROW.get(), list(prompt_ids), max(1, int(limit)), answer))
+        self.arrived.set()
+        return await answer
+
+    def flush(self) -> None:
+        """Sample every waiting turn (one engine call) and answer each."""
+        turns = sorted(self.waiting, key=lambda t: t.row)
+        self.waiting = []
+        shared = self._shared_round(turns)
+        if shared is not None:
+            prompts, sampling, key = shared
+        else:
+            prompts = self._batch([t.prompt_ids for t in turns])
+            longest = max(t.max_tokens for t in turns)
+            tokens = _bucket(longest, self.engine.response_length)
+            sampling = dataclasses.replace(self.sampling, n=1, max_new_tokens=tokens)
+            key = jax.random.fold_in(self.key, self.rounds)
+        self.tokens_prefilled += int(np.asarray(prompts["attention_mask"]).sum())
+        out = self.engine.generate(prompts, sampling, key)
+        self.rounds += 1
+        responses = np.asarray(out["responses"])
+        lengths = np.asarray(out["response_mask"]).sum(-1)
+        log_probs = out.tensors.get("rollout_log_probs")
+        log_probs = None if log_probs is None else np.asarray(log_probs)
+        for i, turn in enumerate(turns):
+            keep = min(int(lengths[i]), turn.max_tokens)
+            ids = responses[i, :keep].tolist()
+            probs = None if log_probs is None else log_probs[i, :keep].tolist()
+            turn.answer.set_result(TokenOutput(ids, probs))
+
+    def _shared_round(self, turns: list[_Turn]) -> tuple[Batch, SamplingParams, jax.Array] | None:
+        """Round 0's call when it can be the single-turn call: every row waits, asking for the
+        whole budget with its group's prompt as the batch holds it."""
+        if self.rounds or len(turns) != self.rows:
+            return None
+        full = self.engine.response_length
+        ids = np.asarray(self.prompts["input_ids"])
+        mask = np.asarray(self.prompts["attention_mask"]).astype(bool)
+        for turn in turns:
+            own = ids[turn.row // self.group][mask[turn.row // self.group]].tolist()
+            if turn.max_tokens < full or turn.prompt_ids != own:
+                return None
+        return self.prompts, dataclasses.replace(self.sampling, n=self.group), self.key
+
+    def _batch(self, prompts: list[list[int]]) -> Batch:
+        """Left-padded prompt tensors, at least as wide as the call's prompts."""
+        width = max(np.asarray(self.prompts["input_ids"]).shape[1], *map(len, prompts))
+        pad = self.engine.pad_token_id
+        ids, mask = zip(*(left_pad(p, width, pad) for p in prompts), strict=True)
+        mask = np.asarray(mask, np.int32)
+        return Batch(
+            {
+                "input_ids": np.asarray(ids, np.int32),
+                "attention_mask": mask,
+                "position_ids": np.asarray([position_ids_from_mask(m) for m in mask], np.int32),
+            }
+        )

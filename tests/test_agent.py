@@ -1,0 +1,347 @@
+"""Agent loops (`jrl.agent`): ``single_turn_agent`` is today's rollout exactly; ``tool_agent``'s
+turns, masks and token deltas; tools, interactions and the containment of user code.
+
+A random model never writes a tool call, so the tool-loop tests drive `AgentRollout` with
+`ScriptedEngine`, a stand-in for a model that answers each turn with given text; everything
+else (server, loops, tools, chat template, SmolLM2's real tokenizer) is jrl's real code."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import time
+
+import jax
+import numpy as np
+import pytest
+from fake_vllm import TINY_PROMPTS, prompt_batch
+from helpers import TINY_LLAMA
+
+from jrl.agent import AgentContext, AgentRollout, AgentSettings, BaseTool, ToolResponse
+from jrl.agent.parser import parse_hermes
+from jrl.agent.tool_agent import truncate_text
+from jrl.agent.tools.calculator import evaluate
+from jrl.agent.tools.sandbox import run_python
+from jrl.batch import Batch
+from jrl.models import init_random
+from jrl.rollout import JaxRollout, SamplingParams
+
+
+def with_prompt_ids(prompts: Batch) -> Batch:
+    ids, mask = np.asarray(prompts["input_ids"]), np.asarray(prompts["attention_mask"])
+    raw = np.empty(len(ids), object)
+    raw[:] = [row[m.astype(bool)].tolist() for row, m in zip(ids, mask, strict=True)]
+    return prompts.union(Batch(meta={"raw_prompt_ids": raw}))
+
+
+def test_single_turn_agent_is_todays_rollout_exactly():
+    engine = JaxRollout(init_random(TINY_LLAMA, seed=3), response_length=8, pad_token_id=0,
+                        eos_token_ids=1)  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=8, eos_token_ids=(1,), pad_token_id=0, n=2,
+                              calculate_log_probs=True)  # fmt: skip
+    prompts = with_prompt_ids(prompt_batch(*TINY_PROMPTS))
+    key = jax.random.key(5)
+    today = engine.generate(prompts, sampling, key).to_numpy()
+    context = AgentContext.build(AgentSettings(), tokenizer=None)
+    agent = AgentRollout(engine, context, {})
+    ours = agent.generate(prompts, sampling, key)
+    assert set(today.tensors) == set(ours.tensors)
+    for name, value in today.tensors.items():
+        np.testing.assert_array_equal(np.asarray(ours[name]), value, err_msg=name)
+    assert agent.stats["agent/rounds"] == 1
+    assert agent.stats["agent/num_turns/mean"] == 2
+
+
+# -- the tool loop, driven by scripted turns ------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from jrl.assets import smollm2_folder
+    from jrl.data.tokenizer import load_tokenizer
+
+    return load_tokenizer(str(smollm2_folder()))
+
+
+class ScriptedEngine:
+    """Stand-in for a model: row r's k-th turn is `script[r][k]` tokenised plus EOS (cut at the
+    call's max_new_tokens); it records each call's prompts."""
+
+    def __init__(self, tokenizer, script, response_length=160):
+        self.tokenizer, self.script = tokenizer, script
+        self.response_length, self.pad_token_id = response_length, tokenizer.pad_token_id
+        self.eos_token_ids = (tokenizer.eos_token_id,)
+        self.stats, self.calls, self.turn = {}, [], {}
+
+    def generate(self, prompts, sampling, key):
+        ids = np.asarray(prompts["input_ids"]).repeat(sampling.n, 0)
+        mask = np.asarray(prompts["attention_mask"]).repeat(sampling.n, 0).astype(bool)
+        contexts = [row[m].tolist() for row, m in zip(ids, mask, strict=True)]
+        self.calls.append(contexts)
+        responses = np.full((len(ids), self.response_length), self.pad_token_id, np.int32)
+        response_mask = np.zeros_like(responses)
+        for i, context in enumerate(contexts):
+            row = self.row_of(context)
+            k = self.turn.get(row, 0)
+            self.turn[row] = k + 1
+            text = self.script[row][min(k, len(self.script[row]) - 1)]
+            tokens = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+            tokens = [*tokens, self.eos_token_ids[0]][: sampling.max_new_tokens]
+            responses[i, : len(tokens)] = tokens
+            response_mask[i, : len(tokens)] = 1
+        return Batch({"responses": responses, "response_mask": response_mask})
+
+    def row_of(self, context):
+        for row, first in enumerate(self.first_prompts):
+            if context[: len(first)] == first:
+                return row
+        raise AssertionError("a turn of an unknown row")
+
+
+CALL = '<tool_call>{{"name": "{name}", "arguments": {arguments}}}</tool_call>'
+
+
+def tool_call(name: str, **arguments) -> str:
+    import json
+
+    return CALL.format(name=name, arguments=json.dumps(arguments))
+
+
+def run_tool_agent(tokenizer, questions, script, tools=(), settings=None, **build):
+    """`AgentRollout` over a `ScriptedEngine`, one row per question, ``tool_agent``."""
+    settings = settings or AgentSettings(default_agent_loop="tool_agent")
+    context = AgentContext.build(settings, tokenizer, **build)
+    context.tools.update({tool.name: tool for tool in tools})
+    engine = ScriptedEngine(tokenizer, script)
+    messages = np.empty(len(questions), object)
+    messages[:] = [[{"role": "user", "content": q}] for q in questions]
+    prompts = Batch(
+        {
+            "input_ids": np.ones((len(questions), 4), np.int32),
+            "attention_mask": np.ones((len(questions), 4), np.int32),
+            "position_ids": np.tile(np.arange(4, dtype=np.int32), (len(questions), 1)),
+        },
+        {"raw_prompt": messages},
+    )
+    from jrl.agent import chat
+
+    engine.first_prompts = [
+        chat.prompt_ids(tokenizer, *chat.with_tools(tokenizer, m, context.tool_schemas)[:1],
+                        **chat.with_tools(tokenizer, m, context.tool_schemas)[1])
+        for m in messages
+    ]  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=engine.response_length, eos_token_ids=engine.eos_token_ids,
+                              pad_token_id=engine.pad_token_id)  # fmt: skip
+    agent = AgentRollout(engine, context, {})
+    return agent, engine, agent.generate(prompts, sampling, jax.random.key(0))
+
+
+def calculator_settings(**changes):
+    return AgentSettings(default_agent_loop="tool_agent", **changes)
+
+
+def test_tool_agent_keeps_sampled_tokens_and_masks_the_tool_turn(tokenizer, tmp_path):
+    config = tmp_path / "tools.yaml"
+    config.write_text(
+        "tools:\n  - class_name: jrl.agent.tools.calculator.CalculatorTool\n"
+        "    config: {type: native}\n"
+    )
+    settings = calculator_settings(tool_config_path=str(config))
+    first = tool_call("calculator", expression="17 * 23")
+    script = [[first, "It is 391."], ["I know: 4."]]
+    agent, engine, out = run_tool_agent(tokenizer, ["17*23?", "2+2?"], script, settings=settings)
+    assert len(engine.calls) == 2 and len(engine.calls[1]) == 1  # round 2: only row 0 waits
+    responses, mask = np.asarray(out["responses"]), np.asarray(out["response_mask"])
+    present = np.asarray(out["attention_mask"])[:, -responses.shape[1] :]
+    eos = tokenizer.eos_token_id
+    turn1 = tokenizer(first, add_special_tokens=False)["input_ids"] + [eos]
+    turn2 = tokenizer("It is 391.", add_special_tokens=False)["input_ids"] + [eos]
+    n = int(present[0].sum())
+    row = responses[0, :n].tolist()
+    assert row[: len(turn1)] == turn1 and row[-len(turn2) :] == turn2  # sampled ids, untouched
+    delta = row[len(turn1) : n - len(turn2)]
+    assert mask[0, :n].tolist() == [1] * len(turn1) + [0] * len(delta) + [1] * len(turn2)
+    assert tokenizer.decode(delta) == "\n<|im_start|>tool\n391<|im_end|>\n<|im_start|>assistant\n"
+    # the second call's context is the first prompt, turn 1 and the delta: nothing re-tokenised
+    assert engine.calls[1][0] == engine.first_prompts[0] + turn1 + delta
+    assert out.meta["num_turns"].tolist() == [4, 2]
+    stats = agent.stats
+    assert stats["agent/tool_calls"] == 1 and stats["agent/tool_errors"] == 0
+    assert stats["agent/tokenization_mismatch"] == 0  # strict: equals the whole chat at once
+    assert stats["agent/num_turns/max"] == 4
+
+
+def test_tool_schemas_reach_the_prompt(tokenizer):
+    from jrl.agent import chat
+    from jrl.agent.tools.calculator import SCHEMA
+
+    messages, template = chat.with_tools(tokenizer, [{"role": "user", "content": "hi"}], [SCHEMA])
+    text = tokenizer.decode(chat.prompt_ids(tokenizer, messages, **template))
+    assert '"name": "calculator"' in text and "<tool_call>" in text  # SmolLM2 ignores tools=
+
+
+class Misbehaving(BaseTool):
+    """A tool that fails in the way its name says."""
+
+    def __init__(self, name, how):
+        schema = {"type": "function", "function": {"name": name, "description": how}}
+        super().__init__({}, schema)
+        self.how = how
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        if self.how == "raise":
+            raise RuntimeError("the tool broke")
+        if self.how == "hang":
+            time.sleep(30)  # blocks its thread: only the gate's timeout gets the loop past it
+        if self.how == "huge":
+            return ToolResponse(text="x" * 100_000), 0.0, {}
+        if self.how == "nonsense":
+            return 42, float("nan"), {}
+        return ToolResponse(text="fine"), 0.0, {}
+
+
+def test_misbehaving_tools_become_error_turns_and_counted_metrics(tokenizer):
+    kinds = ("raise", "hang", "huge", "nonsense")
+    tools = [Misbehaving(f"t_{how}", how) for how in kinds]
+    script = [[tool_call(f"t_{how}"), "done"] for how in kinds]
+    settings = calculator_settings(tool_timeout=1.0)
+    start = time.perf_counter()
+    agent, engine, out = run_tool_agent(tokenizer, list(kinds), script, tools, settings)
+    assert time.perf_counter() - start < 15  # the hung call held the rollout 1 s, not 30
+    stats = agent.stats
+    assert stats["agent/tool_calls"] == 4
+    assert stats["agent/tool_errors"] == 3  # raise, hang, nonsense
+    assert stats["agent/tool_timeouts"] == 1
+    assert stats["agent/tool_truncated"] == 1  # huge, cut to 256 characters
+    texts = [tokenizer.decode(np.asarray(out["responses"])[i]) for i in range(4)]
+    assert "RuntimeError: the tool broke" in texts[0]
+    assert "no answer within 1 s" in texts[1]
+    assert "(truncated)" in texts[2]
+    assert "it answered 42, not text" in texts[3]
+    assert all("done" in t for t in texts)  # every row went on to its next turn
+
+
+def test_unknown_tool_and_malformed_calls_are_counted(tokenizer):
+    script = [['<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "ok"],
+              ["<tool_call>not json</tool_call>"]]  # fmt: skip
+    agent, _, out = run_tool_agent(tokenizer, ["a", "b"], script)
+    assert agent.stats["agent/tool_errors"] == 1
+    assert agent.stats["agent/tool_parse_errors"] == 1
+    assert out.meta["num_turns"].tolist() == [4, 2]
+
+
+def test_gsm8k_interaction_lets_the_model_try_again(tokenizer, tmp_path):
+    config = tmp_path / "interaction.yaml"
+    config.write_text(
+        "interaction:\n  - name: gsm8k\n"
+        "    class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n    config: {}\n"
+    )
+    settings = calculator_settings(interaction_config_path=str(config))
+    context = AgentContext.build(settings, tokenizer)
+    script = [["#### 3", "#### 4", "#### 9"]]
+    engine = ScriptedEngine(tokenizer, script)
+    from jrl.agent import chat
+
+    message = [{"role": "user", "content": "2+2?"}]
+    engine.first_prompts = [chat.prompt_ids(tokenizer, message)]
+    extra = np.empty(1, object)
+    extra[0] = {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "4"}}
+    raw = np.empty(1, object)
+    raw[0] = message
+    prompts = Batch({k: np.ones((1, 4), np.int32) for k in ("input_ids", "attention_mask",
+                     "position_ids")}, {"raw_prompt": raw, "extra_info": extra})  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=160, eos_token_ids=engine.eos_token_ids,
+                              pad_token_id=engine.pad_token_id)  # fmt: skip
+    out = AgentRollout(engine, context, {}).generate(prompts, sampling, jax.random.key(0))
+    text = tokenizer.decode(np.asarray(out["responses"])[0])
+    assert "incorrect" in text and "Your response is correct!" in text and "#### 9" not in text
+    assert out.meta["num_turns"].tolist() == [5]  # 2 model turns, 2 user turns, the prompt
+
+
+def test_turn_limits_stop_the_conversation(tokenizer):
+    script = [[tool_call("t_fine")] * 5]
+    settings = calculator_settings(max_assistant_turns=2)
+    agent, _, out = run_tool_agent(tokenizer, ["a"], script, [Misbehaving("t_fine", "ok")],
+                                   settings)  # fmt: skip
+    assert out.meta["num_turns"].tolist() == [4]
+    assert agent.stats["agent/turn_limit_ratio"] == 1.0
+
+
+# -- parser and built-in tools --------------------------------------------------------------------
+
+
+def test_hermes_parser_reads_calls_in_order_and_counts_malformed_ones():
+    text = ('a<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>b'
+            '<tool_call>{"name": 3}</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>')  # fmt: skip
+    parsed = parse_hermes(text)
+    assert [c.name for c in parsed.calls] == ["f", "g"] and parsed.malformed == 1
+    assert parsed.calls[0].arguments == '{"x": 1}' and parsed.content == "ab"
+
+
+def test_calculator_is_arithmetic_only():
+    assert evaluate("(12 + 7) * 3") == 57 and evaluate("-2 ** 3") == -8
+    for bad in ("__import__('os')", "2 ** 100000", "x + 1", "1 +"):
+        with pytest.raises(ValueError):
+            evaluate(bad)
+
+
+def test_python_sandbox_prints_and_enforces_its_limits():
+    assert run_python("print(6 * 7)", 5, 256, 10.0) == "42"
+    assert "killed by signal" in run_python("while True: pass", 1, 256, 10.0)
+    assert "MemoryError" in run_python("x = bytearray(400 * 2**20)", 5, 256, 10.0)
+    assert "ran past" in run_python("import time; time.sleep(5)", 5, 256, 0.5)
+
+
+def test_verl_tool_config_names_jrls_tools(tmp_path, capsys):
+    from jrl.agent.tools.gsm8k import Gsm8kTool
+    from jrl.agent.tools.registry import load_tools
+
+    config = tmp_path / "gsm8k_tool_config.yaml"
+    config.write_text(
+        "tools:\n  - class_name: verl.tools.gsm8k_tool.Gsm8kTool\n    config: {type: native}\n"
+        "    tool_schema:\n      type: function\n      function:\n        name: calc_gsm8k_reward\n"
+        "        description: d\n        parameters: {type: object, properties: {answer: "
+        "{type: string}}, required: [answer]}\n"
+    )
+    tools = load_tools(str(config), None)
+    assert isinstance(tools["calc_gsm8k_reward"], Gsm8kTool)
+    assert "jrl.agent.tools.gsm8k:Gsm8kTool runs it" in capsys.readouterr().out
+
+    async def submit(answers):
+        tool = tools["calc_gsm8k_reward"]
+        iid, _ = await tool.create(create_kwargs={"ground_truth": "72"})
+        return [await tool.execute(iid, {"answer": a}) for a in answers]
+
+    (_, r1, _), (_, r2, _), (_, r3, _) = asyncio.run(submit(["70", "72", "72"]))
+    assert (r1, r2, r3) == (-0.05, 0.0, -0.05)
+
+
+def test_function_tools_get_their_schema_from_the_signature(tmp_path):
+    from jrl.agent.tools.function import load_function_tools
+
+    file = tmp_path / "tools.py"
+    file.write_text(
+        "from jrl.agent import function_tool\n\n@function_tool\ndef lookup(city: str) -> dict:\n"
+        '    """Look a city up.\n\n    Args:\n        city: The city.\n    """\n'
+        "    return {'city': city, 'temperature_c': 17.3}\n"
+    )
+    (tool,) = load_function_tools(str(file))
+    assert tool.tool_schema["function"]["parameters"]["required"] == ["city"]
+    response, reward, _ = asyncio.run(tool.execute("i", {"city": "Tokyo"}))
+    assert response.text == '{"city": "Tokyo", "temperature_c": 17.3}' and reward == 0.0
+
+
+def test_truncation_keeps_the_side_verl_keeps():
+    text = "abcdefghij"
+    assert truncate_text(text, 4, "left") == "abcd...(truncated)"
+    assert truncate_text(text, 4, "right") == "(truncated)...ghij"
+    assert truncate_text(text, 4, "middle") == "ab...(truncated)...ij"
+
+
+def test_agent_settings_refuse_bad_values():
+    from jrl.config.errors import SettingsError
+
+    with pytest.raises(SettingsError, match="tool_response_truncate_side"):
+        AgentSettings(tool_response_truncate_side="top")
+    with pytest.raises(SettingsError, match="tool_timeout"):
+        dataclasses.replace(AgentSettings(), tool_timeout=0)
