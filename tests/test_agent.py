@@ -107,6 +107,14 @@ def tool_call(name: str, **arguments) -> str:
     return CALL.format(name=name, arguments=json.dumps(arguments))
 
 
+def engine_sampling(engine):
+    return SamplingParams(
+        max_new_tokens=engine.response_length,
+        eos_token_ids=engine.eos_token_ids,
+        pad_token_id=engine.pad_token_id,
+    )
+
+
 def run_tool_agent(tokenizer, questions, script, tools=(), settings=None, **build):
     """`AgentRollout` over a `ScriptedEngine`, one row per question, ``tool_agent``."""
     settings = settings or AgentSettings(default_agent_loop="tool_agent")
@@ -125,13 +133,9 @@ def run_tool_agent(tokenizer, questions, script, tools=(), settings=None, **buil
     )
     from jrl.agent import chat
 
-    engine.first_prompts = [
-        chat.prompt_ids(tokenizer, *chat.with_tools(tokenizer, m, context.tool_schemas)[:1],
-                        **chat.with_tools(tokenizer, m, context.tool_schemas)[1])
-        for m in messages
-    ]  # fmt: skip
-    sampling = SamplingParams(max_new_tokens=engine.response_length, eos_token_ids=engine.eos_token_ids,
-                              pad_token_id=engine.pad_token_id)  # fmt: skip
+    shown = [chat.with_tools(tokenizer, m, context.tool_schemas) for m in messages]
+    engine.first_prompts = [chat.prompt_ids(tokenizer, m, **template) for m, template in shown]
+    sampling = engine_sampling(engine)
     agent = AgentRollout(engine, context, {})
     return agent, engine, agent.generate(prompts, sampling, jax.random.key(0))
 
@@ -250,9 +254,9 @@ def test_gsm8k_interaction_lets_the_model_try_again(tokenizer, tmp_path):
     raw[0] = message
     prompts = Batch({k: np.ones((1, 4), np.int32) for k in ("input_ids", "attention_mask",
                      "position_ids")}, {"raw_prompt": raw, "extra_info": extra})  # fmt: skip
-    sampling = SamplingParams(max_new_tokens=160, eos_token_ids=engine.eos_token_ids,
-                              pad_token_id=engine.pad_token_id)  # fmt: skip
-    out = AgentRollout(engine, context, {}).generate(prompts, sampling, jax.random.key(0))
+    out = AgentRollout(engine, context, {}).generate(
+        prompts, engine_sampling(engine), jax.random.key(0)
+    )
     text = tokenizer.decode(np.asarray(out["responses"])[0])
     assert "incorrect" in text and "Your response is correct!" in text and "#### 9" not in text
     assert out.meta["num_turns"].tolist() == [5]  # 2 model turns, 2 user turns, the prompt
@@ -271,8 +275,10 @@ def test_turn_limits_stop_the_conversation(tokenizer):
 
 
 def test_hermes_parser_reads_calls_in_order_and_counts_malformed_ones():
-    text = ('a<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>b'
-            '<tool_call>{"name": 3}</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>')  # fmt: skip
+    text = (
+        'a<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>b<tool_call>{"name": 3}'
+        '</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>'
+    )
     parsed = parse_hermes(text)
     assert [c.name for c in parsed.calls] == ["f", "g"] and parsed.malformed == 1
     assert parsed.calls[0].arguments == '{"x": 1}' and parsed.content == "ab"

@@ -5,8 +5,8 @@ Layers, lowest first: kernels, the batch type, the key tree (config) and the laz
 (lazy) <- parallel <- models <- data <- algos / optim / rollout / reward <- agent <- assets <- the
 resolver (runspec) <- trainer <- what the entry points share (plots, the compilation cache, the
 TPU planner) <- entry points (the ``python -m`` commands); inside the trainer, update <- io /
-roles <- loop <- ppo / sft. A module may import its own package and the layers below it, never a sibling
-of its layer or anything above.
+roles <- loop <- ppo / sft. A module may import its own package and the layers below it, never a
+sibling of its layer or anything above.
 """
 
 from __future__ import annotations
