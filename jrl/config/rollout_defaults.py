@@ -62,6 +62,7 @@ def rollout_section() -> ConfigDict:
             enable=False,
             max_assistant_turns=placeholder(int),
             tool_config_path=placeholder(str),
+            function_tool_path=placeholder(str),
             max_user_turns=placeholder(int),
             max_parallel_calls=1,
             max_tool_response_length=256,
@@ -71,6 +72,7 @@ def rollout_section() -> ConfigDict:
             tokenization_sanity_check_mode="strict",
             format="hermes",
             num_repeat_rollouts=placeholder(int),
+            tool_timeout=60.0,
         ),
         agent=section(
             num_workers=8,

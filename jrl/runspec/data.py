@@ -16,6 +16,7 @@ from types import MappingProxyType
 from ml_collections import FrozenConfigDict
 
 from jrl.data.settings import RLDataSettings, TokenizerSettings, UserDataset
+from jrl.runspec.agent import uses_agent_loops
 from jrl.runspec.reads import KeyReads
 
 MODEL = "actor_rollout_ref.model"
@@ -88,12 +89,23 @@ def _remote(files: DataFiles) -> bool:
 def _prompt_forms(config: KeyReads) -> dict[str, bool]:
     """The raw forms of the prompt a row keeps (``return_raw_*``, ``return_full_prompt``), read
     only where a reader of them exists: a reward manager of the user's (handed the batch), and
-    for the messages a reward model that re-templates them (``input_tokenizer``)."""
+    for the messages a reward model that re-templates them (``input_tokenizer``). Agent loops
+    always get the messages (``raw_prompt``), as verl's read them."""
+    if uses_agent_loops(config.actor_rollout_ref.rollout, read=False):
+        config.data.skip("return_raw_chat", "agent loops read every row's messages (raw_prompt)")
+        return {**_prompt_forms_read(config, ("return_raw_input_ids", "return_full_prompt")),
+                "return_raw_chat": True}  # fmt: skip
+    return _prompt_forms_read(
+        config, ("return_raw_input_ids", "return_full_prompt", "return_raw_chat")
+    )
+
+
+def _prompt_forms_read(config: KeyReads, keys: tuple[str, ...]) -> dict[str, bool]:
     data, rm = config.data, config.reward_model
     custom_manager = config.reward_manager.source == "importlib"
     retemplates = rm.peek("enable") and rm.model.peek("input_tokenizer") is not None
     forms = {}
-    for key in ("return_raw_input_ids", "return_full_prompt", "return_raw_chat"):
+    for key in keys:
         if custom_manager or (key == "return_raw_chat" and retemplates):
             forms[key] = bool(data[key])
         else:

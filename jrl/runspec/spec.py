@@ -13,8 +13,10 @@ import dataclasses
 
 from ml_collections import ConfigDict
 
+from jrl.agent.settings import AgentSettings
 from jrl.reward.settings import RewardSettings
 from jrl.rollout.spec import RolloutSpec
+from jrl.runspec.agent import agent_settings
 from jrl.runspec.algorithm import AlgorithmSpec, resolve_algorithm
 from jrl.runspec.data import DataSpec, data_spec
 from jrl.runspec.reads import KeyReads, KeyRecord
@@ -58,7 +60,8 @@ from jrl.runspec.shape import uses_critic, uses_reference
 class RunSpec:
     """A PPO-family run: its mesh, data, roles (`actor`; `ref`, `critic`, `reward_model`: None
     where the run has none), algorithm (estimator, KL, the actor's objective, rollout
-    correction), step options (`trainer`), cadence, checkpoints, loggers, rewards and rollout;
+    correction), step options (`trainer`), cadence, checkpoints, loggers, rewards, rollout and
+    its agent loops (`agent`; None: one turn per row);
     `keys`: each key read -> the fields it became, each key left unread -> why."""
 
     mesh: MeshSpec
@@ -74,6 +77,7 @@ class RunSpec:
     logging: LoggingSpec
     reward: RewardSettings
     rollout: RolloutSpec
+    agent: AgentSettings | None
     keys: KeyRecord
 
     @property
@@ -140,6 +144,7 @@ def resolve_run(config: ConfigDict) -> RunSpec:
         logging=view.resolve("logging", logging_spec, view),
         reward=view.resolve("reward", reward_settings, view),
         rollout=view.resolve("rollout", rollout_spec, view),
+        agent=view.resolve("agent", agent_settings, view),
         keys=view.ledger.record(),
     )
 

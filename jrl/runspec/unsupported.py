@@ -32,7 +32,10 @@ class Unsupported:
 
 
 _ROLLOUT = "actor_rollout_ref.rollout"
-_MULTI_TURN = "multi-turn (tool-calling) rollouts are not implemented"
+_MULTI_TURN = (
+    "a dataset that renders its prompts with tools is not implemented: the agent loop shows the "
+    "tools (actor_rollout_ref.rollout.multi_turn.tool_config_path)"
+)
 _PROFILERS = "verl's profilers (nsys, torch, npu) are not implemented"
 _PIPELINE = (
     "pipeline parallelism is not implemented: jrl splits a model over devices by FSDP and tensor "
@@ -54,8 +57,6 @@ UNSUPPORTED = (
     Unsupported("data.sampler.*", "a custom (curriculum) data sampler is not implemented"),
     Unsupported("data.datagen.*", "generating data during training is not implemented"),
     Unsupported("data.tool_config_path", _MULTI_TURN),
-    Unsupported(f"{_ROLLOUT}.multi_turn.*", _MULTI_TURN),
-    Unsupported(f"{_ROLLOUT}.agent.*", "agent loops are not implemented"),
     Unsupported(f"{_ROLLOUT}.skip_rollout", "replaying dumped rollouts is not implemented"),
     Unsupported(f"{_ROLLOUT}.skip_dump_dir", "replaying dumped rollouts is not implemented"),
     Unsupported(f"{_ROLLOUT}.trace.*", "rollout tracing is not implemented"),

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jrl import algos
+from jrl.agent import AgentContext, AgentRollout
 from jrl.batch import Batch
 from jrl.config.loading import yaml_of
 from jrl.data.loader import DataLoader
@@ -112,6 +113,10 @@ class PPOTrainer:
             self.tokenizer,
             lora=actor.spec.model.lora,
         )
+        if run.agent is not None:  # each row's trajectory runs its agent loop over the engine
+            template = data.rows.apply_chat_template_kwargs
+            context = AgentContext.build(run.agent, self.tokenizer, template)
+            self.rollout = AgentRollout(self.rollout, context, run.logging.tree)
         self.sampling = sampling_params(run.rollout.sampling, self.rollout)
         self.val_sampling = sampling_params(run.rollout.validation, self.rollout)
         self.reward_model = (
