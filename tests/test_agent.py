@@ -29,9 +29,8 @@ from jrl.rollout import JaxRollout, SamplingParams
 
 def with_prompt_ids(prompts: Batch) -> Batch:
     ids, mask = np.asarray(prompts["input_ids"]), np.asarray(prompts["attention_mask"])
-    raw = np.empty(len(ids), object)
-    raw[:] = [row[m.astype(bool)].tolist() for row, m in zip(ids, mask, strict=True)]
-    return prompts.union(Batch(meta={"raw_prompt_ids": raw}))
+    raw = [row[m.astype(bool)].tolist() for row, m in zip(ids, mask, strict=True)]
+    return prompts.union(Batch(meta={"raw_prompt_ids": object_column(raw)}))
 
 
 def test_single_turn_agent_is_todays_rollout_exactly():
@@ -107,35 +106,38 @@ def tool_call(name: str, **arguments) -> str:
     return CALL.format(name=name, arguments=json.dumps(arguments))
 
 
-def engine_sampling(engine):
-    return SamplingParams(
+def object_column(values):
+    column = np.empty(len(values), object)
+    column[:] = values
+    return column
+
+
+def run_tool_agent(tokenizer, questions, script, tools=(), settings=None, extra_infos=None):
+    """`AgentRollout` over a `ScriptedEngine`, one row per question (with its ``extra_info``),
+    ``tool_agent`` unless `settings` say otherwise."""
+    settings = settings or AgentSettings(default_agent_loop="tool_agent")
+    context = AgentContext.build(settings, tokenizer)
+    context.tools.update({tool.name: tool for tool in tools})
+    engine = ScriptedEngine(tokenizer, script)
+    messages = [[{"role": "user", "content": q}] for q in questions]
+    meta = {"raw_prompt": object_column(messages)}
+    if extra_infos is not None:
+        meta["extra_info"] = object_column(extra_infos)
+    rows = len(questions)
+    prompts = Batch(
+        {
+            "input_ids": np.ones((rows, 4), np.int32),
+            "attention_mask": np.ones((rows, 4), np.int32),
+            "position_ids": np.tile(np.arange(4, dtype=np.int32), (rows, 1)),
+        },
+        meta,
+    )
+    engine.first_prompts = [context.chat.prompt_ids(context.chat.show_tools(m)) for m in messages]
+    sampling = SamplingParams(
         max_new_tokens=engine.response_length,
         eos_token_ids=engine.eos_token_ids,
         pad_token_id=engine.pad_token_id,
     )
-
-
-def run_tool_agent(tokenizer, questions, script, tools=(), settings=None, **build):
-    """`AgentRollout` over a `ScriptedEngine`, one row per question, ``tool_agent``."""
-    settings = settings or AgentSettings(default_agent_loop="tool_agent")
-    context = AgentContext.build(settings, tokenizer, **build)
-    context.tools.update({tool.name: tool for tool in tools})
-    engine = ScriptedEngine(tokenizer, script)
-    messages = np.empty(len(questions), object)
-    messages[:] = [[{"role": "user", "content": q}] for q in questions]
-    prompts = Batch(
-        {
-            "input_ids": np.ones((len(questions), 4), np.int32),
-            "attention_mask": np.ones((len(questions), 4), np.int32),
-            "position_ids": np.tile(np.arange(4, dtype=np.int32), (len(questions), 1)),
-        },
-        {"raw_prompt": messages},
-    )
-    from jrl.agent import chat
-
-    shown = [chat.with_tools(tokenizer, m, context.tool_schemas) for m in messages]
-    engine.first_prompts = [chat.prompt_ids(tokenizer, m, **template) for m, template in shown]
-    sampling = engine_sampling(engine)
     agent = AgentRollout(engine, context, {})
     return agent, engine, agent.generate(prompts, sampling, jax.random.key(0))
 
@@ -176,11 +178,11 @@ def test_tool_agent_keeps_sampled_tokens_and_masks_the_tool_turn(tokenizer, tmp_
 
 
 def test_tool_schemas_reach_the_prompt(tokenizer):
-    from jrl.agent import chat
+    from jrl.agent.chat import ChatTemplate
     from jrl.agent.tools.calculator import SCHEMA
 
-    messages, template = chat.with_tools(tokenizer, [{"role": "user", "content": "hi"}], [SCHEMA])
-    text = tokenizer.decode(chat.prompt_ids(tokenizer, messages, **template))
+    chat = ChatTemplate.of(tokenizer, {}, [SCHEMA])
+    text = tokenizer.decode(chat.prompt_ids(chat.show_tools([{"role": "user", "content": "hi"}])))
     assert '"name": "calculator"' in text and "<tool_call>" in text  # SmolLM2 ignores tools=
 
 
@@ -241,22 +243,9 @@ def test_gsm8k_interaction_lets_the_model_try_again(tokenizer, tmp_path):
         "    class_name: verl.interactions.gsm8k_interaction.Gsm8kInteraction\n    config: {}\n"
     )
     settings = calculator_settings(interaction_config_path=str(config))
-    context = AgentContext.build(settings, tokenizer)
     script = [["#### 3", "#### 4", "#### 9"]]
-    engine = ScriptedEngine(tokenizer, script)
-    from jrl.agent import chat
-
-    message = [{"role": "user", "content": "2+2?"}]
-    engine.first_prompts = [chat.prompt_ids(tokenizer, message)]
-    extra = np.empty(1, object)
-    extra[0] = {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "4"}}
-    raw = np.empty(1, object)
-    raw[0] = message
-    prompts = Batch({k: np.ones((1, 4), np.int32) for k in ("input_ids", "attention_mask",
-                     "position_ids")}, {"raw_prompt": raw, "extra_info": extra})  # fmt: skip
-    out = AgentRollout(engine, context, {}).generate(
-        prompts, engine_sampling(engine), jax.random.key(0)
-    )
+    extra = {"interaction_kwargs": {"name": "gsm8k", "ground_truth": "4"}}
+    _, _, out = run_tool_agent(tokenizer, ["2+2?"], script, settings=settings, extra_infos=[extra])
     text = tokenizer.decode(np.asarray(out["responses"])[0])
     assert "incorrect" in text and "Your response is correct!" in text and "#### 9" not in text
     assert out.meta["num_turns"].tolist() == [5]  # 2 model turns, 2 user turns, the prompt

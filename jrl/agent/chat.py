@@ -4,6 +4,7 @@ the exact tokens the model sampled (never re-tokenised from text)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -21,67 +22,86 @@ TOOLS_SYSTEM_PROMPT = (
 )
 
 
-def _render(tokenizer: Any, messages: Messages, generation: bool, **kwargs: Any) -> str:
-    return tokenizer.apply_chat_template(
-        list(messages), tokenize=False, add_generation_prompt=generation, **kwargs
-    )
+@dataclasses.dataclass(frozen=True)
+class ChatTemplate:
+    """A run's chat template, probed once (`of`): its options (`kwargs`, with ``tools=`` where
+    the template renders the tools), the system message that lists the tools where it does not
+    (`tool_listing`), and the text it writes for a probe conversation through the assistant's
+    EOS (`before_delta`: a turn delta is what follows it)."""
 
+    tokenizer: Any
+    kwargs: Mapping[str, Any]
+    tool_listing: str | None
+    before_delta: str
 
-def _ids(tokenizer: Any, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    @classmethod
+    def of(
+        cls, tokenizer: Any, template_kwargs: Mapping[str, Any], tools: Sequence[Mapping[str, Any]]
+    ) -> ChatTemplate:
+        plain = cls(tokenizer, dict(template_kwargs), None, "")
+        kwargs, listing = plain.kwargs, None
+        if tools:
+            shown = {**kwargs, "tools": list(tools)}
+            if plain.with_kwargs(shown).render(_BEFORE, True) != plain.render(_BEFORE, True):
+                kwargs = shown
+            else:
+                listing = TOOLS_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
+        before = plain.with_kwargs(kwargs).render(_BEFORE, False)
+        return cls(tokenizer, kwargs, listing, plain.through_last_eos(before))
 
+    def with_kwargs(self, kwargs: Mapping[str, Any]) -> ChatTemplate:
+        return dataclasses.replace(self, kwargs=kwargs)
 
-def with_tools(
-    tokenizer: Any, messages: Messages, tools: Sequence[Mapping[str, Any]], **template: Any
-) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """(messages, template kwargs) that show `tools` to the model: the template's ``tools=``
-    where it renders them, else a system message listing their schemas (appended to the
-    conversation's own system message, if any)."""
-    messages = [dict(m) for m in messages]
-    if not tools:
-        return messages, template
-    if _render(tokenizer, messages, True, tools=list(tools), **template) != _render(
-        tokenizer, messages, True, **template
-    ):
-        return messages, {**template, "tools": list(tools)}
-    listing = TOOLS_SYSTEM_PROMPT.format(tools="\n".join(json.dumps(t) for t in tools))
-    if messages and messages[0].get("role") == "system":
-        messages[0]["content"] = f"{messages[0]['content']}\n\n{listing}"
-    else:
-        messages.insert(0, {"role": "system", "content": listing})
-    return messages, template
+    def render(self, messages: Messages, generation: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=generation, **self.kwargs
+        )
 
+    def ids(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-def prompt_ids(tokenizer: Any, messages: Messages, **template: Any) -> list[int]:
-    """The first prompt: the conversation rendered with the generation prompt."""
-    return _ids(tokenizer, _render(tokenizer, messages, True, **template))
+    def through_last_eos(self, text: str) -> str:
+        """`text` up to and including its last EOS token (all of it when it has none)."""
+        eos = self.tokenizer.eos_token
+        end = text.rfind(eos) if eos else -1
+        return text[: end + len(eos)] if end >= 0 else text
 
+    def show_tools(self, messages: Messages) -> list[dict[str, Any]]:
+        """`messages` with the tools' listing added to (or as) the system message where the
+        template does not render ``tools=``."""
+        messages = [dict(m) for m in messages]
+        if self.tool_listing is None:
+            return messages
+        if messages and messages[0].get("role") == "system":
+            messages[0]["content"] = f"{messages[0]['content']}\n\n{self.tool_listing}"
+        else:
+            messages.insert(0, {"role": "system", "content": self.tool_listing})
+        return messages
 
-def turn_delta(tokenizer: Any, appended: Messages, **template: Any) -> list[int]:
-    """Token ids of the turns `appended` after an assistant turn that ended with the tokenizer's
-    EOS token, through the next generation prompt: what the template writes after the EOS
-    (its turn separator included)."""
-    before = _render(tokenizer, _BEFORE, False, **template)
-    after = _render(tokenizer, [*_BEFORE, *appended], True, **template)
-    if not after.startswith(before):
-        raise ValueError("the chat template renders earlier turns differently once turns follow")
-    end = before.rfind(tokenizer.eos_token) if tokenizer.eos_token else -1
-    cut = end + len(tokenizer.eos_token) if end >= 0 else len(before)
-    return _ids(tokenizer, after[cut:])
+    def prompt_ids(self, messages: Messages) -> list[int]:
+        """The first prompt: the conversation rendered with the generation prompt."""
+        return self.ids(self.render(messages, True))
 
+    def turn_delta(self, appended: Messages) -> list[int]:
+        """Token ids of the turns `appended` after an assistant turn that ended with the
+        tokenizer's EOS token, through the next generation prompt: what the template writes
+        after the EOS (its turn separator included)."""
+        after = self.render([*_BEFORE, *appended], True)
+        if not after.startswith(self.before_delta):
+            raise ValueError(
+                "the chat template renders earlier turns differently once turns follow"
+            )
+        return self.ids(after[len(self.before_delta) :])
 
-def matches_full_render(
-    tokenizer: Any, messages: Messages, ids: Sequence[int], mode: str, **template: Any
-) -> bool:
-    """``tokenization_sanity_check_mode``: whether `ids` (built turn by turn) equal the whole
-    conversation `messages` tokenised at once (`strict`), or equal it once whitespace is
-    stripped from both texts (`ignore_strippable`); always true with `disable`."""
-    if mode == "disable":
-        return True
-    whole = _render(tokenizer, messages, False, **template)
-    end = whole.rfind(tokenizer.eos_token) if tokenizer.eos_token else -1
-    whole = whole[: end + len(tokenizer.eos_token)] if end >= 0 else whole  # the model's last EOS
-    if mode == "strict":
-        return list(ids) == _ids(tokenizer, whole)
-    built = tokenizer.decode(list(ids), skip_special_tokens=False)
-    return "".join(built.split()) == "".join(whole.split())
+    def matches_full_render(self, messages: Messages, ids: Sequence[int], mode: str) -> bool:
+        """``tokenization_sanity_check_mode``: whether `ids` (built turn by turn) equal the whole
+        conversation `messages` tokenised at once through the model's last EOS (`strict`), or
+        equal it once whitespace is stripped from both texts (`ignore_strippable`); always true
+        with `disable`."""
+        if mode == "disable":
+            return True
+        whole = self.through_last_eos(self.render(messages, False))
+        if mode == "strict":
+            return list(ids) == self.ids(whole)
+        built = self.tokenizer.decode(list(ids), skip_special_tokens=False)
+        return "".join(built.split()) == "".join(whole.split())

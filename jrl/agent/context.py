@@ -5,10 +5,12 @@ the gate user calls go through."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from typing import Any
 
 from jrl.agent.calls import CallGate
+from jrl.agent.chat import ChatTemplate
 from jrl.agent.interactions import BaseInteraction, load_interactions
 from jrl.agent.loop import register_from_file
 from jrl.agent.settings import AgentSettings
@@ -32,6 +34,11 @@ class AgentContext:
     @property
     def tool_schemas(self) -> list[dict[str, Any]]:
         return [tool.tool_schema for tool in self.tools.values()]
+
+    @functools.cached_property
+    def chat(self) -> ChatTemplate:
+        """The chat template with the run's options and tools, probed on first use."""
+        return ChatTemplate.of(self.tokenizer, self.chat_template_kwargs, self.tool_schemas)
 
     @classmethod
     def build(

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from jrl.agent import chat
 from jrl.agent.calls import Outcome
 from jrl.agent.loop import AgentLoopBase, AgentLoopOutput
 from jrl.agent.parser import TOOL_CALL_FORMATS, FunctionCall
@@ -44,13 +43,11 @@ def truncate_text(text: str, limit: int, side: str) -> str:
 class ToolAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs: Any) -> AgentLoopOutput:
         context, settings = self.context, self.context.settings
-        tokenizer, length = self.tokenizer, self.server_manager.engine.response_length
+        chat, length = context.chat, self.server_manager.engine.response_length
         if "raw_prompt" not in kwargs:
             raise KeyError("tool_agent needs the rows' messages: set data.return_raw_chat=True")
-        messages, template = chat.with_tools(
-            tokenizer, kwargs["raw_prompt"], context.tool_schemas, **context.chat_template_kwargs
-        )
-        prompt_ids = chat.prompt_ids(tokenizer, messages, **template)
+        messages = chat.show_tools(kwargs["raw_prompt"])
+        prompt_ids = chat.prompt_ids(messages)
         request_id, tools_kwargs = kwargs.get("request_id", ""), kwargs.get("tools_kwargs") or {}
         interaction, interaction_id, interaction_kwargs = await self._start_interaction(kwargs)
         ids: list[int] = []
@@ -72,7 +69,7 @@ class ToolAgentLoop(AgentLoopBase):
             log_probs += out.log_probs or [0.0] * len(out.token_ids)
             assistant_turns += 1
             ended = bool(out.token_ids) and out.token_ids[-1] in eos
-            text = tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
             messages.append({"role": "assistant", "content": text})
             if len(ids) >= length or not ended:
                 break
@@ -91,7 +88,7 @@ class ToolAgentLoop(AgentLoopBase):
                 added = [{"role": "user", "content": reply}]
             else:
                 break
-            delta = chat.turn_delta(tokenizer, added, **template)
+            delta = chat.turn_delta(added)
             if len(ids) + len(delta) >= length:
                 break
             messages += added
@@ -105,7 +102,7 @@ class ToolAgentLoop(AgentLoopBase):
             await context.gate.call(interaction.finalize_interaction, interaction_id)
         if ended:  # the whole conversation, rendered at once, ends with the model's EOS too
             mode = settings.tokenization_sanity_check_mode
-            same = chat.matches_full_render(tokenizer, messages, prompt_ids + ids, mode, **template)
+            same = chat.matches_full_render(messages, prompt_ids + ids, mode)
             metrics["tokenization_mismatch"] = int(not same)
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
