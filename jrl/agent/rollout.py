@@ -17,9 +17,9 @@ from flax import nnx
 from jrl.agent.context import AgentContext
 from jrl.agent.loop import AgentLoopOutput, TrainerConfig, agent_loop_class
 from jrl.agent.metrics import agent_metrics
-from jrl.agent.server import ROW, TurnServer
+from jrl.agent.server import ROW, TurnServer, left_padded
 from jrl.batch import Batch
-from jrl.data.prompts import left_pad, position_ids_from_mask
+from jrl.rollout.layout import rollout_batch
 from jrl.rollout.protocol import Rollout
 from jrl.rollout.sampling import SamplingParams
 
@@ -81,7 +81,7 @@ class AgentRollout:
 
     def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
         """`sampling.n` trajectories per prompt (rows interleaved), each by its row's loop."""
-        server = TurnServer(self.engine, prompts, sampling, key, sampling.n)
+        server = TurnServer(self.engine, prompts, sampling, key)
         outputs = asyncio.run(self._run_all(prompts, sampling, server))
         batch = self._batch(prompts.repeat(sampling.n, interleave=True), outputs)
         self._stats = {
@@ -126,14 +126,13 @@ class AgentRollout:
         return await agent.run(dict(params), request_id=uuid.uuid4().hex, **fields)
 
     def _batch(self, prompts: Batch, outputs: list[AgentLoopOutput]) -> Batch:
-        """verl's rollout tensors of the trajectories: prompts left-padded to the batch's width
-        (wider when a loop's prompt is longer), responses right-padded to the response length."""
+        """verl's rollout batch of the trajectories (`rollout_batch`): prompts left-padded to the
+        batch's width (wider when a loop's prompt is longer), responses right-padded to the
+        response length, attention on every real response token; meta of `prompts` (one row
+        per trajectory) and each row's ``num_turns``."""
         widest = max(len(o.prompt_ids) for o in outputs)
         width = max(np.asarray(prompts["input_ids"]).shape[1], widest)
         length, pad = self.response_length, self.pad_token_id
-        prompt_ids, prompt_mask = map(
-            np.asarray, zip(*(left_pad(o.prompt_ids, width, pad) for o in outputs), strict=True)
-        )
         responses = np.full((len(outputs), length), pad, np.int32)
         response_mask = np.zeros((len(outputs), length), np.int32)
         present = np.zeros((len(outputs), length), np.int32)
@@ -145,17 +144,15 @@ class AgentRollout:
             present[i, :n] = 1
             if out.response_logprobs is not None:
                 log_probs[i, :n] = out.response_logprobs[:n]
-        positions = position_ids_from_mask(prompt_mask)
-        steps = np.arange(1, length + 1, dtype=positions.dtype)
-        tensors = {
-            "prompts": prompt_ids,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": np.concatenate([prompt_ids, responses], axis=1),
-            "attention_mask": np.concatenate([prompt_mask, present], axis=1),
-            "position_ids": np.concatenate([positions, positions[:, -1:] + steps], axis=1),
-        }
-        if any(o.response_logprobs is not None for o in outputs):
-            tensors["rollout_log_probs"] = log_probs * response_mask
+        sampled = any(o.response_logprobs is not None for o in outputs)
+        batch = rollout_batch(
+            left_padded([o.prompt_ids for o in outputs], width, pad).union(
+                Batch(meta=prompts.meta)
+            ),
+            responses,
+            response_mask,
+            log_probs * response_mask if sampled else None,
+            present=present,
+        )
         turns = np.asarray([o.num_turns for o in outputs], np.int32)
-        return Batch(tensors, meta=prompts.meta).union(Batch(meta={"num_turns": turns}))
+        return batch.union(Batch(meta={"num_turns": turns}))

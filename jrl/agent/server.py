@@ -16,6 +16,7 @@ import numpy as np
 from jrl.agent.loop import TokenOutput
 from jrl.batch import Batch
 from jrl.data.prompts import left_pad, position_ids_from_mask
+from jrl.rollout.limits import ceil_pow2
 from jrl.rollout.protocol import Rollout
 from jrl.rollout.sampling import SamplingParams
 
@@ -31,25 +32,31 @@ class _Turn:
     answer: asyncio.Future
 
 
-def _bucket(tokens: int, cap: int) -> int:
-    """The power of two >= `tokens`, at most `cap` (few distinct shapes, few compilations)."""
-    return min(cap, 1 << max(tokens - 1, 0).bit_length())
+def left_padded(prompts: Sequence[Sequence[int]], width: int, pad_token_id: int) -> Batch:
+    """Prompt tensors (`input_ids`, `attention_mask`, `position_ids` [rows, width]) of token
+    lists, padded on the left."""
+    ids, mask = map(
+        np.asarray, zip(*(left_pad(p, width, pad_token_id) for p in prompts), strict=True)
+    )
+    tensors = {
+        "input_ids": ids,
+        "attention_mask": mask,
+        "position_ids": position_ids_from_mask(mask),
+    }
+    return Batch(tensors)
 
 
 class TurnServer:
-    """Samples turns with `engine` and the call's `sampling` (``n`` answers per prompt of the
-    call's batch: `group` consecutive rows share a prompt). Round 0, when every row asks with its
-    group's shared prompt and the whole response budget, is the very call a single-turn rollout
-    makes (`prompts` as given, `key`, n answers per prompt); round k > 0 samples each waiting
-    row once with ``fold_in(key, k)``. `response_budget` [rows] is what each row may still
-    generate; a turn gets the least of it and the engine's response length."""
+    """Samples turns with `engine` and the call's `sampling`: rows are the `prompts`' answers
+    (``sampling.n`` consecutive rows share a prompt). Round 0, when every row asks with its
+    prompt and the whole response budget, is the very call a single-turn rollout makes
+    (`prompts` as given, `key`, n answers per prompt); round k > 0 samples each waiting row once
+    with ``fold_in(key, k)``, for as many tokens as its turn asks (the longest, rounded up to a
+    power of two)."""
 
-    def __init__(
-        self, engine: Rollout, prompts: Batch, sampling: SamplingParams, key: jax.Array, group: int
-    ):
+    def __init__(self, engine: Rollout, prompts: Batch, sampling: SamplingParams, key: jax.Array):
         self.engine, self.prompts, self.sampling, self.key = engine, prompts, sampling, key
-        self.group = group
-        self.rows = len(prompts) * group
+        self.rows = len(prompts) * sampling.n
         self.waiting: list[_Turn] = []
         self.arrived = asyncio.Event()
         self.rounds = 0
@@ -82,9 +89,11 @@ class TurnServer:
         if shared is not None:
             prompts, sampling, key = shared
         else:
-            prompts = self._batch([t.prompt_ids for t in turns])
+            prompt_ids = [t.prompt_ids for t in turns]
+            width = max(np.asarray(self.prompts["input_ids"]).shape[1], *map(len, prompt_ids))
+            prompts = left_padded(prompt_ids, width, self.engine.pad_token_id)
             longest = max(t.max_tokens for t in turns)
-            tokens = _bucket(longest, self.engine.response_length)
+            tokens = min(self.engine.response_length, ceil_pow2(longest))
             sampling = dataclasses.replace(self.sampling, n=1, max_new_tokens=tokens)
             key = jax.random.fold_in(self.key, self.rounds)
         self.tokens_prefilled += int(np.asarray(prompts["attention_mask"]).sum())
@@ -109,21 +118,7 @@ class TurnServer:
         ids = np.asarray(self.prompts["input_ids"])
         mask = np.asarray(self.prompts["attention_mask"]).astype(bool)
         for turn in turns:
-            own = ids[turn.row // self.group][mask[turn.row // self.group]].tolist()
-            if turn.max_tokens < full or turn.prompt_ids != own:
+            prompt = turn.row // self.sampling.n
+            if turn.max_tokens < full or turn.prompt_ids != ids[prompt][mask[prompt]].tolist():
                 return None
-        return self.prompts, dataclasses.replace(self.sampling, n=self.group), self.key
-
-    def _batch(self, prompts: list[list[int]]) -> Batch:
-        """Left-padded prompt tensors, at least as wide as the call's prompts."""
-        width = max(np.asarray(self.prompts["input_ids"]).shape[1], *map(len, prompts))
-        pad = self.engine.pad_token_id
-        ids, mask = zip(*(left_pad(p, width, pad) for p in prompts), strict=True)
-        mask = np.asarray(mask, np.int32)
-        return Batch(
-            {
-                "input_ids": np.asarray(ids, np.int32),
-                "attention_mask": mask,
-                "position_ids": np.asarray([position_ids_from_mask(m) for m in mask], np.int32),
-            }
-        )
+        return self.prompts, self.sampling, self.key

@@ -64,11 +64,14 @@ def rollout_batch(
     responses: jax.Array,
     response_mask: jax.Array,
     log_probs: jax.Array | None,
+    present: jax.Array | None = None,
 ) -> Batch:
     """verl's rollout output from `batch` (the prompts, already repeated per response) and one
     right-padded response per row ([rows, R]): `prompts`, `responses`, `response_mask`,
     `input_ids`, `attention_mask`, `position_ids` ([rows, P + R], positions continuing from each
-    prompt's last) and `rollout_log_probs` when `log_probs` is given; meta as in `batch`."""
+    prompt's last) and `rollout_log_probs` when `log_probs` is given; meta as in `batch`. The
+    response's attention is `present` (its real tokens, where a multi-turn response holds tokens
+    the loss masks out), else `response_mask`."""
     ids = jnp.asarray(batch["input_ids"])
     prompt_mask = jnp.asarray(batch["attention_mask"])
     positions = jnp.asarray(batch["position_ids"])
@@ -79,7 +82,11 @@ def rollout_batch(
         "response_mask": response_mask,
         "input_ids": jnp.concatenate([ids, responses.astype(ids.dtype)], axis=1),
         "attention_mask": jnp.concatenate(
-            [prompt_mask, response_mask.astype(prompt_mask.dtype)], axis=1
+            [
+                prompt_mask,
+                (response_mask if present is None else present).astype(prompt_mask.dtype),
+            ],
+            axis=1,
         ),
         "position_ids": jnp.concatenate([positions, positions[:, -1:] + steps], axis=1),
     }
