@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from jrl.agent.tools.registry import import_object
+from jrl.agent.imports import user_class
 from jrl.reward import gsm8k
 
 # verl's interaction classes -> jrl's.
@@ -92,12 +92,7 @@ def load_interactions(path: str) -> dict[str, BaseInteraction]:
     for i, entry in enumerate(entries):
         where = f"{path} interaction[{i}]"
         class_name = str(entry.get("class_name"))
-        if class_name in VERL_INTERACTIONS:
-            print(f"jrl: {where}: {class_name} is verl's; {VERL_INTERACTIONS[class_name]} runs it")
-            class_name = VERL_INTERACTIONS[class_name]
-        cls = import_object(class_name, where)
-        if not (isinstance(cls, type) and issubclass(cls, BaseInteraction)):
-            raise TypeError(f"{where}: {class_name} is not a subclass of jrl.agent.BaseInteraction")
+        cls = user_class(class_name, BaseInteraction, where, VERL_INTERACTIONS)
         short = class_name.replace(":", ".").rsplit(".", 1)[-1]
         name = entry.get("name") or short.removesuffix("Interaction").lower()
         if name in found:

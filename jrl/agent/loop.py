@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from jrl.agent.tools.registry import import_object
+from jrl.agent.imports import user_class
 
 _CONFIG_KEY = "actor_rollout_ref.rollout.agent.agent_loop_config_path"
 
@@ -94,6 +94,10 @@ def register(agent_name: str) -> Any:
     """Class decorator: rows whose ``agent_name`` is `agent_name` run this loop."""
 
     def add(cls: type[AgentLoopBase]) -> type[AgentLoopBase]:
+        if not (isinstance(cls, type) and issubclass(cls, AgentLoopBase)):
+            raise TypeError(
+                f"agent loop {agent_name!r} is not a subclass of jrl.agent.AgentLoopBase"
+            )
         AGENT_LOOPS[agent_name] = cls
         return cls
 
@@ -109,9 +113,9 @@ def agent_loop_class(agent_name: str) -> type[AgentLoopBase]:
             f"register it with @jrl.agent.register or list it in {_CONFIG_KEY}"
         )
     if isinstance(found, str):
-        found = AGENT_LOOPS[agent_name] = import_object(found, f"agent loop {agent_name!r}")
-    if not (isinstance(found, type) and issubclass(found, AgentLoopBase)):
-        raise TypeError(f"agent loop {agent_name!r} is not a subclass of jrl.agent.AgentLoopBase")
+        found = AGENT_LOOPS[agent_name] = user_class(
+            found, AgentLoopBase, f"agent loop {agent_name!r}"
+        )
     return found
 
 

@@ -3,12 +3,11 @@ tool_schema}]``) and from function-tool files; verl's built-in class paths name 
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterable
-from typing import Any
 
 import yaml
 
+from jrl.agent.imports import user_class
 from jrl.agent.tools.base import BaseTool
 from jrl.agent.tools.function import load_function_tools
 
@@ -20,26 +19,6 @@ VERL_TOOLS = {
     ),
 }
 _KEY = "actor_rollout_ref.rollout.multi_turn.tool_config_path"
-
-
-def import_object(path: str, where: str) -> Any:
-    """The object ``package.module.Name`` (or ``package.module:Name``) names."""
-    module_name, _, name = path.replace(":", ".").rpartition(".")
-    try:
-        return getattr(importlib.import_module(module_name), name)
-    except (ImportError, AttributeError, ValueError) as err:
-        raise ImportError(f"{where}: cannot import {path!r}: {err}") from None
-
-
-def tool_class(class_name: str, where: str) -> type[BaseTool]:
-    """The class `class_name` names: jrl's own for verl's built-ins (announced)."""
-    if class_name in VERL_TOOLS:
-        print(f"jrl: {where}: {class_name} is verl's; jrl's {VERL_TOOLS[class_name]} runs it")
-        class_name = VERL_TOOLS[class_name]
-    cls = import_object(class_name, where)
-    if not (isinstance(cls, type) and issubclass(cls, BaseTool)):
-        raise TypeError(f"{where}: {class_name} is not a subclass of jrl.agent.BaseTool")
-    return cls
 
 
 def tools_from_yaml(path: str) -> list[BaseTool]:
@@ -56,7 +35,7 @@ def tools_from_yaml(path: str) -> list[BaseTool]:
         kind = config.pop("type", "native")
         if kind != "native":
             raise ValueError(f"{where}: config.type={kind!r}: jrl runs native tools only (no MCP)")
-        cls = tool_class(str(entry.get("class_name")), where)
+        cls = user_class(str(entry.get("class_name")), BaseTool, where, VERL_TOOLS)
         tools.append(cls(config, entry.get("tool_schema")))
     return tools
 
