@@ -11,6 +11,7 @@ never a failed rollout."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from typing import Any
 
 from jrl.agent.calls import Outcome
@@ -53,7 +54,7 @@ class ToolAgentLoop(AgentLoopBase):
         ids: list[int] = []
         mask: list[int] = []
         log_probs: list[float] = []
-        metrics: dict[str, Any] = {"tool_seconds": 0.0}
+        counts: Counter[str] = Counter()  # the trajectory's metrics (`metrics.COUNTERS`, ...)
         extra: dict[str, list[float]] = {"turn_scores": [], "tool_rewards": []}
         assistant_turns = user_turns = 0
         eos = set(self.server_manager.engine.eos_token_ids)
@@ -74,16 +75,16 @@ class ToolAgentLoop(AgentLoopBase):
             if len(ids) >= length or not ended:
                 break
             if self._turn_limit(assistant_turns, user_turns):
-                metrics["turn_limit"] = 1
+                counts["turn_limit"] = 1
                 break
             parsed = TOOL_CALL_FORMATS[settings.format](text)
-            metrics["tool_parse_errors"] = metrics.get("tool_parse_errors", 0) + parsed.malformed
+            counts["tool_parse_errors"] += parsed.malformed
             if parsed.calls:
-                added = await self._call_tools(parsed.calls, tools_kwargs, metrics, extra)
+                added = await self._call_tools(parsed.calls, tools_kwargs, counts, extra)
                 done = False
             elif interaction is not None:
                 done, reply = await self._interact(
-                    interaction, interaction_id, messages, interaction_kwargs, metrics, extra
+                    interaction, interaction_id, messages, interaction_kwargs, counts, extra
                 )
                 added = [{"role": "user", "content": reply}]
             else:
@@ -103,14 +104,14 @@ class ToolAgentLoop(AgentLoopBase):
         if ended:  # the whole conversation, rendered at once, ends with the model's EOS too
             mode = settings.tokenization_sanity_check_mode
             same = chat.matches_full_render(messages, prompt_ids + ids, mode)
-            metrics["tokenization_mismatch"] = int(not same)
+            counts["tokenization_mismatch"] = int(not same)
         return AgentLoopOutput(
             prompt_ids=prompt_ids,
             response_ids=ids[:length],
             response_mask=mask[:length],
             response_logprobs=log_probs[:length] if out.log_probs is not None else None,
             num_turns=user_turns + assistant_turns + 1,
-            metrics=metrics,
+            metrics=dict(counts),
             extra_fields=extra,
         )
 
@@ -145,7 +146,7 @@ class ToolAgentLoop(AgentLoopBase):
         instance_id: str,
         messages: list[dict[str, Any]],
         kwargs: dict[str, Any],
-        metrics: dict[str, Any],
+        counts: Counter[str],
         extra: dict[str, list[float]],
     ) -> tuple[bool, str]:
         """(end the conversation?, the user's reply); a failed call ends it."""
@@ -153,7 +154,7 @@ class ToolAgentLoop(AgentLoopBase):
             interaction.generate_response, instance_id, list(messages), **kwargs
         )
         if not outcome.ok:
-            metrics["interaction_errors"] = metrics.get("interaction_errors", 0) + 1
+            counts["interaction_errors"] += 1
             _log_once("interaction", f"interaction {interaction.name!r}: {outcome.message}")
             return True, f"Error: {outcome.message}"
         done, reply, score, _ = outcome.value
@@ -165,18 +166,18 @@ class ToolAgentLoop(AgentLoopBase):
         self,
         calls: tuple[FunctionCall, ...],
         tools_kwargs: dict[str, Any],
-        metrics: dict[str, Any],
+        counts: Counter[str],
         extra: dict[str, list[float]],
     ) -> list[dict[str, Any]]:
         """One tool message per call (the first `max_parallel_calls`), in order."""
         settings = self.context.settings
         messages = []
         for call in calls[: settings.max_parallel_calls]:
-            text = await self._call_tool(call, tools_kwargs, metrics, extra)
+            text = await self._call_tool(call, tools_kwargs, counts, extra)
             cut = truncate_text(
                 text, settings.max_tool_response_length, settings.tool_response_truncate_side
             )
-            metrics["tool_truncated"] = metrics.get("tool_truncated", 0) + (cut != text)
+            counts["tool_truncated"] += cut != text
             messages.append({"role": "tool", "content": cut})
         return messages
 
@@ -184,25 +185,25 @@ class ToolAgentLoop(AgentLoopBase):
         self,
         call: FunctionCall,
         tools_kwargs: dict[str, Any],
-        metrics: dict[str, Any],
+        counts: Counter[str],
         extra: dict[str, list[float]],
     ) -> str:
         """The text the model reads back: the tool's answer or the error that replaced it."""
-        metrics["tool_calls"] = metrics.get("tool_calls", 0) + 1
+        counts["tool_calls"] += 1
         tool = self.context.tools.get(call.name)
         if tool is None:
-            metrics["tool_errors"] = metrics.get("tool_errors", 0) + 1
+            counts["tool_errors"] += 1
             return f"Error: there is no tool named {call.name!r}"
         own = tools_kwargs.get(call.name) or {}
         outcome = await self.context.gate.call(
             _create_execute_release, tool, json.loads(call.arguments), own
         )
-        metrics["tool_seconds"] += outcome.seconds
+        counts["tool_seconds"] += outcome.seconds
         text = _answer_text(outcome)
         if outcome.status == "timeout":
-            metrics["tool_timeouts"] = metrics.get("tool_timeouts", 0) + 1
+            counts["tool_timeouts"] += 1
         if text is None or not outcome.ok:
-            metrics["tool_errors"] = metrics.get("tool_errors", 0) + 1
+            counts["tool_errors"] += 1
             message = outcome.message or f"it answered {outcome.value[0]!r:.200}, not text"
             _log_once(f"tool-{outcome.status}", f"tool {call.name!r}: {message}")
             return f"Error when executing tool: {message}"
