@@ -91,22 +91,16 @@ def _prompt_forms(config: KeyReads) -> dict[str, bool]:
     only where a reader of them exists: a reward manager of the user's (handed the batch), and
     for the messages a reward model that re-templates them (``input_tokenizer``). Agent loops
     always get the messages (``raw_prompt``), as verl's read them."""
-    if uses_agent_loops(config.actor_rollout_ref.rollout, read=False):
-        config.data.skip("return_raw_chat", "agent loops read every row's messages (raw_prompt)")
-        return {**_prompt_forms_read(config, ("return_raw_input_ids", "return_full_prompt")),
-                "return_raw_chat": True}  # fmt: skip
-    return _prompt_forms_read(
-        config, ("return_raw_input_ids", "return_full_prompt", "return_raw_chat")
-    )
-
-
-def _prompt_forms_read(config: KeyReads, keys: tuple[str, ...]) -> dict[str, bool]:
     data, rm = config.data, config.reward_model
     custom_manager = config.reward_manager.source == "importlib"
     retemplates = rm.peek("enable") and rm.model.peek("input_tokenizer") is not None
+    agent_loops = uses_agent_loops(config.actor_rollout_ref.rollout, read=False)
     forms = {}
-    for key in keys:
-        if custom_manager or (key == "return_raw_chat" and retemplates):
+    for key in ("return_raw_input_ids", "return_full_prompt", "return_raw_chat"):
+        if key == "return_raw_chat" and agent_loops:
+            data.skip(key, "agent loops read every row's messages (raw_prompt)")
+            forms[key] = True
+        elif custom_manager or (key == "return_raw_chat" and retemplates):
             forms[key] = bool(data[key])
         else:
             data.skip(key, UNREAD_MESSAGES if key == "return_raw_chat" else UNREAD_FIELD)
