@@ -227,6 +227,23 @@ def test_misbehaving_tools_become_error_turns_and_counted_metrics(tokenizer):
     assert all("done" in t for t in texts)  # every row went on to its next turn
 
 
+def test_the_call_gate_serves_one_event_loop_after_another():
+    """Each rollout call runs its own event loop; the gate's worker limit must follow it."""
+    from jrl.agent.calls import CallGate
+
+    gate = CallGate(workers=1, timeout=5.0)
+
+    async def answer():
+        await asyncio.sleep(0.01)
+        return 1
+
+    async def three_at_once():
+        return await asyncio.gather(*(gate.call(answer) for _ in range(3)))
+
+    for _ in range(2):  # two training steps, more calls than workers
+        assert [o.value for o in asyncio.run(three_at_once())] == [1, 1, 1]
+
+
 def test_unknown_tool_and_malformed_calls_are_counted(tokenizer):
     script = [['<tool_call>{"name": "nope", "arguments": {}}</tool_call>', "ok"],
               ["<tool_call>not json</tool_call>"]]  # fmt: skip

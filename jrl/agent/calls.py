@@ -32,13 +32,15 @@ class Outcome:
 class CallGate:
     def __init__(self, workers: int, timeout: float):
         self.workers, self.timeout = workers, timeout
-        self._slots: asyncio.Semaphore | None = None
+        # One semaphore per event loop: each rollout call runs its own loop (`asyncio.run`).
+        self._slots: dict[asyncio.AbstractEventLoop, asyncio.Semaphore] = {}
 
     async def call(self, fn: Callable[..., Coroutine[Any, Any, Any]], *args: Any, **kwargs: Any):
         """`await fn(*args, **kwargs)` contained: an `Outcome`, never an exception."""
-        if self._slots is None:
-            self._slots = asyncio.Semaphore(self.workers)
-        async with self._slots:
+        loop = asyncio.get_running_loop()
+        if loop not in self._slots:
+            self._slots = {loop: asyncio.Semaphore(self.workers)}  # the earlier loops are done
+        async with self._slots[loop]:
             result: concurrent.futures.Future = concurrent.futures.Future()
 
             def target() -> None:
