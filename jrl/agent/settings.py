@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from jrl.agent.parser import TOOL_CALL_FORMATS
 from jrl.config.errors import check_settings
 
 TRUNCATE_SIDES = ("left", "right", "middle")
@@ -55,7 +56,10 @@ class AgentSettings:
                 self.tokenization_sanity_check_mode in SANITY_CHECK_MODES,
                 f"must be one of {', '.join(SANITY_CHECK_MODES)}",
             ),
-            "format": (self.format == "hermes", "must be hermes (the one format jrl reads)"),
+            "format": (
+                self.format in TOOL_CALL_FORMATS,
+                f"must be one of {', '.join(TOOL_CALL_FORMATS)} (the formats jrl reads)",
+            ),
             "tool_timeout": (self.tool_timeout > 0, "must be positive (seconds)"),
         }
         check_settings(self, rules)
