@@ -40,7 +40,7 @@ from jrl.config.entry import INPUT_ERRORS, load_entry_config, run_entry
 from jrl.config.trees import EVALUATION
 from jrl.data.files import local_path, read_parquet
 from jrl.reward import default_compute_score, load_custom_reward_fn
-from jrl.reward.base import call_scorer, scored
+from jrl.reward.base import score_calls
 from jrl.runspec.eval_checks import validate_evaluation
 from jrl.runspec.reads import KeyReads
 from jrl.runspec.reward import custom_reward_function
@@ -93,21 +93,12 @@ def score_rows(config: ConfigDict, rows: Sequence[Mapping[str, Any]], score_fn: 
                 f"with 'ground_truth', got {str(reference)[:200]}"
             )
         extra = rows[i].get("extra_info")
-        scores = [
-            scored(
-                call_scorer(
-                    score_fn,
-                    i,
-                    data_source=source,
-                    solution_str=text,
-                    ground_truth=reference["ground_truth"],
-                    extra_info=extra,
-                ),
-                i,
-                source,
-            ).value
-            for text in texts
+        truth = reference["ground_truth"]
+        calls = [
+            ((), dict(data_source=source, solution_str=t, ground_truth=truth, extra_info=extra))
+            for t in texts
         ]
+        scores = [s.value for s in score_calls(score_fn, calls, [source] * len(calls))]
         out.append((source, scores))
     return out
 

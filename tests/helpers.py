@@ -263,6 +263,37 @@ def one_tiny_ppo_step(run_dir: Path, *overrides: str) -> dict:
     return metrics
 
 
+def text_batch(tokenizer, responses, truth="7", source="openai/gsm8k") -> Batch:
+    """A batch to score: one left-padded prompt per row, right-padded `responses`, gsm8k-style
+    meta (ground truth `truth`, data source `source`)."""
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    pad = tokenizer.pad_token_id
+    prompt = encode("What is 3 + 4?")
+    encoded = [encode(r) for r in responses]
+    width = max(len(r) for r in encoded)
+    n = len(responses)
+    return Batch(
+        {
+            "prompts": np.array([[pad] + prompt] * n, np.int32),
+            "responses": np.array([r + [pad] * (width - len(r)) for r in encoded], np.int32),
+            "attention_mask": np.array(
+                [[0] + [1] * len(prompt) + [1] * len(r) + [0] * (width - len(r)) for r in encoded],
+                np.int32,
+            ),
+        },
+        {
+            "data_source": [source] * n,
+            "reward_model": [{"ground_truth": truth}] * n,
+            "extra_info": [{"index": i} for i in range(n)],
+        },
+    )
+
+
+def row_scores(out: dict) -> list[float]:
+    """Each row's reward (the sum over its tokens: only the last valid one is non-zero)."""
+    return out["reward_tensor"].sum(-1).tolist()
+
+
 class WatchedRun:
     """``python -m jrl.train ARGS`` in a subprocess (one CPU device), its stdout collected line by
     line while it runs."""

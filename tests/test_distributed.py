@@ -35,9 +35,9 @@ import os
 def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     """A score that differs between answers, so GRPO's advantages and gradients are not zero."""
     log = os.environ.get("SCORER_LOG")
-    if log:
+    if log:  # the trainer process whose reward worker this is
         with open(log, "a") as out:
-            out.write(f"{os.getpid()}\\n")
+            out.write(f"{os.getppid()}\\n")
     return (sum(map(ord, solution_str)) % 7) / 6.0
 '''
 IGNORED = ("timing", "perf/")

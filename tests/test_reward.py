@@ -1,5 +1,7 @@
 """Rewards: GSM8K scorer, default_compute_score dispatch, NaiveRewardManager, custom functions."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -142,7 +144,7 @@ def test_naive_manager_dict_scores_and_extra_info(tokenizer):
     with pytest.raises(KeyError, match=r"lacks \['source'\].*data.reward_fn_key"):
         NaiveRewardManager(tokenizer, 0, reward_fn_key="source")(batch)
     bad = NaiveRewardManager(tokenizer, 0, compute_score=lambda **kw: {"acc": 1.0})
-    with pytest.raises(KeyError, match="without 'score' for row 0"):
+    with pytest.raises(RuntimeError, match="failed on row 0 .*without 'score'"):
         bad(batch)
 
 
@@ -204,7 +206,7 @@ def test_load_reward_manager_errors(tokenizer, tmp_path):
         load_reward_manager(config(manager="ppo"), tokenizer, 0)
 
 
-def test_custom_reward_that_raises_names_the_row(tokenizer, tmp_path):
+def test_custom_reward_that_raises_names_the_row(tokenizer, tmp_path, capsys):
     file = tmp_path / "r.py"
     file.write_text(
         "def compute_score(data_source, solution_str, ground_truth, extra_info=None):\n"
@@ -212,8 +214,16 @@ def test_custom_reward_that_raises_names_the_row(tokenizer, tmp_path):
         "        raise ValueError('cannot grade this')\n"
         "    return 1.0\n"
     )
-    manager = load_reward_manager(config(str(file)), tokenizer, 0)
+    settings = config(str(file))
     batch = make_batch(tokenizer, ["#### 7", "#### 8"])
     batch.meta["source"] = batch.meta["data_source"]
+    out = load_reward_manager(settings, tokenizer, 0)(batch, return_dict=True)
+    assert out["reward_tensor"].sum(-1).tolist() == [1.0, 0.0]
+    assert out["reward_extra_info"]["reward_fault"] == ["", "error"]
+    assert "r.py): error on row 1 " in capsys.readouterr().out
+    strict = dataclasses.replace(
+        settings,
+        custom_function=dataclasses.replace(settings.custom_function, on_error="raise"),
+    )
     with pytest.raises(RuntimeError, match=r"r.py.*failed on row 1 .*ValueError: cannot grade"):
-        manager(batch)
+        load_reward_manager(strict, tokenizer, 0)(batch)

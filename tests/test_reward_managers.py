@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+from helpers import row_scores, text_batch
 
 from jrl.batch import Batch
 from jrl.config import default_config
@@ -75,36 +76,6 @@ def scorer_files(tmp_path_factory):
     return folder
 
 
-def text_batch(tokenizer, responses, truth="7", source="openai/gsm8k"):
-    """One left-padded prompt per row, right-padded responses, gsm8k-style meta."""
-    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    pad = tokenizer.pad_token_id
-    prompt = encode("What is 3 + 4?")
-    encoded = [encode(r) for r in responses]
-    width = max(len(r) for r in encoded)
-    n = len(responses)
-    return Batch(
-        {
-            "prompts": np.array([[pad] + prompt] * n, np.int32),
-            "responses": np.array([r + [pad] * (width - len(r)) for r in encoded], np.int32),
-            "attention_mask": np.array(
-                [[0] + [1] * len(prompt) + [1] * len(r) + [0] * (width - len(r)) for r in encoded],
-                np.int32,
-            ),
-        },
-        {
-            "data_source": [source] * n,
-            "reward_model": [{"ground_truth": truth}] * n,
-            "extra_info": [{"index": i} for i in range(n)],
-        },
-    )
-
-
-def row_scores(out):
-    """Each row's reward (the sum over its tokens: only the last valid one is non-zero)."""
-    return out["reward_tensor"].sum(-1).tolist()
-
-
 def config(manager="naive", path=None, name="compute_score", reward_kwargs=None, **sections):
     """The RewardSettings of the default tree with these reward keys (``section__field=value``;
     a dict value updates that section)."""
@@ -149,18 +120,19 @@ def test_prime_survives_a_hanging_a_raising_and_a_dying_scorer(tokenizer, scorer
         assert sum(expected) == 40  # of the 62 scored rows, 40 are right and 22 wrong
         info = out["reward_extra_info"]
         assert info["acc"] == expected
-        assert [i for i, t in enumerate(info["reward_timeout"]) if t] == [10]
-        assert [i for i, e in enumerate(info["reward_error"]) if e] == [40]
-        assert "2 of 64 rows scored 0.0" in capsys.readouterr().out
+        faults = {i: f for i, f in enumerate(info["reward_fault"]) if f}
+        assert faults == {10: "timeout", 40: "error"}
+        log = capsys.readouterr().out
+        assert "timeout on row 10" in log and "ValueError: scorer exploded" in log
 
         # A worker that dies costs its row only; the pool replaces it.
         out = manager(text_batch(tokenizer, ["#### 7", "die", "#### 7"]), return_dict=True)
         assert row_scores(out) == [1.0, 0.0, 1.0]
-        assert out["reward_extra_info"]["reward_error"] == [False, True, False]
+        assert out["reward_extra_info"]["reward_fault"] == ["", "crashed", ""]
         assert row_scores(manager(text_batch(tokenizer, ["#### 7"] * 6), True)) == [1.0] * 6
     finally:
         manager.close()
-    assert not manager.pool._workers
+    assert not manager.scorer.start()._workers
     with pytest.raises(RuntimeError, match="closed"):
         manager(text_batch(tokenizer, ["#### 7"]))
 
@@ -183,7 +155,7 @@ def test_prime_default_scorer_and_bad_functions(tokenizer):
 # ---------------------------------------------------------------- batch
 
 
-def test_batch_manager_scores_in_one_call(tokenizer, scorer_files):
+def test_batch_manager_scores_in_one_call(tokenizer, scorer_files, capsys):
     path = str(scorer_files / "batch_scorers.py")
     manager = load_reward_manager(
         config("batch", path=path, reward_kwargs={"scale": 2.0}), tokenizer, 0
@@ -196,13 +168,15 @@ def test_batch_manager_scores_in_one_call(tokenizer, scorer_files):
     # Without a custom function, the built-in scorers run row by row.
     default = load_reward_manager(config("batch"), tokenizer, 0)
     assert row_scores(default(text_batch(tokenizer, ["#### 8", "#### 7"]), True)) == [0.0, 1.0]
+    # A user's function runs contained: a call that fails is a fault of every row.
     short = load_reward_manager(config("batch", path=path, name="short_by_one"), tokenizer, 0)
-    with pytest.raises(ValueError, match="returned 1 scores for 2 rows"):
-        short(text_batch(tokenizer, ["#### 8", "#### 7"]))
-    with pytest.raises(RuntimeError, match="batch reward function .* failed on a batch of 2"):
-        load_reward_manager(config("batch", path=path, name="always_one"), tokenizer, 0)(
-            text_batch(tokenizer, ["#### 8", "#### 7"])
-        )
+    out = short(text_batch(tokenizer, ["#### 8", "#### 7"]), return_dict=True)
+    assert row_scores(out) == [0.0, 0.0]
+    assert out["reward_extra_info"]["reward_fault"] == ["error", "error"]
+    assert "returned 1 for 2 rows" in capsys.readouterr().out
+    strict = config("batch", path=path, name="always_one", custom_reward_function__on_error="raise")
+    with pytest.raises(RuntimeError, match="'always_one' .* failed on row 0 .*TypeError"):
+        load_reward_manager(strict, tokenizer, 0)(text_batch(tokenizer, ["#### 8", "#### 7"]))
 
 
 # ---------------------------------------------------------------- dapo
@@ -244,7 +218,8 @@ def test_dapo_overlong_penalty(tokenizer, scorer_files):
     quiet = dict(buffer, log=False)
     cfg = config("dapo", path=path, name="always_one", reward_model__overlong_buffer=quiet)
     out = load_reward_manager(cfg, tokenizer, 0)(length_batch([8], width=8), return_dict=True)
-    assert row_scores(out) == [0.5] and sorted(out["reward_extra_info"]) == ["acc"]
+    info = out["reward_extra_info"]
+    assert row_scores(out) == [0.5] and sorted(info) == ["acc", "reward_fault"]
     with pytest.raises(ValueError, match=r"overlong_buffer.len=0 must be in \(0, .*=8\]"):
         cfg = config("dapo", reward_model__overlong_buffer={"enable": True, "len": 0})
         load_reward_manager(cfg, tokenizer, 0)

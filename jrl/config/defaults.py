@@ -45,8 +45,16 @@ def lora_keys() -> dict[str, Any]:
 
 
 def custom_reward_function() -> ConfigDict:
-    """The `custom_reward_function` section: a scoring function loaded from a file."""
-    return section(path=placeholder(str), name="compute_score", reward_kwargs=section())
+    """The `custom_reward_function` section: a scoring function loaded from a file, and (jrl's
+    keys) how it is contained: seconds per call, worker processes, what a fault does."""
+    return section(
+        path=placeholder(str),
+        name="compute_score",
+        reward_kwargs=section(),
+        timeout=60.0,
+        num_workers=placeholder(int),
+        on_error="zero",
+    )
 
 
 def ray_kwargs() -> ConfigDict:

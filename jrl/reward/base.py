@@ -8,47 +8,42 @@ on its last valid response token; every other position is 0. Scores already in t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, NamedTuple
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from jrl.batch import Batch
+from jrl.reward.guard import ContainedFunction, Scored, checked_score
 from jrl.reward.rows import ScoringRows, decode_rows
 from jrl.reward.settings import ManagerOptions, NaiveOptions
 
 ScoreFn = Callable[..., Any]
 
 
-class Scored(NamedTuple):
-    """One row's reward and the extra values reported for it (reward_extra_info)."""
-
-    value: float
-    info: Mapping[str, Any]
+Call = tuple[tuple[Any, ...], Mapping[str, Any]]
 
 
-def scored(result: Any, row: int, data_source: Any) -> Scored:
-    """A scorer's result as `Scored`: a number, or a dict holding "score" (all keys reported)."""
-    if isinstance(result, Mapping):
-        if "score" not in result:
-            raise KeyError(
-                f"the reward function returned a dict without 'score' for row {row} "
-                f"(data_source {data_source!r}): keys {sorted(result)}"
-            )
-        return Scored(float(result["score"]), dict(result))
-    return Scored(float(result), {})
+def score_calls(fn: ScoreFn, calls: Sequence[Call], sources: Sequence[Any]) -> list[Scored]:
+    """``fn(*args, **kwargs)`` for each row's call, checked (`checked_score`).
 
-
-def call_scorer(fn: ScoreFn, row: int, /, **kwargs: Any) -> Any:
-    """`fn(**kwargs)` for one row; an exception is re-raised naming the row and data source."""
-    try:
-        return fn(**kwargs)
-    except Exception as err:
-        raise RuntimeError(
-            f"the reward function {getattr(fn, '__name__', fn)!r} failed on row {row} "
-            f"(data_source {kwargs.get('data_source')!r}): {type(err).__name__}: {err}"
-        ) from err
+    A user's function (`ContainedFunction`) runs contained: a fault scores its row 0 (or stops
+    the run, under on_error=raise). A built-in scorer runs in this process, and its first bad
+    row raises, naming the row and its data source.
+    """
+    if isinstance(fn, ContainedFunction):
+        return fn.score_rows(calls, sources)
+    results = []
+    for row, (args, kwargs) in enumerate(calls):
+        try:
+            results.append(checked_score(fn(*args, **kwargs)))
+        except Exception as err:
+            raise RuntimeError(
+                f"the reward function {getattr(fn, '__name__', fn)!r} failed on row {row} "
+                f"(data_source {sources[row]!r}): {type(err).__name__}: {err}"
+            ) from err
+    return results
 
 
 class RewardManager:

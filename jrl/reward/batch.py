@@ -5,8 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from jrl.reward.base import RewardManager, Scored, ScoreFn, scored
+from jrl.reward.base import RewardManager, Scored, ScoreFn
 from jrl.reward.default import default_compute_score
+from jrl.reward.guard import ContainedFunction, RewardFault, checked_score
 from jrl.reward.rows import ScoringRows
 from jrl.reward.settings import BatchOptions
 
@@ -44,16 +45,17 @@ class BatchRewardManager(RewardManager):
 
     def score(self, rows: ScoringRows) -> list[Scored]:
         """One call for all rows."""
+        kwargs = {
+            "data_sources": rows.data_sources,
+            "solution_strs": rows.responses,
+            "ground_truths": rows.ground_truths,
+            "extra_infos": rows.extra_infos,
+            **self.options.scorer_kwargs,
+        }
+        if isinstance(self.compute_score, ContainedFunction):
+            return self.compute_score.score_batch(kwargs, rows.data_sources)
         try:
-            results = list(
-                self.compute_score(
-                    data_sources=rows.data_sources,
-                    solution_strs=rows.responses,
-                    ground_truths=rows.ground_truths,
-                    extra_infos=rows.extra_infos,
-                    **self.options.scorer_kwargs,
-                )
-            )
+            results = list(self.compute_score(**kwargs))
         except Exception as err:
             raise RuntimeError(
                 f"the batch reward function {getattr(self.compute_score, '__name__', '')!r} "
@@ -64,4 +66,13 @@ class BatchRewardManager(RewardManager):
                 f"the batch reward function returned {len(results)} scores for {len(rows)} rows; "
                 "it must return one score (a float or a dict with 'score') per row"
             )
-        return [scored(r, i, rows.data_sources[i]) for i, r in enumerate(results)]
+        scores = []
+        for row, result in enumerate(results):
+            try:
+                scores.append(checked_score(result))
+            except RewardFault as fault:
+                raise RuntimeError(
+                    f"the batch reward function's result for row {row} (data_source "
+                    f"{rows.data_sources[row]!r}): {fault}"
+                ) from fault
+        return scores

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from jrl.data.extern import PKG_PREFIX, load_object
+from jrl.reward.guard import ContainedFunction
 from jrl.reward.settings import CustomRewardFunction
 
 ScoreFn = Callable[..., Any]
@@ -54,11 +55,15 @@ class FileFunction:
         return f"FileFunction({self.location!r}, {self.name!r})"
 
 
-def load_custom_reward_fn(settings: CustomRewardFunction | None) -> FileFunction | None:
-    """The custom_reward_function `settings`' function (None: none is set); its kwargs are
+def load_custom_reward_fn(settings: CustomRewardFunction | None) -> ContainedFunction | None:
+    """The custom_reward_function `settings`' function (None: none is set), contained: its
+    calls run in worker processes under the time limit, its faults are counted. Its kwargs are
     passed to every call (they win over the caller's)."""
     if settings is None:
         return None
-    fn = FileFunction(settings.path, settings.name, settings.kwargs)
-    print(f"jrl: reward function {settings.name!r} from {fn.location}")
+    fn = ContainedFunction.of(FileFunction(settings.path, settings.name, settings.kwargs), settings)
+    print(
+        f"jrl: reward function {settings.name!r} from {fn.fn.location}: {fn.num_workers} worker "
+        f"processes, {settings.timeout:g} s per call, on_error={settings.on_error}"
+    )
     return fn

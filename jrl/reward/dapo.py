@@ -8,7 +8,8 @@ maximum length.
 
 from __future__ import annotations
 
-from jrl.reward.base import RewardManager, Scored, call_scorer, scored
+from jrl.reward.base import RewardManager, Scored, score_calls
+from jrl.reward.guard import FAULT_COLUMN
 from jrl.reward.rows import ScoringRows
 from jrl.reward.settings import DAPOOptions
 
@@ -25,23 +26,15 @@ class DAPORewardManager(RewardManager):
         """compute_score per row, then the overlong penalty."""
         eos = self.tokenizer.eos_token
         buffer = self.options.overlong_buffer
+        responses = [r[: -len(eos)] if eos and r.endswith(eos) else r for r in rows.responses]
+        scores = score_calls(self.compute_score, rows.keyword_calls(responses), rows.data_sources)
         results = []
-        for i, source in enumerate(rows.data_sources):
-            response = rows.responses[i]
-            if eos and response.endswith(eos):
-                response = response[: -len(eos)]
-            result = call_scorer(
-                self.compute_score,
-                i,
-                data_source=source,
-                solution_str=response,
-                ground_truth=rows.ground_truths[i],
-                extra_info=rows.extra_infos[i],
-            )
-            value, info = scored(result, i, source)
-            info = dict(info) or {"acc": value}
+        for (value, info), length in zip(scores, rows.response_lengths, strict=True):
+            fault = {k: info[k] for k in (FAULT_COLUMN,) if k in info}
+            info = {k: v for k, v in info.items() if k != FAULT_COLUMN} or {"acc": value}
+            info.update(fault)
             if buffer.enable:
-                penalty = buffer.penalty(int(rows.response_lengths[i]), self.options.max_resp_len)
+                penalty = buffer.penalty(int(length), self.options.max_resp_len)
                 value += penalty
                 if buffer.log:
                     info.update(overlong_reward=penalty, overlong=penalty < 0)

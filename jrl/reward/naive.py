@@ -1,8 +1,8 @@
-"""`naive` reward manager: rows scored one by one in this process."""
+"""`naive` reward manager: rows scored one by one (a user's function in worker processes)."""
 
 from __future__ import annotations
 
-from jrl.reward.base import RewardManager, Scored, call_scorer, scored
+from jrl.reward.base import RewardManager, Scored, score_calls
 from jrl.reward.rows import ScoringRows
 
 
@@ -12,15 +12,4 @@ class NaiveRewardManager(RewardManager):
 
     def score(self, rows: ScoringRows) -> list[Scored]:
         """One call of compute_score per row, in order."""
-        results = []
-        for i, source in enumerate(rows.data_sources):
-            result = call_scorer(
-                self.compute_score,
-                i,
-                data_source=source,
-                solution_str=rows.responses[i],
-                ground_truth=rows.ground_truths[i],
-                extra_info=rows.extra_infos[i],
-            )
-            results.append(scored(result, i, source))
-        return results
+        return score_calls(self.compute_score, rows.keyword_calls(), rows.data_sources)

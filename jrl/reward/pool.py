@@ -8,11 +8,15 @@ longer than the limit. The workers start with the pool and serve every later `ma
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import multiprocessing
+import pickle
+import sys
 import time
+import types
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from multiprocessing import connection, util
 from typing import Any
 
@@ -52,6 +56,29 @@ def _serve(conn: connection.Connection, fn: Callable[..., Any]) -> None:
             conn.send(("error", f"the result cannot be sent back: {err}"))
 
 
+@contextlib.contextmanager
+def _main_module_hidden(fn: Callable[..., Any]) -> Iterator[None]:
+    """While a worker starts: a bare ``__main__``, unless `fn` pickles by reference into it.
+
+    A spawned process otherwise imports the parent's main module first (``python -m jrl.train``
+    is JAX, Flax and the whole trainer: seconds per worker, paid again for every worker that a
+    timeout replaces); the scoring function does not need it.
+    """
+    main = sys.modules["__main__"]
+    try:
+        needed = b"__main__" in pickle.dumps(fn)
+    except Exception:
+        needed = True  # the start itself reports the pickling error
+    if needed:
+        yield
+        return
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = main
+
+
 class _Worker:
     """A worker process, its pipe, and the item it is running (with that item's deadline)."""
 
@@ -59,7 +86,8 @@ class _Worker:
         self.conn, child = context.Pipe()
         self.process = context.Process(target=_serve, args=(child, fn), name="jrl-reward-worker")
         try:
-            self.process.start()
+            with _main_module_hidden(fn):
+                self.process.start()
         except Exception as err:
             raise TypeError(
                 f"the reward function {fn!r} cannot be sent to a worker process ({err}); it must "

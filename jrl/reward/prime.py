@@ -1,32 +1,30 @@
 """`prime` reward manager: rows scored in parallel worker processes, each under a time limit.
 
-A row whose scorer raises, hangs past the timeout or kills its worker scores 0.0; it is counted
-in reward_extra_info ("reward_error", "reward_timeout") and reported, and never stalls the call
-for longer than the timeout.
+A row whose scorer raises, hangs past the timeout, kills its worker or returns something that is
+not a finite number scores 0.0 (`jrl.reward.guard`): its ``reward_fault`` column names the fault,
+and it never stalls the call for longer than the timeout.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from jrl.reward.base import RewardManager, Scored
-from jrl.reward.pool import Outcome, ScoringPool
+from jrl.reward.guard import FAULT_COLUMN, ContainedFunction
 from jrl.reward.rows import ScoringRows
 from jrl.reward.settings import PrimeOptions
 
 MAX_PROCESSES = 64
 
 
-def _as_float(value: Any) -> float:
-    """A worker's result as a number: a number, a dict's "score", or a sequence's first item."""
-    if isinstance(value, Mapping):
-        return float(value["score"])
-    if isinstance(value, list | tuple):
-        return float(value[0])
-    return float(value)
+def _first_item(value: Any) -> Any:
+    """A result as prime reads it: a sequence's first item, anything else as it is."""
+    if isinstance(value, Sequence) and not isinstance(value, str | Mapping) and value:
+        return value[0]
+    return value
 
 
 class PrimeRewardManager(RewardManager):
@@ -35,7 +33,8 @@ class PrimeRewardManager(RewardManager):
 
     Its options (`PrimeOptions`, from reward_model.reward_kwargs): `timeout` seconds per row and
     `num_processes` (None or 0: the CPU count, at most 64). The function must be importable in a
-    fresh process: a module-level function, or a custom_reward_function file.
+    fresh process: a module-level function, or a custom_reward_function file. A custom function's
+    on_error applies ("raise" stops at the first fault).
     """
 
     Options = PrimeOptions
@@ -45,43 +44,30 @@ class PrimeRewardManager(RewardManager):
         """`RewardManager`'s arguments; starts the pool (which checks that the function can be
         sent to a worker process)."""
         super().__init__(*args, **kwargs)
+        fn, on_error = self.compute_score, "zero"
+        if isinstance(fn, ContainedFunction):
+            fn, on_error = fn.fn, fn.on_error
         workers = self.options.num_processes or min(MAX_PROCESSES, os.cpu_count() or 1)
-        self.pool = ScoringPool(self.compute_score, int(workers), float(self.options.timeout))
+        self.scorer = ContainedFunction(fn, float(self.options.timeout), int(workers), on_error)
+        self.scorer.start()
 
     def score(self, rows: ScoringRows) -> list[Scored]:
         """All rows through the pool; failures score 0.0."""
-        items = [
-            (rows.data_sources[i], rows.responses[i], rows.ground_truths[i], rows.extra_infos[i])
-            for i in range(len(rows))
-        ]
-        outcomes = self.pool.map(items)
-        results = [self._scored(outcome) for outcome in outcomes]
-        failed = Counter(o.status for o in outcomes if not o.ok)
-        if failed:
-            first = next(o for o in outcomes if not o.ok)
-            print(
-                f"jrl: prime reward manager: {sum(failed.values())} of {len(rows)} rows scored "
-                f"0.0 ({dict(failed)}); first: {first.message}",
-                flush=True,
+        calls = [
+            ((source, response, truth, info), {})
+            for source, response, truth, info in zip(
+                rows.data_sources, rows.responses, rows.ground_truths, rows.extra_infos, strict=True
             )
+        ]
+        outcomes = self.scorer.outcomes(calls)
+        results = []
+        for row, outcome in enumerate(outcomes):
+            if outcome.ok:
+                outcome = dataclasses.replace(outcome, value=_first_item(outcome.value))
+            value, info = self.scorer.checked(outcome, row, rows.data_sources[row])
+            results.append(Scored(value, {"acc": value, FAULT_COLUMN: info[FAULT_COLUMN]}))
         return results
-
-    @staticmethod
-    def _scored(outcome: Outcome) -> Scored:
-        value = 0.0
-        status = outcome.status
-        if outcome.ok:
-            try:
-                value = _as_float(outcome.value)
-            except (KeyError, IndexError, TypeError, ValueError):
-                status = "error"
-        info = {
-            "acc": value,
-            "reward_error": status in ("error", "crashed"),
-            "reward_timeout": status == "timeout",
-        }
-        return Scored(value, info)
 
     def close(self) -> None:
         """Stops the worker processes."""
-        self.pool.close()
+        self.scorer.close()

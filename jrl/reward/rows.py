@@ -27,6 +27,27 @@ class ScoringRows:
     def __len__(self) -> int:
         return len(self.responses)
 
+    def keyword_calls(
+        self, responses: list[str] | None = None
+    ) -> list[tuple[tuple[()], dict[str, Any]]]:
+        """Each row's call of a scoring function: verl's keywords data_source, solution_str
+        (`responses` when given, else the decoded response), ground_truth and extra_info."""
+        responses = self.responses if responses is None else responses
+        return [
+            (
+                (),
+                {
+                    "data_source": source,
+                    "solution_str": response,
+                    "ground_truth": truth,
+                    "extra_info": info,
+                },
+            )
+            for source, response, truth, info in zip(
+                self.data_sources, responses, self.ground_truths, self.extra_infos, strict=True
+            )
+        ]
+
 
 def decode_rows(
     batch: Batch, tokenizer: PreTrainedTokenizerBase, reward_fn_key: str

@@ -146,14 +146,42 @@ class UserManager:
     kwargs: Mapping[str, Any]
 
 
+# What a fault of a user's reward function does (custom_reward_function.on_error).
+ON_ERROR = ("zero", "raise")
+
+
 @dataclasses.dataclass(frozen=True)
 class CustomRewardFunction:
     """custom_reward_function: function `name` of the file (or ``pkg://module``) at `path`;
-    `kwargs` are added to every call and win over the caller's."""
+    `kwargs` are added to every call and win over the caller's.
+
+    It runs contained (`jrl.reward.guard`): in `num_workers` worker processes (0: up to 4),
+    `timeout` seconds per call; `on_error` says what a fault does ("zero": the row scores 0
+    and is counted; "raise": the run stops).
+    """
 
     path: str
     name: str
     kwargs: Mapping[str, Any]
+    timeout: float = 60.0
+    num_workers: int = 0
+    on_error: str = "zero"
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ValueError(
+                f"custom_reward_function.timeout must be positive (seconds per call), got "
+                f"{self.timeout}"
+            )
+        if self.num_workers < 0:
+            raise ValueError(
+                f"custom_reward_function.num_workers must be >= 0 (0: up to 4), got "
+                f"{self.num_workers}"
+            )
+        if self.on_error not in ON_ERROR:
+            raise ValueError(
+                f"custom_reward_function.on_error must be one of {ON_ERROR}, got {self.on_error!r}"
+            )
 
 
 @dataclasses.dataclass(frozen=True)

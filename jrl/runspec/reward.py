@@ -62,12 +62,16 @@ def reward_manager_problems(config: Any) -> Iterator[str]:
 def custom_reward_function(section: KeyReads) -> CustomRewardFunction | None:
     """A ``custom_reward_function`` section's function, or None when no path is set."""
     if not section.path:
-        section.skip("name", "custom_reward_function.path is not set")
+        for key in ("name", "timeout", "num_workers", "on_error"):
+            section.skip(key, "custom_reward_function.path is not set")
         return None
     return CustomRewardFunction(
         path=section.path,
         name=section.name or "compute_score",
         kwargs=MappingProxyType(section.reward_kwargs.whole()),
+        timeout=float(section.timeout),
+        num_workers=int(section.num_workers or 0),
+        on_error=section.on_error,
     )
 
 

@@ -35,6 +35,7 @@ from jrl.parallel import (
     score_per_process,
 )
 from jrl.parallel.devices import check_device
+from jrl.reward.guard import fault_metrics
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
@@ -167,6 +168,7 @@ class PPOTrainer:
                 batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
             reward = score_per_process(self.reward_fn, batch)
             batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
+            metrics.update(fault_metrics(reward["reward_extra_info"]))
         if spec.rollout_data_dir:
             with timer("dump_rollout_generations", timing):
                 self.dump_rollout(batch, reward["reward_extra_info"], step)
