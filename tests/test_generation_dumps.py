@@ -99,8 +99,9 @@ def test_tiny_run_dumps_rollout_and_validation_generations(tmp_path, capsys):
 
     rollout = _rows(tmp_path / "rollout" / "1.jsonl")
     assert len(rollout) == config.data.train_batch_size * config.actor_rollout_ref.rollout.n
-    assert list(rollout[0]) == ["input", "output", "gts", "score", "step", "length"]
-    assert all(row["step"] == 1 for row in rollout)
+    # reward_fault: the custom function's fault per row ("" for none), as it runs contained
+    assert list(rollout[0]) == ["input", "output", "gts", "score", "step", "length", "reward_fault"]
+    assert all(row["step"] == 1 and row["reward_fault"] == "" for row in rollout)
     assert any(row["score"] for row in rollout)
     mean_score = sum(row["score"] for row in rollout) / len(rollout)
     assert mean_score == pytest.approx(metrics["critic/score/mean"], abs=1e-6)

@@ -14,6 +14,11 @@ Offline generators:
 - `gsm_symbolic`: GSM8K-style templated problems from the `reasoning-gym` package, installed by
   the `offline-data` extra.
 
+With ``--agent tool``, the rows take the schema of verl's GSM8K tool-agent example: agent_name
+"tool_agent", a system message asking the model to check its answer with the
+``calc_gsm8k_reward`` tool, and extra_info's ``tools_kwargs`` (the tool's ground truth) and
+``interaction_kwargs`` (query and ground truth, for the GSM8K interaction).
+
 Each row: data_source "openai/gsm8k" (scored by verl's strict GSM8K rule: the last ``#### N``)
 unless the generator says otherwise, prompt [{"role": "user", "content": question + " " +
 instruction}] (`INSTRUCTION`, verl's, unless the generator says otherwise), ability "math",
@@ -40,6 +45,13 @@ WORD_PROBLEMS = "jrl/word_problems"
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 ANSWER_ONLY = "Answer with the number only, after '#### '."
 GENERATORS = ("arithmetic", "one_step", "gsm_symbolic")
+AGENTS = ("tool",)
+TOOL_AGENT_INSTRUCTION = "Let's think step by step and output the final answer after `####`."
+TOOL_AGENT_SYSTEM = (
+    "You solve math word problems. Think step by step first. Before you give the final answer, "
+    "check it at least once with the `calc_gsm8k_reward` tool, and correct it if the tool says "
+    "it is wrong. Write the final answer as `#### <answer>`."
+)
 SPLIT_SIZES = {"train": 7473, "test": 1319}
 _ANSWER = re.compile(r"#### (\-?[0-9\.\,]+)")
 
@@ -92,6 +104,35 @@ def gsm8k_rows(
             }
         )
     return rows
+
+
+def tool_agent_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """GSM8K `rows` in the schema of verl's tool-agent example: agent_name "tool_agent", the
+    system message, the question with `TOOL_AGENT_INSTRUCTION`, and extra_info's tools_kwargs
+    (``calc_gsm8k_reward``'s create_kwargs: the ground truth) and interaction_kwargs."""
+    out = []
+    for row in rows:
+        info, truth = row["extra_info"], row["reward_model"]["ground_truth"]
+        question = info["question"]
+        out.append(
+            {
+                **row,
+                "agent_name": "tool_agent",
+                "prompt": [
+                    {"role": "system", "content": TOOL_AGENT_SYSTEM},
+                    {"role": "user", "content": question + " " + TOOL_AGENT_INSTRUCTION},
+                ],
+                "extra_info": {
+                    **info,
+                    "need_tools_kwargs": True,
+                    "tools_kwargs": {
+                        "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}
+                    },
+                    "interaction_kwargs": {"query": question, "ground_truth": truth},
+                },
+            }
+        )
+    return out
 
 
 # The problem kinds of `_problem`: the first three take one step.
@@ -182,6 +223,12 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
     parser.add_argument("--train_size", type=int, default=None, help="rows in train.parquet")
     parser.add_argument("--test_size", type=int, default=None, help="rows in test.parquet")
     parser.add_argument("--seed", type=int, default=0, help="seed of the offline generator")
+    parser.add_argument(
+        "--agent",
+        choices=AGENTS,
+        default=None,
+        help="rows for an agent loop: 'tool' gives verl's GSM8K tool-agent schema",
+    )
     args = parser.parse_args(argv)
     sizes = {"train": args.train_size, "test": args.test_size}
     rows_by_split = {}
@@ -200,6 +247,8 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         else:
             print(f"jrl: loading {DATA_SOURCE} ({split}) from the Hugging Face hub", flush=True)
             rows_by_split[split] = gsm8k_rows(load_hub_records(split, size), split)
+        if args.agent == "tool":
+            rows_by_split[split] = tool_agent_rows(rows_by_split[split])
     return write_gsm8k(args.local_dir, rows_by_split)
 
 
