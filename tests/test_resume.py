@@ -37,9 +37,9 @@ def _env(metrics_file: Path) -> dict[str, str]:
     return {**os.environ, "XLA_FLAGS": "", "JRL_FILE_LOGGER_PATH": str(metrics_file)}
 
 
-def _run(run_dir: Path, metrics_file: Path) -> str:
+def _run(run_dir: Path, metrics_file: Path, args: list[str] | None = None) -> str:
     done = subprocess.run(
-        [sys.executable, "-m", "jrl.train", *_args(run_dir)],
+        [sys.executable, "-m", "jrl.train", *(args or _args(run_dir))],
         cwd=REPO,
         env=_env(metrics_file),
         capture_output=True,
@@ -76,9 +76,9 @@ def reference(reference_run) -> dict[int, dict]:
     return metrics
 
 
-def _kill_when(run_dir: Path, metrics_file: Path, condition) -> str:
+def _kill_when(run_dir: Path, metrics_file: Path, condition, args: list[str] | None = None) -> str:
     """Starts a run and SIGKILLs it as soon as `condition(stdout so far)` holds; returns stdout."""
-    run = WatchedRun(_args(run_dir), env={"JRL_FILE_LOGGER_PATH": str(metrics_file)})
+    run = WatchedRun(args or _args(run_dir), env={"JRL_FILE_LOGGER_PATH": str(metrics_file)})
     try:
         run.wait_for(lambda: condition(run.output))
     finally:
@@ -142,3 +142,33 @@ def test_a_corrupted_chunk_is_never_resumed_from(reference, reference_run, tmp_p
     out = _assert_resumes_exactly(reference, run_dir, tmp_path / "resumed.jsonl", 2)
     for victim in victims:
         assert f"{victim} is damaged" in out
+
+
+def _lookup_args(run_dir: Path) -> list[str]:
+    """4 steps of configs/lookup_tool_grpo.py (multi-turn rows, tool calls), saved every 2."""
+    return [
+        "--config=configs/lookup_tool_grpo.py",
+        "trainer.total_training_steps=4",
+        "trainer.save_freq=2",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        f"trainer.default_local_dir={run_dir}",
+        "trainer.logger=['console','file']",
+    ]
+
+
+def test_multi_turn_rows_resume_exactly(tmp_path):
+    _run(tmp_path / "ref", tmp_path / "ref.jsonl", _lookup_args(tmp_path / "ref"))
+    reference = _metrics(tmp_path / "ref.jsonl")
+    run_dir = tmp_path / "run"
+    args = _lookup_args(run_dir)
+    _kill_when(run_dir, tmp_path / "killed.jsonl", lambda text: "\nstep:3 - " in text, args)
+    assert int((run_dir / "latest_checkpointed_iteration.txt").read_text()) == 2
+    out = _run(run_dir, tmp_path / "resumed.jsonl", args)
+    assert f"resumed from {run_dir / 'global_step_2'} at global step 2" in out
+    resumed = _metrics(tmp_path / "resumed.jsonl")
+    ignored = (*TIME_DEPENDENT, "agent/tool_latency")
+    for step in (3, 4):
+        assert reference[step]["agent/tool_calls"] > 0
+        same = {k: v for k, v in resumed[step].items() if not k.startswith(ignored)}
+        assert same == {k: v for k, v in reference[step].items() if not k.startswith(ignored)}
