@@ -47,6 +47,6 @@ def get_config(preset: str | None = None) -> ConfigDict:
     multi_turn.tool_config_path = paths["tool_config_path"]
     multi_turn.format = "hermes"
 
-    config.trainer.total_training_steps = 50
+    config.trainer.total_training_steps = 30
     config.trainer.experiment_name = "lookup_tool_grpo"
     return config

@@ -190,9 +190,16 @@ def _build_tiny(paths: dict[str, str]) -> None:
     _write_tiny_model(paths["model_path"], tokenizer, max_positions=1024)
 
 
-def _write_tiny_model(path: str, tokenizer: Any, max_positions: int) -> None:
-    """A Qwen2-style model of `TINY_MODEL`'s shape with random weights (seed 0) for `tokenizer`,
-    saved as an HF folder with the tokenizer."""
+# The lookup task's model: `TINY_MODEL`'s width in 2 heads of 64 (vLLM's CPU attention has no
+# kernel for heads of 16), so that both engines run it.
+LOOKUP_MODEL = {**TINY_MODEL, "hidden_size": 128, "num_heads": 2, "num_kv_heads": 1, "head_dim": 64}
+
+
+def _write_tiny_model(
+    path: str, tokenizer: Any, max_positions: int, shape: dict[str, int] = TINY_MODEL
+) -> None:
+    """A Qwen2-style model of `shape` (`TINY_MODEL`'s by default) with random weights (seed 0)
+    for `tokenizer`, saved as an HF folder with the tokenizer."""
     config = ModelConfig(
         vocab_size=len(tokenizer),
         max_position_embeddings=max_positions,
@@ -204,7 +211,7 @@ def _write_tiny_model(path: str, tokenizer: Any, max_positions: int) -> None:
         bos_token_id=None,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
-        **TINY_MODEL,
+        **shape,
     )
     save_pretrained(init_random(config, seed=0), path, tokenizer=tokenizer)
 
@@ -235,7 +242,7 @@ def _build_lookup(paths: dict[str, str]) -> None:
     lookup.write_tool_config(paths["tool_config_path"])
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = lookup.build_tokenizer(Path(tmp) / "tokenizer")
-    _write_tiny_model(paths["model_path"], tokenizer, max_positions=64)
+    _write_tiny_model(paths["model_path"], tokenizer, max_positions=64, shape=LOOKUP_MODEL)
 
 
 def prepare_smollm2() -> Path:

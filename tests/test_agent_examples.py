@@ -4,10 +4,16 @@ verl's class path, and the keys of ``run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh``
 random model (which does not learn to call the tool: this run shows the plumbing, not learning)."""
 
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import numpy as np
+import pytest
 import yaml
+from helpers import REPO
+from real_vllm import why_no_real_vllm
 
 from jrl import train
 from jrl.agent import AgentContext, AgentRollout, AgentSettings
@@ -150,24 +156,46 @@ def test_verls_gsm8k_tool_agent_example_runs(tmp_path):
     assert (run_dir / "mlruns").is_dir()  # the script's mlflow logger
 
 
-def test_a_tiny_random_model_learns_a_task_only_the_tool_can_solve(tmp_path):
-    """configs/lookup_tool_grpo.py: the secret is only in the tool's answer. Greedy accuracy goes
-    from 0 to 0.9 or more; it stays near chance when the tool's answer or the response mask is
-    wrong (both checked by breaking them once)."""
-    run_dir = tmp_path / "run"
-    train.main(["--config=configs/lookup_tool_grpo.py", f"trainer.default_local_dir={run_dir}"])
+def assert_the_tool_was_learnt(run_dir) -> None:
+    """The lookup run in `run_dir` went from greedy accuracy about 0 to 0.9 or more, calling the
+    tool."""
     steps = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
-    validations = {
-        s["step"]: s["data"] for s in steps if "val-core/jrl/lookup/acc/mean@1" in s["data"]
-    }
+    accuracy = "val-core/jrl/lookup/acc/mean@1"
+    validations = {s["step"]: s["data"] for s in steps if accuracy in s["data"]}
     first, last = validations[0], validations[max(validations)]
-    assert first["val-core/jrl/lookup/acc/mean@1"] <= 0.15
-    assert last["val-core/jrl/lookup/acc/mean@1"] >= 0.9
+    assert first[accuracy] <= 0.15
+    assert last[accuracy] >= 0.9
     assert last["val-aux/jrl/lookup/called/mean@1"] >= 0.9
 
 
+def test_a_tiny_random_model_learns_a_task_only_the_tool_can_solve(tmp_path):
+    """configs/lookup_tool_grpo.py on the JAX sampler: the secret is only in the tool's answer.
+    Breaking the tool's answer keeps the accuracy at chance (checked once)."""
+    run_dir = tmp_path / "run"
+    train.main(["--config=configs/lookup_tool_grpo.py", f"trainer.default_local_dir={run_dir}"])
+    assert_the_tool_was_learnt(run_dir)
+
+
+@pytest.mark.skipif(why_no_real_vllm() is not None, reason=str(why_no_real_vllm()))
+def test_the_tool_is_learnt_on_vllm_too(tmp_path):
+    """The same card with vLLM's CPU build sampling every turn (in a process of its own: one
+    vLLM engine per process)."""
+    run_dir = tmp_path / "run"
+    args = ["--config=configs/lookup_tool_grpo.py", f"trainer.default_local_dir={run_dir}"]
+    done = subprocess.run(
+        [sys.executable, "-m", "jrl.train", *args, f"{AR}.rollout.name=vllm"],
+        cwd=REPO,
+        env={**os.environ, "XLA_FLAGS": ""},
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert_the_tool_was_learnt(run_dir)
+
+
 def test_lookup_rollouts_mask_the_tool_turn_and_carry_each_rows_secret():
-    """The lookup task on the real JAX sampler (random weights, 64 trajectories): each one that
+    """The lookup task on the real JAX sampler (random weights, 128 trajectories): each one that
     calls the tool reads [..., CALL, EOS, @, secret, answer...], with the tool's two tokens
     masked out of the loss and every model token in it."""
     paths = prepare_lookup()
@@ -181,7 +209,7 @@ def test_lookup_rollouts_mask_the_tool_turn_and_carry_each_rows_secret():
     settings = AgentSettings(max_assistant_turns=2, tool_config_path=paths["tool_config_path"])
     context = AgentContext.build(settings, tokenizer)
     agent = AgentRollout(engine, context, {})
-    rows = lookup.make_rows(8, 1, seed=3)["train"]
+    rows = lookup.make_rows(16, 1, seed=3)["train"]
     messages = [row["prompt"] for row in rows]
     prompt_ids = [context.chat.prompt_ids(context.chat.show_tools(m)) for m in messages]
     meta = {key: column([row[key] for row in rows]) for key in ("agent_name", "extra_info")} | {

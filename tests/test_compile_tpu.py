@@ -164,3 +164,20 @@ def test_the_rollout_keeps_one_copy_of_its_kv_cache_on_tpu(head_dim):
     cache = rollout.arguments - per_chip_bytes(roles.rollout.state)
     assert cache > 16 * 2**20, "the cache should dominate this program"
     assert compiled.memory["temp"] < cache / 8, compiled.memory
+
+
+@needs_libtpu
+def test_multi_turn_rollouts_plan_their_later_turns(capsys):
+    """With agent loops the rollout phase also compiles a later round's widest call: every
+    trajectory once more (n=1) after its whole history, padded to a power of two."""
+    status, report = _plan(
+        "--config=configs/lookup_tool_grpo.py",
+        "--topology=v5e:2x2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    )
+    assert status == 0 and report["fits"]
+    (rollout,) = [p for p in report["phases"] if p["phase"] == "rollout"]
+    names = [program["label"] for program in rollout["programs"]]
+    assert names[-1] == "later turns: history bucket 16, 128 rows, 32 slots"  # 4 + 8 -> 16
+    assert all(program["out_of_memory"] is None for program in rollout["programs"])

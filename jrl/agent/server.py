@@ -90,8 +90,10 @@ class TurnServer:
             prompts, sampling, key = shared
         else:
             prompt_ids = [t.prompt_ids for t in turns]
-            width = max(np.asarray(self.prompts["input_ids"]).shape[1], *map(len, prompt_ids))
-            prompts = left_padded(prompt_ids, width, self.engine.pad_token_id)
+            # Histories padded to a power of two: a few program shapes over all rounds and steps
+            # (the widest is the one `jrl.compile` plans).
+            longest = max(np.asarray(self.prompts["input_ids"]).shape[1], *map(len, prompt_ids))
+            prompts = left_padded(prompt_ids, ceil_pow2(longest), self.engine.pad_token_id)
             longest = max(t.max_tokens for t in turns)
             tokens = min(self.engine.response_length, ceil_pow2(longest))
             sampling = dataclasses.replace(self.sampling, n=1, max_new_tokens=tokens)

@@ -3,8 +3,9 @@ shape the trainer would feed its jitted functions for a batch of full-length row
 ``data.max_prompt_length`` and every response ``data.max_response_length`` tokens, the most a
 step can hold), through the roles' own batching (micro-batches, dynamic batch sizes, packing).
 
-Phases, in verl's order: ``rollout`` (one program per prompt bucket the engine may use),
-``old_log_prob``, ``ref``, ``values``, ``update_critic``, ``update_actor``.
+Phases, in verl's order: ``rollout`` (one program per prompt bucket the engine may use; with
+agent loops, also a later turn's widest call), ``old_log_prob``, ``ref``, ``values``,
+``update_critic``, ``update_actor``.
 
 Each program carries analytic FLOPs (verl's count, `jrl.trainer.io.flops`: the compiler counts
 a loop body once and a Pallas kernel as zero) and the HBM bytes it must at least move per chip
@@ -25,6 +26,8 @@ import numpy as np
 from jrl.parallel import data_parallel_size, replicated
 from jrl.plan.roles import Roles
 from jrl.rollout.limits import ceil_pow2
+from jrl.runspec.agent import uses_agent_loops
+from jrl.runspec.reads import KeyReads
 from jrl.trainer.io.flops import train_flops
 from jrl.trainer.roles.critic import FORWARD_KEYS as VALUE_KEYS
 from jrl.trainer.roles.critic import UPDATE_KEYS as CRITIC_KEYS
@@ -186,6 +189,26 @@ def _rollout_programs(roles: Roles, rows: int, prompt: int, response: int, flops
         )
 
 
+def _later_turn_program(roles: Roles, rows: int, prompt: int, response: int) -> Program:
+    """Multi-turn rollouts (agent loops): a later round samples each waiting trajectory once
+    more (n = 1) after its whole history, prompt and response so far (`TurnServer`). The widest
+    such call: every trajectory, the history's bucket, the whole response budget."""
+    rollout = roles.rollout
+    width = ceil_pow2(prompt + response)
+    sampling = dataclasses.replace(roles.sampling, n=1)
+    replicas = rollout.mesh.shape["data"] * rollout.mesh.shape["fsdp"]
+    plan = rollout.plan(ceil_pow2(math.ceil(rows / replicas)), width, sampling)
+    cache = rollout.cache_bytes(replicas * plan.slots, width, sampling)
+    return Program(
+        "rollout",
+        f"later turns: history bucket {width}, {rows} rows, {plan.slots} slots",
+        lambda: rollout.lower(rows, width, sampling),
+        0.0,
+        0.0,
+        per_chip_bytes(rollout.state) + cache // rollout.mesh.size,
+    )
+
+
 def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) -> list[Program]:
     """Every program of one training step of `config` (see the module docstring); with
     `largest_bucket_only`, the rollout's widest prompt bucket only (the one that sets its peak)."""
@@ -199,6 +222,8 @@ def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) 
     out = list(_rollout_programs(roles, rows, prompt, response, forward))
     if largest_bucket_only:
         out = out[-1:]
+    if uses_agent_loops(KeyReads(config).actor_rollout_ref.rollout, read=False):
+        out.append(_later_turn_program(roles, rows, prompt, response))
     actor = roles.actor
     log_prob_keys = {k: batch[k] for k in FORWARD_KEYS}
     out += _forward_programs(
