@@ -6,13 +6,20 @@ import json
 import math
 import time
 
+import numpy as np
 import pytest
 from helpers import row_scores, text_batch
 
 from jrl import train
 from jrl.config import default_config
 from jrl.reward import load_reward_manager
-from jrl.reward.guard import FAULT_METRICS, RewardFault, checked_score, fault_metrics
+from jrl.reward.guard import (
+    FAULT_METRICS,
+    RewardFault,
+    checked_score,
+    fault_metrics,
+    finite_rewards,
+)
 from jrl.runspec.reads import KeyReads
 from jrl.runspec.reward import reward_settings
 
@@ -155,6 +162,23 @@ def test_on_error_raise_stops_at_the_first_fault(tokenizer, tmp_path):
         settings(path, timeout=0)
 
 
+class NaNManager:
+    """A user's reward manager class whose tensor holds NaN and inf on some rows."""
+
+
+def test_a_managers_non_finite_rows_score_zero_and_are_counted(capsys):
+    tensor = np.zeros((4, 3), np.float32)
+    tensor[1, 2], tensor[2, 0], tensor[3, 1] = np.nan, 1.0, -np.inf
+    reward = {"reward_tensor": tensor, "reward_extra_info": {"acc": [1, 0, 1, 0]}}
+    out = finite_rewards(reward, NaNManager())
+    np.testing.assert_array_equal(out["reward_tensor"].sum(-1), [0.0, 0.0, 1.0, 0.0])
+    assert out["reward_extra_info"]["reward_fault"] == ["", "non_finite", "", "non_finite"]
+    assert fault_metrics(out["reward_extra_info"])["reward/non_finite"] == 2.0
+    assert "NaNManager gave 2 rows non-finite scores (first: row 1)" in capsys.readouterr().out
+    clean = {"reward_tensor": np.ones((2, 3), np.float32), "reward_extra_info": {}}
+    assert finite_rewards(clean, NaNManager()) is clean
+
+
 def test_a_training_run_survives_a_misbehaving_reward_function(tmp_path, capsys):
     path = tmp_path / "cycling.py"
     path.write_text(CYCLING_SCORER)
@@ -182,3 +206,40 @@ def test_a_training_run_survives_a_misbehaving_reward_function(tmp_path, capsys)
     assert "cycling.py): error on row " in log and "ZeroDivisionError" in log
     for kind in FAULT_METRICS:
         assert f"): {kind} on row " in log
+
+
+NAN_MANAGER = """
+import numpy as np
+
+
+class NaNRows:
+    \"\"\"A user's reward manager (verl's arguments) that scores its first row NaN.\"\"\"
+
+    def __init__(self, tokenizer, num_examine, compute_score, reward_fn_key):
+        pass
+
+    def __call__(self, batch, return_dict=False):
+        scores = np.zeros(np.shape(batch["responses"]), np.float32)
+        scores[0, 0] = np.nan
+        return {"reward_tensor": scores, "reward_extra_info": {}} if return_dict else scores
+"""
+
+
+def test_a_run_with_a_manager_that_gives_nan_trains_on(tmp_path):
+    path = tmp_path / "nan_manager.py"
+    path.write_text(NAN_MANAGER)
+    run_dir = tmp_path / "run"
+    train.main(
+        [
+            "--config=configs/digits_grpo.py",
+            "reward_manager.source=importlib",
+            f"reward_manager.module.path={path}",
+            "reward_manager.module.name=NaNRows",
+            "trainer.total_training_steps=1",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=-1",
+            f"trainer.default_local_dir={run_dir}",
+        ]
+    )
+    (step,) = [json.loads(line)["data"] for line in (run_dir / "metrics.jsonl").open()]
+    assert step["reward/non_finite"] == 1.0 and math.isfinite(step["actor/pg_loss"])

@@ -200,6 +200,29 @@ class ContainedFunction:
         self.start().close()
 
 
+def finite_rewards(reward: dict[str, Any], manager: Any) -> dict[str, Any]:
+    """`reward` (a manager's ``{"reward_tensor", "reward_extra_info"}``) with every row whose
+    token scores are not all finite scored 0 and marked "non_finite" in its ``reward_fault``
+    column; printed once per call, naming the `manager` and the first such row. (A user's
+    manager class returns its tensor whole, so it is checked here, before any loss sees it.)"""
+    tensor = np.asarray(reward["reward_tensor"], np.float32)
+    bad = ~np.isfinite(tensor).all(axis=-1)
+    if not bad.any():
+        return reward
+    rows = np.flatnonzero(bad)
+    print(
+        f"jrl: the reward manager {type(manager).__name__} gave {len(rows)} rows non-finite "
+        f"scores (first: row {rows[0]}); they score 0 and are counted in reward/non_finite",
+        flush=True,
+    )
+    info = dict(reward["reward_extra_info"])
+    column = list(info.get(FAULT_COLUMN) or [""] * len(tensor))
+    for row in rows:
+        column[row] = "non_finite"
+    info[FAULT_COLUMN] = column
+    return {"reward_tensor": np.where(bad[:, None], 0.0, tensor), "reward_extra_info": info}
+
+
 def fault_metrics(extra_info: Mapping[str, Sequence[Any]]) -> dict[str, float]:
     """Counts of faulted rows per kind (`FAULT_METRICS`) from a reward's ``reward_fault``
     column; empty when the reward was not contained."""

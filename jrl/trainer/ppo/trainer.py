@@ -35,7 +35,7 @@ from jrl.parallel import (
     score_per_process,
 )
 from jrl.parallel.devices import check_device
-from jrl.reward.guard import fault_metrics
+from jrl.reward.guard import fault_metrics, finite_rewards
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
@@ -166,7 +166,7 @@ class PPOTrainer:
         with timer("reward", timing):
             if self.reward_model is not None:
                 batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
-            reward = score_per_process(self.reward_fn, batch)
+            reward = finite_rewards(score_per_process(self.reward_fn, batch), self.reward_fn)
             batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
             metrics.update(fault_metrics(reward["reward_extra_info"]))
         if spec.rollout_data_dir:
@@ -244,8 +244,8 @@ class PPOTrainer:
         greedy answer per prompt, repeated for its n rows."""
         greedy = dataclasses.replace(self.sampling, do_sample=False, n=1)
         batch = host_batch(self.rollout.generate(prompts, greedy, self.rng))
-        scores = score_per_process(self.reward_fn, batch)["reward_tensor"].sum(-1)
-        return np.repeat(scores, self.sampling.n)
+        reward = finite_rewards(score_per_process(self.reward_fn, batch), self.reward_fn)
+        return np.repeat(reward["reward_tensor"].sum(-1), self.sampling.n)
 
     def train_step(
         self, prompts: Batch, step: int, epoch: int, timing: dict[str, float]
@@ -314,7 +314,7 @@ class PPOTrainer:
         prompts = prompts.union(Batch(meta={"uid": uids}))
         key = jax.random.fold_in(self.rng, 1)
         batch = host_batch(self.rollout.generate(prompts, self.val_sampling, key))
-        reward = score_per_process(self.val_reward_fn, batch)
+        reward = finite_rewards(score_per_process(self.val_reward_fn, batch), self.val_reward_fn)
         scores = reward["reward_tensor"].sum(-1).tolist()
         infos = {**reward["reward_extra_info"], "reward": scores}
         self.keep_val_generations(batch, scores, infos, step)
