@@ -17,12 +17,14 @@ from real_vllm import why_no_real_vllm
 
 from jrl import train
 from jrl.agent import AgentContext, AgentRollout, AgentSettings
+from jrl.agent.parser import parse_hermes
 from jrl.assets import prepare_lookup
 from jrl.batch import Batch
-from jrl.data import gsm8k, lookup
+from jrl.data import arithmetic, gsm8k, lookup
 from jrl.data.lookup_tokens import CALL, TOOL_MARK
 from jrl.data.tokenizer import load_tokenizer
 from jrl.models import from_pretrained
+from jrl.reward import default_compute_score
 from jrl.rollout import JaxRollout, SamplingParams
 
 AR = "actor_rollout_ref"
@@ -244,3 +246,21 @@ def test_lookup_rollouts_mask_the_tool_turn_and_carry_each_rows_secret():
         np.testing.assert_array_equal(mask, expected, err_msg=f"row {i}: {ids}")
     assert answered >= 2  # random weights call now and then; key 0 gives a few calls
     assert agent.stats["agent/tool_calls"] >= answered
+
+
+def test_arithmetic_traces_call_the_calculator_with_the_question_and_score():
+    """bench/tool_use.py's data: each warm-up trace's call parses (Hermes) to the calculator
+    with the question's expression, and the tool's answer is the value the reward wants."""
+    rows = arithmetic.make_rows(4, 0, "test")
+    assert rows == arithmetic.make_rows(4, 0, "test") != arithmetic.make_rows(4, 1, "test")
+    for trace in arithmetic.sft_traces(4, 0, "tools here"):
+        system, user, call, tool, answer = trace["messages"]
+        (parsed,) = parse_hermes(call["content"]).calls
+        expression = json.loads(parsed.arguments)["expression"]
+        assert parsed.name == "calculator" and f"What is {expression}?" in user["content"]
+        assert system["content"] == "tools here"
+        assert answer["content"] == f"#### {tool['content']}"
+        assert int(tool["content"]) == eval(expression)  # the test's own two-digit expression
+    score = default_compute_score("jrl/arithmetic", "<tool_call>{}</tool_call>\n#### 131", "131")
+    assert score == {"score": 1.0, "acc": 1.0, "called": 1.0}
+    assert default_compute_score("jrl/arithmetic", "#### 130", "131")["score"] == 0.0

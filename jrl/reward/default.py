@@ -5,7 +5,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from jrl.reward import digits, gsm8k, lookup, math
+from jrl.reward import arithmetic, digits, gsm8k, lookup, math
 
 _SCORERS = {
     "openai/gsm8k": gsm8k.compute_score,
@@ -14,6 +14,7 @@ _SCORERS = {
     "HuggingFaceH4/MATH-500": math.compute_score,
     "jrl/digits": digits.compute_score,
     "jrl/lookup": lookup.compute_score,
+    "jrl/arithmetic": arithmetic.compute_score,
     "jrl/word_problems": partial(gsm8k.compute_score, method="flexible"),
 }
 
@@ -49,8 +50,9 @@ def default_compute_score(
     openai/gsm8k uses the GSM8K scorer; lighteval/MATH, DigitalLearningGmbH/MATH-lighteval and
     HuggingFaceH4/MATH-500 the boxed-answer MATH scorer; jrl/digits (`jrl.data.digits`) the
     first-word match of the digits task; jrl/lookup (`jrl.data.lookup`) the answer after the
-    lookup tool's; jrl/word_problems (`jrl.data.gsm8k`'s one_step
-    problems) the GSM8K scorer in its flexible mode (the last number). Other sources raise
+    lookup tool's; jrl/arithmetic (`jrl.data.arithmetic`) the last number; jrl/word_problems
+    (`jrl.data.gsm8k`'s one_step problems) the GSM8K scorer in its flexible mode (the last
+    number). Other sources raise
     NotImplementedError; score them with custom_reward_function.path / custom_reward_function.name.
     """
     scorer = _SCORERS.get(data_source)
