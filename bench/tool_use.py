@@ -7,9 +7,10 @@ the rate of answers that call the tool.
 
 1. ``base``: the pretrained model (the baseline, in the same run).
 2. ``sft``: after a warm-up with ``jrl.sft`` on ``--sft-rows`` synthetic traces (question,
-   calculator call, the tool's answer, ``#### <answer>``), ``--sft-steps`` steps. The base model
-   never calls the tool (0 of 128 sampled answers at temperature 1), so RL alone has nothing to
-   reinforce: the warm-up is what makes it try.
+   calculator call, the tool's answer, ``#### <answer>``), ``--sft-steps`` steps of 8 rows. The
+   base model does not call the tool even when sampling (a probe: 0 of 128 answers at
+   temperature 1, the tools listed in its system message), so RL alone has nothing to reinforce:
+   the warm-up is what makes it try.
 3. ``rl``: then ``--rl-steps`` GRPO steps (configs/word_problems_grpo.py's algorithm) with
    multi-turn rollouts through the tool agent, rewarded by the answer only.
 
@@ -207,8 +208,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--sft-rows", type=int, default=32, help="synthetic traces per seed")
-    parser.add_argument("--sft-steps", type=int, default=4, help="warm-up steps (8 rows each)")
-    parser.add_argument("--rl-steps", type=int, default=4, help="GRPO steps after the warm-up")
+    parser.add_argument("--sft-steps", type=int, default=8, help="warm-up steps (8 rows each)")
+    parser.add_argument("--rl-steps", type=int, default=3, help="GRPO steps after the warm-up")
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "tool_use")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -27,11 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from jrl.data.atomic import atomic_dir
 from jrl.data.splits import write_splits
+from jrl.data.tokenizer import character_tokenizer
 
 DATA_SOURCE = "jrl/digits"
 EOS_TOKEN = "<|endoftext|>"
@@ -43,18 +42,7 @@ NUM_DIGITS = 4
 def build_tokenizer(out_dir: str | os.PathLike) -> PreTrainedTokenizerFast:
     """The task's tokenizer (`VOCABULARY`, one token per character, eos = pad), saved as an HF
     folder at `out_dir`. Characters outside the vocabulary (spaces too) are dropped."""
-    chars = Tokenizer(models.BPE(vocab={token: i for i, token in enumerate(VOCABULARY)}, merges=[]))
-    chars.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    chars.decoder = decoders.ByteLevel()
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=chars,
-        eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        chat_template=CHAT_TEMPLATE,
-    )
-    with atomic_dir(out_dir) as tmp:
-        tokenizer.save_pretrained(tmp)
-    return tokenizer
+    return character_tokenizer(out_dir, VOCABULARY, EOS_TOKEN, CHAT_TEMPLATE)
 
 
 def _row(digits: str, split: str, index: int) -> dict[str, Any]:

@@ -25,11 +25,10 @@ from typing import Any
 
 import numpy as np
 import yaml
-from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from jrl.data.atomic import atomic_dir
 from jrl.data.lookup_tokens import CALL, DATA_SOURCE, TOOL_MARK
+from jrl.data.tokenizer import character_tokenizer
 
 EOS_TOKEN = "<|endoftext|>"
 VOCABULARY = (EOS_TOKEN, *"0123456789", "?", TOOL_MARK)
@@ -62,19 +61,7 @@ TOOL_CONFIG = {
 def build_tokenizer(out_dir: str | os.PathLike) -> PreTrainedTokenizerFast:
     """The task's tokenizer (`VOCABULARY` and the `CALL` token; eos = pad), saved as an HF
     folder at `out_dir`."""
-    chars = Tokenizer(models.BPE(vocab={token: i for i, token in enumerate(VOCABULARY)}, merges=[]))
-    chars.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    chars.decoder = decoders.ByteLevel()
-    chars.add_tokens([AddedToken(CALL, normalized=False)])
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=chars,
-        eos_token=EOS_TOKEN,
-        pad_token=EOS_TOKEN,
-        chat_template=CHAT_TEMPLATE,
-    )
-    with atomic_dir(out_dir) as tmp:
-        tokenizer.save_pretrained(tmp)
-    return tokenizer
+    return character_tokenizer(out_dir, VOCABULARY, EOS_TOKEN, CHAT_TEMPLATE, added_tokens=[CALL])
 
 
 def make_rows(train_size: int, test_size: int, seed: int = 0) -> dict[str, list[dict[str, Any]]]:

@@ -7,7 +7,7 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from jrl.data.atomic import atomic_dir
@@ -121,3 +121,28 @@ def tokenizer_of(settings: TokenizerSettings) -> PreTrainedTokenizerBase:
         )
     except (FileNotFoundError, OSError) as err:
         raise FileNotFoundError(f"{settings.key}: {err}") from err
+
+
+def character_tokenizer(
+    out_dir: str | os.PathLike,
+    vocabulary: Iterable[str],
+    eos_token: str,
+    chat_template: str,
+    added_tokens: Iterable[str] = (),
+) -> PreTrainedTokenizerFast:
+    """A toy task's tokenizer: one token per character of `vocabulary` (byte-level, no merges;
+    other characters, spaces too, are dropped), then each of `added_tokens` whole; eos = pad =
+    `eos_token`. Saved as an HF folder at `out_dir`."""
+    chars = Tokenizer(models.BPE(vocab={token: i for i, token in enumerate(vocabulary)}, merges=[]))
+    chars.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    chars.decoder = decoders.ByteLevel()
+    chars.add_tokens([AddedToken(token, normalized=False) for token in added_tokens])
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=chars,
+        eos_token=eos_token,
+        pad_token=eos_token,
+        chat_template=chat_template,
+    )
+    with atomic_dir(out_dir) as tmp:
+        tokenizer.save_pretrained(tmp)
+    return tokenizer
