@@ -175,6 +175,11 @@ def test_tool_agent_keeps_sampled_tokens_and_masks_the_tool_turn(tokenizer, tmp_
     assert stats["agent/tool_calls"] == 1 and stats["agent/tool_errors"] == 0
     assert stats["agent/tokenization_mismatch"] == 0  # strict: equals the whole chat at once
     assert stats["agent/num_turns/max"] == 4
+    # Round 2 prefills row 0's whole context again; a kept cache would need turn 1's EOS and the
+    # delta only.
+    first_round = sum(map(len, engine.calls[0]))
+    assert stats["agent/prefill_tokens"] == first_round + len(engine.calls[1][0])
+    assert stats["agent/prefill_tokens_if_kv_kept"] == first_round + 1 + len(delta)
 
 
 def test_tool_schemas_reach_the_prompt(tokenizer):

@@ -89,6 +89,7 @@ class AgentRollout:
             **agent_metrics(outputs, self.response_length),
             "agent/rounds": float(server.rounds),
             "agent/prefill_tokens": float(server.tokens_prefilled),
+            "agent/prefill_tokens_if_kv_kept": float(server.tokens_new),
         }
         return batch
 

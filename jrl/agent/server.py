@@ -61,6 +61,10 @@ class TurnServer:
         self.arrived = asyncio.Event()
         self.rounds = 0
         self.tokens_prefilled = 0
+        # What a cache kept between turns would prefill instead: each row's new tokens only
+        # (its previous turn's last token, whose keys were never written, and the appended turn).
+        self.tokens_new = 0
+        self._contexts: dict[int, list[int]] = {}
 
     async def generate(
         self,
@@ -98,7 +102,9 @@ class TurnServer:
             tokens = min(self.engine.response_length, ceil_pow2(longest))
             sampling = dataclasses.replace(self.sampling, n=1, max_new_tokens=tokens)
             key = jax.random.fold_in(self.key, self.rounds)
-        self.tokens_prefilled += int(np.asarray(prompts["attention_mask"]).sum())
+        prefilled = int(np.asarray(prompts["attention_mask"]).sum())
+        self.tokens_prefilled += prefilled
+        self.tokens_new += prefilled if shared else sum(map(self._new_tokens, turns))
         out = self.engine.generate(prompts, sampling, key)
         self.rounds += 1
         responses = np.asarray(out["responses"])
@@ -110,6 +116,15 @@ class TurnServer:
             ids = responses[i, :keep].tolist()
             probs = None if log_probs is None else log_probs[i, :keep].tolist()
             turn.answer.set_result(TokenOutput(ids, probs))
+            self._contexts[turn.row] = turn.prompt_ids + ids
+
+    def _new_tokens(self, turn: _Turn) -> int:
+        """Tokens of `turn`'s context that its row's previous turn left without keys: that
+        turn's last token and what was appended since (all of them for a first turn)."""
+        before = self._contexts.get(turn.row)
+        if before is None or turn.prompt_ids[: len(before)] != before:
+            return len(turn.prompt_ids)
+        return len(turn.prompt_ids) - len(before) + 1
 
     def _shared_round(self, turns: list[_Turn]) -> tuple[Batch, SamplingParams, jax.Array] | None:
         """Round 0's call when it can be the single-turn call: every row waits, asking for the
