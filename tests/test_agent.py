@@ -362,3 +362,50 @@ def test_agent_settings_refuse_bad_values():
         AgentSettings(tool_response_truncate_side="top")
     with pytest.raises(SettingsError, match="tool_timeout"):
         dataclasses.replace(AgentSettings(), tool_timeout=0)
+
+
+class RecordingEngine:
+    """Stand-in for an engine (the test is about the calls the server makes): answers row i of
+    a call with the token 100 + i, and records each call's prompt ids and n."""
+
+    response_length, pad_token_id, eos_token_ids, stats = 4, 0, (1,), {}
+
+    def __init__(self):
+        self.calls = []
+
+    def generate(self, prompts, sampling, key):
+        ids, mask = np.asarray(prompts["input_ids"]), np.asarray(prompts["attention_mask"])
+        self.calls.append(([r[m > 0].tolist() for r, m in zip(ids, mask, strict=True)], sampling.n))
+        rows = len(ids) * sampling.n
+        responses = np.full((rows, 4), 1, np.int32)
+        responses[:, 0] = 100 + np.arange(rows)
+        return Batch({"responses": responses, "response_mask": np.ones_like(responses)})
+
+
+def test_a_first_round_with_a_system_message_still_prefills_each_prompt_once():
+    """Round 0 whose contexts differ from the batch's prompts (a loop added the tools' listing)
+    but agree within each group: one call, n answers per prompt, each row its own answer."""
+    from jrl.agent.server import ROW, TurnServer
+
+    engine = RecordingEngine()
+    prompts = Batch({"input_ids": np.array([[5, 6], [7, 8]], np.int32),
+                     "attention_mask": np.ones((2, 2), np.int32)})  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=4, eos_token_ids=(1,), pad_token_id=0, n=2)
+    server = TurnServer(engine, prompts, sampling, jax.random.key(0))
+    contexts = [[9, 5, 6], [9, 5, 6], [9, 7, 8], [9, 7, 8]]  # system token 9, then the prompt
+
+    async def ask(row):
+        ROW.set(row)
+        return await server.generate(str(row), prompt_ids=contexts[row])
+
+    async def main():
+        tasks = [asyncio.create_task(ask(row)) for row in range(4)]
+        while len(server.waiting) < 4:
+            await asyncio.sleep(0)
+        server.flush()
+        return await asyncio.gather(*tasks)
+
+    answers = asyncio.run(main())
+    assert engine.calls == [([[9, 5, 6], [9, 7, 8]], 2)]
+    assert [a.token_ids[0] for a in answers] == [100, 101, 102, 103]
+    assert server.tokens_prefilled == 6

@@ -127,15 +127,21 @@ class TurnServer:
         return len(turn.prompt_ids) - len(before) + 1
 
     def _shared_round(self, turns: list[_Turn]) -> tuple[Batch, SamplingParams, jax.Array] | None:
-        """Round 0's call when it can be the single-turn call: every row waits, asking for the
-        whole budget with its group's prompt as the batch holds it."""
+        """Round 0's call with n answers per prompt, when every row waits, asking for the whole
+        budget, with the same context as the other rows of its group: the single-turn call
+        itself when those contexts are the batch's prompts, else the same call over them (a
+        loop that adds a system message, such as the tools' listing, still prefills each prompt
+        once for its n answers)."""
         if self.rounds or len(turns) != self.rows:
             return None
-        full = self.engine.response_length
+        n, full = self.sampling.n, self.engine.response_length
+        groups = [turns[i : i + n] for i in range(0, len(turns), n)]
+        if any(t.max_tokens < full or t.prompt_ids != g[0].prompt_ids for g in groups for t in g):
+            return None
         ids = np.asarray(self.prompts["input_ids"])
         mask = np.asarray(self.prompts["attention_mask"]).astype(bool)
-        for turn in turns:
-            prompt = turn.row // self.sampling.n
-            if turn.max_tokens < full or turn.prompt_ids != ids[prompt][mask[prompt]].tolist():
-                return None
-        return self.prompts, self.sampling, self.key
+        contexts = [g[0].prompt_ids for g in groups]
+        if all(c == row[m].tolist() for c, row, m in zip(contexts, ids, mask, strict=True)):
+            return self.prompts, self.sampling, self.key
+        width = ceil_pow2(max(ids.shape[1], *map(len, contexts)))
+        return left_padded(contexts, width, self.engine.pad_token_id), self.sampling, self.key
