@@ -4,11 +4,13 @@ inf, a non-number, a huge object) becomes a per-row outcome that is counted and 
 
 import json
 import math
+import re
+import signal
 import time
 
 import numpy as np
 import pytest
-from helpers import row_scores, text_batch
+from helpers import WatchedRun, row_scores, text_batch
 
 from jrl import train
 from jrl.config import default_config
@@ -243,3 +245,42 @@ def test_a_run_with_a_manager_that_gives_nan_trains_on(tmp_path):
     )
     (step,) = [json.loads(line)["data"] for line in (run_dir / "metrics.jsonl").open()]
     assert step["reward/non_finite"] == 1.0 and math.isfinite(step["actor/pg_loss"])
+
+
+HANGING_SCORER = """
+import time
+import zlib
+
+from jrl.reward.digits import compute_score as digits_score
+
+
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if zlib.crc32(f"{solution_str}|{extra_info['index']}".encode()) % 20 == 0:
+        time.sleep(3600)  # about one row in twenty hangs
+    return digits_score(solution_str, ground_truth)
+"""
+
+
+def test_sigterm_stops_a_run_whose_reward_function_hangs(tmp_path):
+    """On main before the guard, SIGTERM waited for ever on a step whose reward hung; now the
+    step ends once its hung rows time out, is saved, and the run exits 0."""
+    scorer = tmp_path / "hanging.py"
+    scorer.write_text(HANGING_SCORER)
+    run_dir = tmp_path / "run"
+    run = WatchedRun(
+        [
+            "--config=configs/digits_grpo.py",
+            f"custom_reward_function.path={scorer}",
+            "custom_reward_function.timeout=2",
+            "trainer.total_training_steps=50",
+            "trainer.val_before_train=False",
+            "trainer.test_freq=-1",
+            f"trainer.default_local_dir={run_dir}",
+        ]
+    )
+    run.wait_for(lambda: "step:1 - " in run.output, timeout=300)
+    run.process.send_signal(signal.SIGTERM)
+    assert run.finish(timeout=120) == 0
+    timeouts = [float(v) for v in re.findall(r"reward/timeouts:([0-9.]+)", run.output)]
+    assert sum(timeouts) > 0 and "stopped after step" in run.output
+    assert int((run_dir / "latest_checkpointed_iteration.txt").read_text()) >= 1
