@@ -8,21 +8,18 @@ on its last valid response token; every other position is 0. Scores already in t
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from jrl.batch import Batch
-from jrl.reward.guard import ContainedFunction, Scored, checked_score
+from jrl.reward.guard import Call, ContainedFunction, Scored, checked_score
 from jrl.reward.rows import ScoringRows, decode_rows
 from jrl.reward.settings import ManagerOptions, NaiveOptions
 
 ScoreFn = Callable[..., Any]
-
-
-Call = tuple[tuple[Any, ...], Mapping[str, Any]]
 
 
 def score_calls(fn: ScoreFn, calls: Sequence[Call], sources: Sequence[Any]) -> list[Scored]:

@@ -30,9 +30,9 @@ class DAPORewardManager(RewardManager):
         scores = score_calls(self.compute_score, rows.keyword_calls(responses), rows.data_sources)
         results = []
         for (value, info), length in zip(scores, rows.response_lengths, strict=True):
-            fault = {k: info[k] for k in (FAULT_COLUMN,) if k in info}
-            info = {k: v for k, v in info.items() if k != FAULT_COLUMN} or {"acc": value}
-            info.update(fault)
+            info = dict(info)
+            if not info.keys() - {FAULT_COLUMN}:  # a plain number: reported as "acc" too
+                info = {"acc": value, **info}
             if buffer.enable:
                 penalty = buffer.penalty(int(length), self.options.max_resp_len)
                 value += penalty

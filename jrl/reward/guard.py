@@ -35,6 +35,8 @@ FAULT_METRICS: Mapping[str, str] = {
     "non_number": "reward/non_numbers",
 }
 FAULT_COLUMN = "reward_fault"
+# One call of a scoring function: its positional and its keyword arguments.
+Call = tuple[tuple[Any, ...], Mapping[str, Any]]
 # Workers of a contained function when custom_reward_function.num_workers is not set.
 DEFAULT_WORKERS = 4
 _SHOWN = 120
@@ -125,7 +127,7 @@ class ContainedFunction:
         name = getattr(self.fn, "name", None) or getattr(self.fn, "__name__", repr(self.fn))
         return f"{name!r}" + (f" ({where})" if where else "")
 
-    def outcomes(self, calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]]) -> list[Outcome]:
+    def outcomes(self, calls: Sequence[Call]) -> list[Outcome]:
         """The raw outcome of ``fn(*args, **kwargs)`` for every call, in order."""
         return self.start().map(list(calls))
 
@@ -136,9 +138,7 @@ class ContainedFunction:
             self._pool = ScoringPool(_Invoke(self.fn), self.num_workers, self.timeout)
         return self._pool
 
-    def score_rows(
-        self, calls: Sequence[tuple[tuple[Any, ...], Mapping[str, Any]]], sources: Sequence[Any]
-    ) -> list[Scored]:
+    def score_rows(self, calls: Sequence[Call], sources: Sequence[Any]) -> list[Scored]:
         """One `Scored` per call (row); a fault scores 0.0 (or raises, under "raise")."""
         return [
             self.checked(outcome, row, sources[row])
@@ -196,8 +196,9 @@ class ContainedFunction:
         return outcome.value if not scored.info[FAULT_COLUMN] else 0.0
 
     def close(self) -> None:
-        """Stops the worker processes; a later call raises."""
-        self.start().close()
+        """Stops the worker processes, if they were started; a later call raises."""
+        if self._pool is not None:
+            self._pool.close()
 
 
 def finite_rewards(reward: dict[str, Any], manager: Any) -> dict[str, Any]:

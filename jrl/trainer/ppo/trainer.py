@@ -166,7 +166,7 @@ class PPOTrainer:
         with timer("reward", timing):
             if self.reward_model is not None:
                 batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
-            reward = finite_rewards(score_per_process(self.reward_fn, batch), self.reward_fn)
+            reward = self.rewards(self.reward_fn, batch)
             batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
             metrics.update(fault_metrics(reward["reward_extra_info"]))
         if spec.rollout_data_dir:
@@ -192,6 +192,12 @@ class PPOTrainer:
             batch, kl_metrics = compute_advantage(batch, algorithm, self.kl_ctrl)
             metrics.update(kl_metrics)
         return batch, metrics
+
+    @staticmethod
+    def rewards(reward_fn: Any, batch: Batch) -> dict[str, Any]:
+        """`reward_fn` (a reward manager) over `batch`, each process scoring its own rows, with
+        rows of non-finite scores zeroed and counted (`finite_rewards`)."""
+        return finite_rewards(score_per_process(reward_fn, batch), reward_fn)
 
     def add_old_log_probs(self, batch: Batch, metrics: dict[str, float]) -> Batch:
         """`batch` with the actor's ``old_log_probs``; logs ``actor/entropy`` and, when the
@@ -244,7 +250,7 @@ class PPOTrainer:
         greedy answer per prompt, repeated for its n rows."""
         greedy = dataclasses.replace(self.sampling, do_sample=False, n=1)
         batch = host_batch(self.rollout.generate(prompts, greedy, self.rng))
-        reward = finite_rewards(score_per_process(self.reward_fn, batch), self.reward_fn)
+        reward = self.rewards(self.reward_fn, batch)
         return np.repeat(reward["reward_tensor"].sum(-1), self.sampling.n)
 
     def train_step(
@@ -314,7 +320,7 @@ class PPOTrainer:
         prompts = prompts.union(Batch(meta={"uid": uids}))
         key = jax.random.fold_in(self.rng, 1)
         batch = host_batch(self.rollout.generate(prompts, self.val_sampling, key))
-        reward = finite_rewards(score_per_process(self.val_reward_fn, batch), self.val_reward_fn)
+        reward = self.rewards(self.val_reward_fn, batch)
         scores = reward["reward_tensor"].sum(-1).tolist()
         infos = {**reward["reward_extra_info"], "reward": scores}
         self.keep_val_generations(batch, scores, infos, step)
