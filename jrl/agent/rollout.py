@@ -47,10 +47,18 @@ def row_fields(prompts: Batch, row: int) -> dict[str, Any]:
 
 class AgentRollout:
     """`Rollout` over `engine`, the trajectories' shapes bounded by the engine's response
-    length (the whole multi-turn response) and `context` (settings, tools, interactions)."""
+    length (the whole multi-turn response) and `context` (settings, tools, interactions).
+    `keep_kv=False` makes every round prefill its histories whole (for comparison)."""
 
-    def __init__(self, engine: Rollout, context: AgentContext, trainer_config: Mapping[str, Any]):
-        self.engine, self.context = engine, context
+    def __init__(
+        self,
+        engine: Rollout,
+        context: AgentContext,
+        trainer_config: Mapping[str, Any],
+        *,
+        keep_kv: bool = True,
+    ):
+        self.engine, self.context, self.keep_kv = engine, context, keep_kv
         self.trainer_config = TrainerConfig(trainer_config)
         self._stats: dict[str, float] = {}
 
@@ -81,7 +89,7 @@ class AgentRollout:
 
     def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
         """`sampling.n` trajectories per prompt (rows interleaved), each by its row's loop."""
-        server = TurnServer(self.engine, prompts, sampling, key)
+        server = TurnServer(self.engine, prompts, sampling, key, keep_kv=self.keep_kv)
         outputs = asyncio.run(self._run_all(prompts, sampling, server))
         batch = self._batch(prompts.repeat(sampling.n, interleave=True), outputs)
         self._stats = {

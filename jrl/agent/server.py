@@ -17,7 +17,7 @@ from jrl.agent.loop import TokenOutput
 from jrl.batch import Batch
 from jrl.data.prompts import left_pad, position_ids_from_mask
 from jrl.rollout.limits import ceil_pow2
-from jrl.rollout.protocol import Rollout
+from jrl.rollout.protocol import Rollout, TurnEngine
 from jrl.rollout.sampling import SamplingParams
 
 # The row whose trajectory the current task runs (set by the driver per task).
@@ -54,8 +54,19 @@ class TurnServer:
     with ``fold_in(key, k)``, for as many tokens as its turn asks (the longest, rounded up to a
     power of two)."""
 
-    def __init__(self, engine: Rollout, prompts: Batch, sampling: SamplingParams, key: jax.Array):
+    def __init__(
+        self,
+        engine: Rollout,
+        prompts: Batch,
+        sampling: SamplingParams,
+        key: jax.Array,
+        *,
+        keep_kv: bool = True,
+    ):
         self.engine, self.prompts, self.sampling, self.key = engine, prompts, sampling, key
+        # A `TurnEngine` continues each row from the keys and values of its last turn.
+        self.keep_kv = keep_kv and isinstance(engine, TurnEngine)
+        self._call_rows: dict[int, int] = {}  # row -> its row in the last round's call
         self.rows = len(prompts) * sampling.n
         self.waiting: list[_Turn] = []
         self.arrived = asyncio.Event()
@@ -102,10 +113,15 @@ class TurnServer:
             tokens = min(self.engine.response_length, ceil_pow2(longest))
             sampling = dataclasses.replace(self.sampling, n=1, max_new_tokens=tokens)
             key = jax.random.fold_in(self.key, self.rounds)
-        prefilled = int(np.asarray(prompts["attention_mask"]).sum())
-        self.tokens_prefilled += prefilled
-        self.tokens_new += prefilled if shared else sum(map(self._new_tokens, turns))
-        out = self.engine.generate(prompts, sampling, key)
+        given = int(np.asarray(prompts["attention_mask"]).sum())
+        self.tokens_new += given if shared else sum(map(self._new_tokens, turns))
+        if self.keep_kv:
+            previous = None if shared else [self._call_rows.get(t.row, -1) for t in turns]
+            out = self.engine.generate_turn(prompts, sampling, key, previous)
+            self._call_rows = {t.row: i for i, t in enumerate(turns)}
+        else:
+            out = self.engine.generate(prompts, sampling, key)
+        self.tokens_prefilled += int(self.engine.stats.get("rollout/prefill_tokens", given))
         self.rounds += 1
         responses = np.asarray(out["responses"])
         lengths = np.asarray(out["response_mask"]).sum(-1)

@@ -17,6 +17,7 @@ __all__, __getattr__ = lazy_exports(
         "RolloutSpec": "jrl.rollout.spec",
         "SamplingParams": "jrl.rollout.sampling",
         "SlotPlan": "jrl.rollout.limits",
+        "TurnEngine": "jrl.rollout.protocol",
         "VllmSettings": "jrl.rollout.vllm_args",
         "build_rollout": "jrl.rollout.build",
         "generate_tokens": "jrl.rollout.sampler",

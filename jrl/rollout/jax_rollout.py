@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import jax
@@ -24,6 +24,14 @@ from jrl.parallel import (
     is_abstract,
     param_shardings,
     place,
+)
+from jrl.rollout.kept_turns import (
+    KeptTurns,
+    Resume,
+    carry_over,
+    kept_turns,
+    plan_resume,
+    prefilled_tokens,
 )
 from jrl.rollout.layout import (
     RowLayout,
@@ -89,6 +97,7 @@ class JaxRollout:
         self._budget: int | None = None
         self._budget_measured = False
         self._cache: SlotCache | None = None
+        self._kept: KeptTurns | None = None  # the last `generate_turn` call's, for the next
         self._stats: dict[str, float] = {}
 
     @classmethod
@@ -129,11 +138,40 @@ class JaxRollout:
 
     def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
         """`Rollout.generate`; token t of row i is drawn with fold_in(fold_in(key, i), t)."""
+        return self._generate(prompts, sampling, key, None)
+
+    def generate_turn(
+        self,
+        prompts: Batch,
+        sampling: SamplingParams,
+        key: jax.Array,
+        previous: Sequence[int] | None,
+    ) -> Batch:
+        """`generate` for a round of a multi-turn rollout (`TurnEngine`): row i continues row
+        `previous[i]` of the last `generate_turn` call (-1, or `previous` None: none). The
+        keys and values of the longest prefix that its prompt shares with that row's context
+        are taken over (`jrl.rollout.kept_turns`), so the prefill runs only what was appended;
+        the call's own are kept for the next round (until `release`). Where the slots cannot
+        hold every row, each round prefills its prompts whole."""
+        return self._generate(prompts, sampling, key, () if previous is None else previous)
+
+    def _generate(
+        self,
+        prompts: Batch,
+        sampling: SamplingParams,
+        key: jax.Array,
+        previous: Sequence[int] | None,
+    ) -> Batch:
+        """`generate`, or with `previous` (a sequence) `generate_turn`."""
+        if previous is not None and len(previous) not in (0, len(prompts) * sampling.n):
+            raise ValueError(
+                f"generate_turn: {len(previous)} previous rows for {len(prompts) * sampling.n}"
+            )
         batch = rows_to_generate(
             prompts, sampling, response_length=self.response_length, pad_token_id=self.pad_token_id
         )
         mask = np.asarray(batch["attention_mask"])
-        out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, key)
+        out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, key, previous)
         width = self.response_length - sampling.max_new_tokens
         fill = {"responses": self.pad_token_id, "response_mask": 0, "rollout_log_probs": 0.0}
         out = {k: jnp.pad(v, ((0, 0), (0, width)), constant_values=fill[k]) for k, v in out.items()}
@@ -234,24 +272,46 @@ class JaxRollout:
         )
 
     def _generate_rows(
-        self, ids: np.ndarray, mask: np.ndarray, sampling: SamplingParams, rng: jax.Array
+        self,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        sampling: SamplingParams,
+        rng: jax.Array,
+        previous: Sequence[int] | None,
     ) -> dict[str, jax.Array]:
         bucket = prompt_bucket(int(mask.sum(axis=1).max()), ids.shape[1])
+        ids, mask = ids[:, -bucket:], mask[:, -bucket:]
         layout, plan, sampling, cache_shapes = self._call_layout(len(ids), bucket, sampling)
         host = {
-            "ids": ids[layout.source, -bucket:],
-            "mask": mask[layout.source, -bucket:],
+            "ids": ids[layout.source],
+            "mask": mask[layout.source],
             "row_ids": layout.source.astype(np.int32),
             "counts": layout.counts,
         }
         shardings = self._request_shardings()
         args = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
-        cache = self._take_cache(cache_shapes)
+        turns = previous is not None and plan.slots == layout.per_replica
+        prefilled = int(mask.sum()) // plan.shared_prefill
+        if turns:
+            plan = dataclasses.replace(plan, slot_per_row=True)
+        resume = self._resume(previous if turns else (), ids, mask, layout)
+        if resume is None:
+            self._kept = None  # dropped before the new cache is allocated
+            cache = self._take_cache(cache_shapes)
+        else:
+            plan = dataclasses.replace(plan, resume_chunk=resume.chunk)
+            prefilled = prefilled_tokens(mask, resume.chunk)
+            cache = self._carry_over(resume, cache_shapes)
         continuous = jnp.asarray(self.continuous_batching)
         out, decode_steps, cache = self._call(
             generate_tokens, args, rng, continuous, cache, sampling, plan
         )
-        if not self.limits.free_cache_engine:
+        real = np.flatnonzero(layout.real)
+        out = {k: v[real] for k, v in out.items()}
+        if turns:
+            responses, lengths = np.asarray(out["responses"]), np.asarray(out["response_mask"])
+            self._kept = kept_turns(cache, layout, ids, mask, responses, lengths.sum(-1))
+        elif not self.limits.free_cache_engine:
             self._cache = cache
         self._stats = {
             "rollout/prompt_bucket": float(bucket),
@@ -259,9 +319,32 @@ class JaxRollout:
             "rollout/prefill_rows": float(plan.prefill_rows),
             "rollout/shared_prefill": float(plan.shared_prefill),
             "rollout/decode_steps": float(np.max(decode_steps)),
+            "rollout/prefill_tokens": float(prefilled),
         }
-        real = np.flatnonzero(layout.real)
-        return {k: v[real] for k, v in out.items()}
+        return out
+
+    def _resume(
+        self, previous: Sequence[int], ids: np.ndarray, mask: np.ndarray, layout: RowLayout
+    ) -> Resume | None:
+        """How a slot-per-row call whose rows continue the kept call's `previous` rows takes
+        over their keys and values; None when it takes over nothing."""
+        if self._kept is None or not len(previous):
+            return None
+        resume = plan_resume(self._kept, previous, ids, mask, layout)
+        return resume if resume.chunk < ids.shape[1] else None
+
+    def _carry_over(self, resume: Resume, shapes: CacheShapes) -> SlotCache:
+        """A cache of `shapes` whose continuing rows' prompt columns hold their kept history
+        (the kept cache is dropped once copied)."""
+        tokens = shapes[0][0][self._kv_layout.layer_axes + self._kv_layout.keys.token_axis]
+        shardings = SlotCache(*cache_sharding(self.mesh, self.config))
+        copy = carry_over(self._kv_layout, tokens, shardings)
+        slots = batch_sharding(self.mesh, 1)
+        source, shift = (
+            jax.device_put(x.astype(np.int32), slots) for x in (resume.source, resume.shift)
+        )
+        kept, self._kept = self._kept, None
+        return copy(kept.cache, source, shift)
 
     @property
     def _cache_dtype(self) -> jnp.dtype:
@@ -333,8 +416,9 @@ class JaxRollout:
         self._state = place(placed, self._shardings)
 
     def release(self) -> None:
-        """Free the kept KV cache (with `free_cache_engine` each call frees it already)."""
-        self._cache = None
+        """Free the kept KV cache (with `free_cache_engine` each call frees it already) and a
+        multi-turn rollout's."""
+        self._cache = self._kept = None
 
     def resume(self) -> None:
         """Measure the KV budget again (the next call allocates its cache within it)."""

@@ -74,11 +74,18 @@ class SlotPlan:
     free slots (fewer only for the last prompts). Every `shared_prefill` consecutive rows of a
     prefill hold the same prompt (the n answers of a prompt): it runs once for them, and its keys
     and values fill their slots.
+
+    With `slot_per_row` (slots >= rows) row i takes slot i, where the next call of a multi-turn
+    rollout finds its keys and values. With `resume_chunk` C > 0 each slot's prompt columns
+    already hold its history's keys and values (`jrl.rollout.kept_turns`): a prefill runs only
+    the prompts' last C columns against them.
     """
 
     slots: int
     prefill_rows: int
     shared_prefill: int = 1
+    slot_per_row: bool = False
+    resume_chunk: int = 0
 
 
 def floor_pow2(n: int) -> int:

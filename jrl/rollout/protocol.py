@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import jax
@@ -69,4 +70,21 @@ class Rollout(Protocol):
     def resume(self) -> None:
         """End a `release`: make the engine ready to generate again (it may instead take its
         memory back lazily in the next `generate`). Calling it twice is harmless."""
+        ...
+
+
+@runtime_checkable
+class TurnEngine(Rollout, Protocol):
+    """A `Rollout` that keeps what a multi-turn rollout's rounds share (the JAX sampler)."""
+
+    def generate_turn(
+        self,
+        prompts: Batch,
+        sampling: SamplingParams,
+        key: jax.Array,
+        previous: Sequence[int] | None,
+    ) -> Batch:
+        """`generate` for one round: row i continues row `previous[i]` of the last round's call
+        (-1, or `previous` None: none), whose keys and values the engine may reuse. The result
+        is `generate`'s; only the work differs."""
         ...

@@ -135,6 +135,28 @@ def _prefill(
     return model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
 
 
+def _resume_prefill(
+    model: CausalLM,
+    cache: SlotCache,
+    slot: jax.Array,
+    ids: jax.Array,
+    mask: jax.Array,
+    chunk: int,
+    layout: KVLayout,
+) -> tuple[jax.Array, KVCache]:
+    """`_prefill` of G left-padded prompts [G, P] whose `slot`s' first P - `chunk` columns
+    already hold their keys and values: only the last `chunk` columns run, against those."""
+    prompt_len = ids.shape[1]
+
+    def read(order: AxisOrder, buffers: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
+        columns = (slice(None),) * layout.layer_axes + order.first_tokens(slot, prompt_len)
+        return tuple(b[columns] for b in buffers)
+
+    history = KVCache(*map(read, layout.orders, cache))
+    positions = prompt_positions(mask)[:, -chunk:]
+    return model.forward_cached(ids[:, -chunk:], positions, history, prompt_len - chunk, mask)
+
+
 class _Request(NamedTuple):
     """What `generate_tokens` hands each replica besides the model and the cache."""
 
@@ -171,10 +193,16 @@ def _generate_replica(
         lane = jnp.arange(group)
         valid = lane < jnp.minimum(real_rows - s.head, group)
         row = jnp.minimum(s.head + lane, rows - 1)
-        slot = jnp.where(valid, jnp.argsort(s.active, stable=True)[:group], slots)
+        chosen = row if plan.slot_per_row else jnp.argsort(s.active, stable=True)[:group]
+        slot = jnp.where(valid, chosen, slots)
         out_row = jnp.where(valid, row, rows)  # lanes past the last prompt write nothing
         ids, mask = prompt_ids[row], prompt_mask[row]
-        hidden, fresh = _prefill(model, ids[::shared], mask[::shared], cache.k[0].dtype)
+        if plan.resume_chunk:
+            hidden, fresh = _resume_prefill(
+                model, s.cache, jnp.minimum(slot, slots - 1), ids, mask, plan.resume_chunk, layout
+            )
+        else:
+            hidden, fresh = _prefill(model, ids[::shared], mask[::shared], cache.k[0].dtype)
         last = jnp.repeat(hidden[:, -1], shared, axis=0)
         keys = row_keys(rng, row_ids[row], jnp.zeros(group, jnp.int32))
         token, logp = select_tokens(model.logits(last), keys, params)
