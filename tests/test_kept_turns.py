@@ -1,0 +1,117 @@
+"""Multi-turn rounds on the JAX sampler keep each row's keys and values (`jrl.rollout.kept_turns`):
+a later round prefills only the tokens its rows appended, and samples exactly what a full
+re-prefill of every history samples. The agent loop here is a user loop that appends fixed
+observation tokens after each model turn (a random model writes no tool calls); the engine,
+the server and the cache are jrl's real ones."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+from fake_vllm import TINY_PROMPTS, prompt_batch
+from helpers import TINY_LLAMA
+from jax.sharding import Mesh
+
+from jrl.agent import AgentContext, AgentRollout, AgentSettings
+from jrl.agent.loop import AgentLoopBase, AgentLoopOutput, register
+from jrl.batch import Batch
+from jrl.models import init_random
+from jrl.parallel import MESH_AXES
+from jrl.rollout import EngineLimits, JaxRollout, SamplingParams
+
+TURNS, TURN_TOKENS = 3, 6
+
+
+@register("observations_after_each_turn")
+class ObservationLoop(AgentLoopBase):
+    """Three model turns of at most six tokens, each followed by three observation tokens;
+    with ``extra_info.rewrite`` the third turn's history has its first response token changed
+    (a loop that re-tokenised its history: the engine may take over only what still agrees)."""
+
+    async def run(self, sampling_params, **row):
+        prompt = list(row["raw_prompt_ids"])
+        response, mask, log_probs = [], [], []
+        for turn in range(TURNS):
+            if turn == 2 and row["extra_info"].get("rewrite"):
+                response[0] = (response[0] + 1) % TINY_LLAMA.vocab_size
+            out = await self.server_manager.generate(
+                "request",
+                prompt_ids=prompt + response,
+                sampling_params=sampling_params,
+                max_tokens=TURN_TOKENS,
+            )
+            observation = [20 + turn, 30 + len(response) % 7, 40]
+            response += out.token_ids + observation
+            mask += [1] * len(out.token_ids) + [0] * len(observation)
+            log_probs += out.log_probs + [0.0] * len(observation)
+        return AgentLoopOutput(prompt, response, mask, log_probs, num_turns=2 * TURNS + 1)
+
+
+def prompts(rewrite: bool = False) -> Batch:
+    ids, mask = TINY_PROMPTS
+    raw = np.empty(len(ids), object)
+    raw[:] = [[t for t, m in zip(r, k, strict=True) if m] for r, k in zip(ids, mask, strict=True)]
+    extra = np.empty(len(ids), object)
+    extra[:] = [{"rewrite": rewrite}] * len(ids)
+    meta = {"raw_prompt_ids": raw, "extra_info": extra,
+            "agent_name": np.asarray(["observations_after_each_turn"] * len(ids), object)}  # fmt: skip
+    return prompt_batch(ids, mask).union(Batch(meta=meta))
+
+
+def rollout(keep_kv: bool, devices: int = 1, tensor: int = 1, rewrite: bool = False, **limits):
+    mesh = Mesh(np.asarray(jax.devices()[:devices]).reshape(devices, 1, 1, 1), MESH_AXES)
+    engine = JaxRollout(init_random(TINY_LLAMA, seed=3), response_length=32, pad_token_id=0,
+                        eos_token_ids=1, mesh=mesh, tensor_parallel_size=tensor,
+                        limits=EngineLimits(**limits))  # fmt: skip
+    agent = AgentRollout(engine, AgentContext.build(AgentSettings(), tokenizer=None), {},
+                         keep_kv=keep_kv)  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=32, eos_token_ids=(1,), pad_token_id=0, n=2,
+                              calculate_log_probs=True)  # fmt: skip
+    out = agent.generate(prompts(rewrite), sampling, jax.random.key(5))
+    return out, agent.stats
+
+
+@pytest.fixture(scope="module")
+def reprefilled():
+    """Every round prefills every history whole."""
+    return rollout(keep_kv=False)
+
+
+def assert_same_samples(ours: Batch, theirs: Batch) -> None:
+    for name in ("responses", "response_mask", "attention_mask", "input_ids"):
+        np.testing.assert_array_equal(np.asarray(ours[name]), np.asarray(theirs[name]), name)
+    np.testing.assert_allclose(
+        np.asarray(ours["rollout_log_probs"]), np.asarray(theirs["rollout_log_probs"]), atol=1e-5
+    )
+
+
+@pytest.mark.parametrize(("devices", "tensor"), [(1, 1), (4, 2)])
+def test_kept_keys_and_values_sample_what_a_full_reprefill_samples(reprefilled, devices, tensor):
+    """One device, and two replicas of a 2-way tensor-parallel model (rows move between
+    replicas from round to round). Later rounds prefill each row's new tokens only: its last
+    sampled token and the three observation tokens."""
+    full, full_stats = reprefilled
+    kept, stats = rollout(keep_kv=True, devices=devices, tensor=tensor)
+    assert_same_samples(kept, full)
+    assert stats["agent/rounds"] == full_stats["agent/rounds"] == TURNS
+    assert full_stats["agent/prefill_tokens"] > 2.5 * stats["agent/prefill_tokens"]
+    assert stats["agent/prefill_tokens"] == stats["agent/prefill_tokens_if_kv_kept"]
+
+
+def test_rows_that_rewrote_their_history_take_over_only_the_agreeing_prefix(reprefilled):
+    """The third round's histories differ from the second round's contexts just after the
+    prompt: that round prefills them (almost) whole, and samples what a full re-prefill does."""
+    full, full_stats = rollout(keep_kv=False, rewrite=True)
+    kept, stats = rollout(keep_kv=True, rewrite=True)
+    assert_same_samples(kept, full)
+    assert not np.array_equal(np.asarray(full["responses"]), np.asarray(reprefilled[0]["responses"]))
+    no_rewrite = rollout(keep_kv=True)[1]["agent/prefill_tokens"]
+    assert no_rewrite < stats["agent/prefill_tokens"] < full_stats["agent/prefill_tokens"]
+
+
+def test_when_the_slots_cannot_hold_every_row_each_round_prefills_whole(reprefilled):
+    full, full_stats = reprefilled
+    kept, stats = rollout(keep_kv=True, max_num_seqs=2)
+    assert_same_samples(kept, full)
+    assert stats["agent/prefill_tokens"] == full_stats["agent/prefill_tokens"]
