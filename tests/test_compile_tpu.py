@@ -169,7 +169,8 @@ def test_the_rollout_keeps_one_copy_of_its_kv_cache_on_tpu(head_dim):
 @needs_libtpu
 def test_multi_turn_rollouts_plan_their_later_turns(capsys):
     """With agent loops the rollout phase also compiles a later round's widest call: every
-    trajectory once more (n=1) after its whole history, padded to a power of two."""
+    trajectory once more (n=1) after its whole history, padded to a power of two, and the copy
+    of the previous round's keys and values that spares it the history's prefill."""
     status, report = _plan(
         "--config=configs/lookup_tool_grpo.py",
         "--topology=v5e:2x2",
@@ -179,5 +180,10 @@ def test_multi_turn_rollouts_plan_their_later_turns(capsys):
     assert status == 0 and report["fits"]
     (rollout,) = [p for p in report["phases"] if p["phase"] == "rollout"]
     names = [program["label"] for program in rollout["programs"]]
-    assert names[-1] == "later turns: history bucket 16, 128 rows, 32 slots"  # 4 + 8 -> 16
+    # 4 + 8 -> 16; 32 rows per replica, one slot each: the round takes over the last one's
+    # keys and values (a copy), then prefills the appended tokens (at most the 8 of a response)
+    assert names[-2:] == [
+        "later turns: kept keys and values copied, 128 rows, bucket 16",
+        "later turns: history bucket 16, 128 rows, 32 slots, prefill of the last 8 columns",
+    ]
     assert all(program["out_of_memory"] is None for program in rollout["programs"])

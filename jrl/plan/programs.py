@@ -189,24 +189,47 @@ def _rollout_programs(roles: Roles, rows: int, prompt: int, response: int, flops
         )
 
 
-def _later_turn_program(roles: Roles, rows: int, prompt: int, response: int) -> Program:
+def _later_turn_programs(roles: Roles, rows: int, prompt: int, response: int) -> list[Program]:
     """Multi-turn rollouts (agent loops): a later round samples each waiting trajectory once
     more (n = 1) after its whole history, prompt and response so far (`TurnServer`). The widest
-    such call: every trajectory, the history's bucket, the whole response budget."""
+    such call: every trajectory, the history's bucket, the whole response budget. Where the
+    slots hold every trajectory the round takes over the previous round's keys and values: a
+    copy into its cache, then a prefill of the appended tokens only (at most the response
+    budget); otherwise it prefills every history whole."""
     rollout = roles.rollout
     width = ceil_pow2(prompt + response)
     sampling = dataclasses.replace(roles.sampling, n=1)
     replicas = rollout.mesh.shape["data"] * rollout.mesh.shape["fsdp"]
     plan = rollout.plan(ceil_pow2(math.ceil(rows / replicas)), width, sampling)
-    cache = rollout.cache_bytes(replicas * plan.slots, width, sampling)
-    return Program(
-        "rollout",
-        f"later turns: history bucket {width}, {rows} rows, {plan.slots} slots",
-        lambda: rollout.lower(rows, width, sampling),
-        0.0,
-        0.0,
-        per_chip_bytes(rollout.state) + cache // rollout.mesh.size,
-    )
+    cache = rollout.cache_bytes(replicas * plan.slots, width, sampling) // rollout.mesh.size
+    weights = per_chip_bytes(rollout.state)
+    label = f"later turns: history bucket {width}, {rows} rows, {plan.slots} slots"
+    if not rollout.resumes(rows, width, sampling):
+        return [
+            Program(
+                "rollout", label, lambda: rollout.lower(rows, width, sampling), 0.0, 0.0,
+                weights + cache,
+            )
+        ]  # fmt: skip
+    chunk = min(width, ceil_pow2(response))
+    return [
+        Program(
+            "rollout",
+            f"later turns: kept keys and values copied, {rows} rows, bucket {width}",
+            lambda: rollout.lower_carry_over(rows, width, sampling),
+            0.0,
+            0.0,
+            cache,
+        ),
+        Program(
+            "rollout",
+            f"{label}, prefill of the last {chunk} columns",
+            lambda: rollout.lower(rows, width, sampling, resume_chunk=chunk),
+            0.0,
+            0.0,
+            weights + cache,
+        ),
+    ]
 
 
 def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) -> list[Program]:
@@ -223,7 +246,7 @@ def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) 
     if largest_bucket_only:
         out = out[-1:]
     if uses_agent_loops(KeyReads(config).actor_rollout_ref.rollout, read=False):
-        out.append(_later_turn_program(roles, rows, prompt, response))
+        out += _later_turn_programs(roles, rows, prompt, response)
     actor = roles.actor
     log_prob_keys = {k: batch[k] for k in FORWARD_KEYS}
     out += _forward_programs(

@@ -218,11 +218,20 @@ class JaxRollout:
         rows, prompts = batch_sharding(self.mesh, 1), batch_sharding(self.mesh, 2)
         return {"ids": prompts, "mask": prompts, "row_ids": rows, "counts": rows}
 
-    def lower(self, rows: int, bucket: int, sampling: SamplingParams) -> Any:
+    def resumes(self, rows: int, bucket: int, sampling: SamplingParams) -> bool:
+        """Whether a multi-turn round of `rows` rows at the `bucket` width runs one slot per
+        row, and so the next round takes over its keys and values (`generate_turn`)."""
+        layout, plan, _, _ = self._call_layout(rows, bucket, sampling)
+        return plan.slots == layout.per_replica
+
+    def lower(self, rows: int, bucket: int, sampling: SamplingParams, resume_chunk: int = 0) -> Any:
         """The generate program of a call with `rows` rows (prompts x n) whose longest prompt
         takes the `bucket` width, lowered for this engine's mesh from shapes alone (`.compile()`
-        it for its memory and cost analysis; `jrl.plan` does)."""
+        it for its memory and cost analysis; `jrl.plan` does). With `resume_chunk` C, a
+        multi-turn round's call that prefills only its prompts' last C columns (`resumes`)."""
         layout, plan, sampling, cache_shapes = self._call_layout(rows, bucket, sampling)
+        if resume_chunk:
+            plan = dataclasses.replace(plan, slot_per_row=True, resume_chunk=resume_chunk)
         shardings = self._request_shardings()
         count = len(layout.source)
         shapes = {"ids": (count, bucket), "mask": (count, bucket), "row_ids": (count,)}
@@ -230,19 +239,40 @@ class JaxRollout:
         args = {
             k: jax.ShapeDtypeStruct(v, jnp.int32, sharding=shardings[k]) for k, v in shapes.items()
         }
-        cache_shardings = cache_sharding(self.mesh, self.config)
-        cache = SlotCache(
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        continuous = jax.ShapeDtypeStruct((), jnp.bool_)
+        cache = self._abstract_cache(cache_shapes)
+        return self._call(generate_tokens.lower, args, key, continuous, cache, sampling, plan)
+
+    def lower_carry_over(self, rows: int, bucket: int, sampling: SamplingParams) -> Any:
+        """The copy of a multi-turn round's kept keys and values into the next round's cache
+        (`jrl.rollout.kept_turns.carry_over`), both calls of `rows` rows at the `bucket` width,
+        lowered from shapes alone."""
+        layout, _, _, cache_shapes = self._call_layout(rows, bucket, sampling)
+        copy = self._carry_over_program(cache_shapes)
+        slots = jax.ShapeDtypeStruct(
+            layout.source.shape, jnp.int32, sharding=batch_sharding(self.mesh, 1)
+        )
+        return copy.lower(self._abstract_cache(cache_shapes), slots, slots)
+
+    def _carry_over_program(self, shapes: CacheShapes) -> Callable[..., SlotCache]:
+        """`carry_over` into a cache of `shapes`, laid out as this engine's."""
+        tokens = shapes[0][0][self._kv_layout.layer_axes + self._kv_layout.keys.token_axis]
+        shardings = SlotCache(*cache_sharding(self.mesh, self.config))
+        return carry_over(self._kv_layout, tokens, shardings)
+
+    def _abstract_cache(self, shapes: CacheShapes) -> SlotCache:
+        """A cache of `shapes` as shapes with this engine's dtype and shardings."""
+        shardings = cache_sharding(self.mesh, self.config)
+        return SlotCache(
             *(
                 tuple(
                     jax.ShapeDtypeStruct(shape, self._cache_dtype, sharding=sharding)
                     for shape in part
                 )
-                for part, sharding in zip(cache_shapes, cache_shardings, strict=True)
+                for part, sharding in zip(shapes, shardings, strict=True)
             )
         )
-        key = jax.eval_shape(lambda: jax.random.key(0))
-        continuous = jax.ShapeDtypeStruct((), jnp.bool_)
-        return self._call(generate_tokens.lower, args, key, continuous, cache, sampling, plan)
 
     def _call(
         self,
@@ -336,9 +366,7 @@ class JaxRollout:
     def _carry_over(self, resume: Resume, shapes: CacheShapes) -> SlotCache:
         """A cache of `shapes` whose continuing rows' prompt columns hold their kept history
         (the kept cache is dropped once copied)."""
-        tokens = shapes[0][0][self._kv_layout.layer_axes + self._kv_layout.keys.token_axis]
-        shardings = SlotCache(*cache_sharding(self.mesh, self.config))
-        copy = carry_over(self._kv_layout, tokens, shardings)
+        copy = self._carry_over_program(shapes)
         slots = batch_sharding(self.mesh, 1)
         source, shift = (
             jax.device_put(x.astype(np.int32), slots) for x in (resume.source, resume.shift)
