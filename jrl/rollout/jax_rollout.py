@@ -28,6 +28,7 @@ from jrl.parallel import (
 from jrl.rollout.kept_turns import (
     KeptTurns,
     Resume,
+    TurnCall,
     carry_over,
     kept_turns,
     plan_resume,
@@ -97,7 +98,7 @@ class JaxRollout:
         self._budget: int | None = None
         self._budget_measured = False
         self._cache: SlotCache | None = None
-        self._kept: KeptTurns | None = None  # the last `generate_turn` call's, for the next
+        self._kept: dict[int, KeptTurns] = {}  # `generate_turn` calls', by stream
         self._stats: dict[str, float] = {}
 
     @classmethod
@@ -146,32 +147,38 @@ class JaxRollout:
         sampling: SamplingParams,
         key: jax.Array,
         previous: Sequence[int] | None,
+        *,
+        stream: int = 0,
+        source: int | None = None,
     ) -> Batch:
         """`generate` for a round of a multi-turn rollout (`TurnEngine`): row i continues row
-        `previous[i]` of the last `generate_turn` call (-1, or `previous` None: none). The
-        keys and values of the longest prefix that its prompt shares with that row's context
-        are taken over (`jrl.rollout.kept_turns`), so the prefill runs only what was appended;
-        the call's own are kept for the next round (until `release`). Where the slots cannot
-        hold every row, each round prefills its prompts whole."""
-        return self._generate(prompts, sampling, key, () if previous is None else previous)
+        `previous[i]` (-1, or `previous` None: none) of the last call kept as `source` (by
+        default `stream`). The keys and values of the longest prefix that its prompt shares
+        with that row's context are taken over (`jrl.rollout.kept_turns`), so the prefill runs
+        only what was appended; the call's own are kept as `stream` for a later round (until
+        `release`, or a call without `generate_turn`). Where the slots cannot hold every row,
+        each round prefills its prompts whole."""
+        previous = () if previous is None else previous
+        turn = TurnCall(previous, stream, stream if source is None else source)
+        return self._generate(prompts, sampling, key, turn)
 
     def _generate(
         self,
         prompts: Batch,
         sampling: SamplingParams,
         key: jax.Array,
-        previous: Sequence[int] | None,
+        turn: TurnCall | None,
     ) -> Batch:
-        """`generate`, or with `previous` (a sequence) `generate_turn`."""
-        if previous is not None and len(previous) not in (0, len(prompts) * sampling.n):
+        """`generate`, or with `turn` `generate_turn`."""
+        if turn is not None and len(turn.previous) not in (0, len(prompts) * sampling.n):
             raise ValueError(
-                f"generate_turn: {len(previous)} previous rows for {len(prompts) * sampling.n}"
+                f"generate_turn: {len(turn.previous)} previous rows for {len(prompts) * sampling.n}"
             )
         batch = rows_to_generate(
             prompts, sampling, response_length=self.response_length, pad_token_id=self.pad_token_id
         )
         mask = np.asarray(batch["attention_mask"])
-        out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, key, previous)
+        out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, key, turn)
         width = self.response_length - sampling.max_new_tokens
         fill = {"responses": self.pad_token_id, "response_mask": 0, "rollout_log_probs": 0.0}
         out = {k: jnp.pad(v, ((0, 0), (0, width)), constant_values=fill[k]) for k, v in out.items()}
@@ -307,7 +314,7 @@ class JaxRollout:
         mask: np.ndarray,
         sampling: SamplingParams,
         rng: jax.Array,
-        previous: Sequence[int] | None,
+        turn: TurnCall | None,
     ) -> dict[str, jax.Array]:
         bucket = prompt_bucket(int(mask.sum(axis=1).max()), ids.shape[1])
         ids, mask = ids[:, -bucket:], mask[:, -bucket:]
@@ -320,18 +327,22 @@ class JaxRollout:
         }
         shardings = self._request_shardings()
         args = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
-        turns = previous is not None and plan.slots == layout.per_replica
+        turns = turn is not None and plan.slots == layout.per_replica
         prefilled = int(mask.sum()) // plan.shared_prefill
         if turns:
             plan = dataclasses.replace(plan, slot_per_row=True)
-        resume = self._resume(previous if turns else (), ids, mask, layout)
+        resume = self._resume(turn, ids, mask, layout) if turns else None
         if resume is None:
-            self._kept = None  # dropped before the new cache is allocated
+            # What this call replaces is dropped before its cache is allocated.
+            if turn is None:
+                self._kept.clear()
+            else:
+                self._kept.pop(turn.stream, None)
             cache = self._take_cache(cache_shapes)
         else:
             plan = dataclasses.replace(plan, resume_chunk=resume.chunk)
             prefilled = prefilled_tokens(mask, resume.chunk)
-            cache = self._carry_over(resume, cache_shapes)
+            cache = self._carry_over(turn, resume, cache_shapes)
         continuous = jnp.asarray(self.continuous_batching)
         out, decode_steps, cache = self._call(
             generate_tokens, args, rng, continuous, cache, sampling, plan
@@ -340,7 +351,8 @@ class JaxRollout:
         out = {k: v[real] for k, v in out.items()}
         if turns:
             responses, lengths = np.asarray(out["responses"]), np.asarray(out["response_mask"])
-            self._kept = kept_turns(cache, layout, ids, mask, responses, lengths.sum(-1))
+            kept = kept_turns(cache, layout, ids, mask, responses, lengths.sum(-1))
+            self._kept[turn.stream] = kept
         elif not self.limits.free_cache_engine:
             self._cache = cache
         self._stats = {
@@ -354,24 +366,27 @@ class JaxRollout:
         return out
 
     def _resume(
-        self, previous: Sequence[int], ids: np.ndarray, mask: np.ndarray, layout: RowLayout
+        self, turn: TurnCall, ids: np.ndarray, mask: np.ndarray, layout: RowLayout
     ) -> Resume | None:
-        """How a slot-per-row call whose rows continue the kept call's `previous` rows takes
-        over their keys and values; None when it takes over nothing."""
-        if self._kept is None or not len(previous):
+        """How a slot-per-row call whose rows continue `turn.previous` rows of the call kept
+        as `turn.source` takes over their keys and values; None when it takes over nothing."""
+        kept = self._kept.get(turn.source)
+        if kept is None or not len(turn.previous):
             return None
-        resume = plan_resume(self._kept, previous, ids, mask, layout)
+        resume = plan_resume(kept, turn.previous, ids, mask, layout)
         return resume if resume.chunk < ids.shape[1] else None
 
-    def _carry_over(self, resume: Resume, shapes: CacheShapes) -> SlotCache:
-        """A cache of `shapes` whose continuing rows' prompt columns hold their kept history
-        (the kept cache is dropped once copied)."""
+    def _carry_over(self, turn: TurnCall, resume: Resume, shapes: CacheShapes) -> SlotCache:
+        """A cache of `shapes` whose continuing rows' prompt columns hold their history kept
+        as `turn.source` (dropped once copied when this call replaces it)."""
         copy = self._carry_over_program(shapes)
         slots = batch_sharding(self.mesh, 1)
         source, shift = (
             jax.device_put(x.astype(np.int32), slots) for x in (resume.source, resume.shift)
         )
-        kept, self._kept = self._kept, None
+        kept = self._kept[turn.source]
+        if turn.source == turn.stream:
+            del self._kept[turn.stream]
         return copy(kept.cache, source, shift)
 
     @property
@@ -446,7 +461,8 @@ class JaxRollout:
     def release(self) -> None:
         """Free the kept KV cache (with `free_cache_engine` each call frees it already) and a
         multi-turn rollout's."""
-        self._cache = self._kept = None
+        self._cache = None
+        self._kept.clear()
 
     def resume(self) -> None:
         """Measure the KV budget again (the next call allocates its cache within it)."""

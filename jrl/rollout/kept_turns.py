@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -29,6 +29,16 @@ from jrl.models.kv_layout import AxisOrder, KVLayout
 from jrl.rollout.layout import RowLayout
 from jrl.rollout.limits import ceil_pow2
 from jrl.rollout.sampler import SlotCache
+
+
+class TurnCall(NamedTuple):
+    """A `generate_turn` call: per row, the row of the call kept as `source` that it continues
+    (`previous`, -1: none); `stream`, where the call's own keys and values are kept (several
+    streams let groups of rows take rounds in turn)."""
+
+    previous: Sequence[int]
+    stream: int
+    source: int
 
 
 @dataclasses.dataclass(frozen=True)

@@ -83,8 +83,12 @@ class TurnEngine(Rollout, Protocol):
         sampling: SamplingParams,
         key: jax.Array,
         previous: Sequence[int] | None,
+        *,
+        stream: int = 0,
+        source: int | None = None,
     ) -> Batch:
-        """`generate` for one round: row i continues row `previous[i]` of the last round's call
-        (-1, or `previous` None: none), whose keys and values the engine may reuse. The result
+        """`generate` for one round: row i continues row `previous[i]` (-1, or `previous`
+        None: none) of the last round's call in stream `source` (by default `stream`; this
+        call becomes `stream`'s last), whose keys and values the engine may reuse. The result
         is `generate`'s; only the work differs."""
         ...
