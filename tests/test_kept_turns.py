@@ -6,6 +6,8 @@ the server and the cache are jrl's real ones."""
 
 from __future__ import annotations
 
+import asyncio
+
 import jax
 import numpy as np
 import pytest
@@ -41,35 +43,60 @@ class ObservationLoop(AgentLoopBase):
                 sampling_params=sampling_params,
                 max_tokens=TURN_TOKENS,
             )
+            if row["extra_info"].get("tool_polls"):
+                await self.tool(row["extra_info"]["tool_polls"])
             observation = [20 + turn, 30 + len(response) % 7, 40]
             response += out.token_ids + observation
             mask += [1] * len(out.token_ids) + [0] * len(observation)
             log_probs += out.log_probs + [0.0] * len(observation)
         return AgentLoopOutput(prompt, response, mask, log_probs, num_turns=2 * TURNS + 1)
 
+    async def tool(self, polls: int) -> None:
+        """A slow tool: counts on the engine the moments at which it was sampling meanwhile."""
+        engine = self.server_manager.engine
+        for _ in range(polls):
+            await asyncio.sleep(0.01)
+            engine.sampled_during_tools += engine.sampling_now
 
-def prompts(rewrite: bool = False) -> Batch:
+
+class WatchedEngine(JaxRollout):
+    """jrl's engine, telling whether a call is running (what the slow tool looks at)."""
+
+    sampling_now = False
+    sampled_during_tools = 0
+
+    def generate_turn(self, *args, **kwargs):
+        self.sampling_now = True
+        try:
+            return super().generate_turn(*args, **kwargs)
+        finally:
+            self.sampling_now = False
+
+
+def prompts(rewrite: bool = False, tool_polls: int = 0) -> Batch:
     ids, mask = TINY_PROMPTS
     raw = np.empty(len(ids), object)
     raw[:] = [[t for t, m in zip(r, k, strict=True) if m] for r, k in zip(ids, mask, strict=True)]
     extra = np.empty(len(ids), object)
-    extra[:] = [{"rewrite": rewrite}] * len(ids)
-    meta = {"raw_prompt_ids": raw, "extra_info": extra,
-            "agent_name": np.asarray(["observations_after_each_turn"] * len(ids), object)}  # fmt: skip
+    extra[:] = [{"rewrite": rewrite, "tool_polls": tool_polls}] * len(ids)
+    loops = np.asarray(["observations_after_each_turn"] * len(ids), object)
+    meta = {"raw_prompt_ids": raw, "extra_info": extra, "agent_name": loops}
     return prompt_batch(ids, mask).union(Batch(meta=meta))
 
 
-def rollout(keep_kv: bool, devices: int = 1, tensor: int = 1, rewrite: bool = False, **limits):
+def rollout(keep_kv: bool, devices: int = 1, tensor: int = 1, rewrite: bool = False,
+            groups: int = 1, tool_polls: int = 0, **limits):  # fmt: skip
     mesh = Mesh(np.asarray(jax.devices()[:devices]).reshape(devices, 1, 1, 1), MESH_AXES)
-    engine = JaxRollout(init_random(TINY_LLAMA, seed=3), response_length=32, pad_token_id=0,
-                        eos_token_ids=1, mesh=mesh, tensor_parallel_size=tensor,
-                        limits=EngineLimits(**limits))  # fmt: skip
-    agent = AgentRollout(engine, AgentContext.build(AgentSettings(), tokenizer=None), {},
+    engine = WatchedEngine(init_random(TINY_LLAMA, seed=3), response_length=32, pad_token_id=0,
+                           eos_token_ids=1, mesh=mesh, tensor_parallel_size=tensor,
+                           limits=EngineLimits(**limits))  # fmt: skip
+    settings = AgentSettings(row_groups=groups)
+    agent = AgentRollout(engine, AgentContext.build(settings, tokenizer=None), {},
                          keep_kv=keep_kv)  # fmt: skip
     sampling = SamplingParams(max_new_tokens=32, eos_token_ids=(1,), pad_token_id=0, n=2,
                               calculate_log_probs=True)  # fmt: skip
-    out = agent.generate(prompts(rewrite), sampling, jax.random.key(5))
-    return out, agent.stats
+    out = agent.generate(prompts(rewrite, tool_polls), sampling, jax.random.key(5))
+    return out, {**agent.stats, "sampled_during_tools": engine.sampled_during_tools}
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +132,9 @@ def test_rows_that_rewrote_their_history_take_over_only_the_agreeing_prefix(repr
     full, full_stats = rollout(keep_kv=False, rewrite=True)
     kept, stats = rollout(keep_kv=True, rewrite=True)
     assert_same_samples(kept, full)
-    assert not np.array_equal(np.asarray(full["responses"]), np.asarray(reprefilled[0]["responses"]))
+    assert not np.array_equal(
+        np.asarray(full["responses"]), np.asarray(reprefilled[0]["responses"])
+    )
     no_rewrite = rollout(keep_kv=True)[1]["agent/prefill_tokens"]
     assert no_rewrite < stats["agent/prefill_tokens"] < full_stats["agent/prefill_tokens"]
 
@@ -115,3 +144,19 @@ def test_when_the_slots_cannot_hold_every_row_each_round_prefills_whole(reprefil
     kept, stats = rollout(keep_kv=True, max_num_seqs=2)
     assert_same_samples(kept, full)
     assert stats["agent/prefill_tokens"] == full_stats["agent/prefill_tokens"]
+
+
+def test_row_groups_decode_while_the_other_groups_tools_run(reprefilled):
+    """Two groups of rows take later rounds in turn: one group's turns sample (in a thread)
+    while the other group's slow tool runs. Samples follow the groups' own keys, so the same
+    call gives the same rows whatever the timing, with or without kept keys and values."""
+    ours, stats = rollout(keep_kv=True, groups=2, tool_polls=10)
+    again, _ = rollout(keep_kv=True, groups=2, tool_polls=3)
+    full, full_stats = rollout(keep_kv=False, groups=2)
+    assert_same_samples(ours, again)
+    assert_same_samples(ours, full)
+    assert stats["agent/rounds"] == 1 + 2 * (TURNS - 1)
+    assert stats["sampled_during_tools"] > 0
+    assert stats["agent/prefill_tokens"] < full_stats["agent/prefill_tokens"]
+    _, alone = rollout(keep_kv=True, tool_polls=10)
+    assert alone["sampled_during_tools"] == 0

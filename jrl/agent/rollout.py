@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -89,7 +89,14 @@ class AgentRollout:
 
     def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
         """`sampling.n` trajectories per prompt (rows interleaved), each by its row's loop."""
-        server = TurnServer(self.engine, prompts, sampling, key, keep_kv=self.keep_kv)
+        server = TurnServer(
+            self.engine,
+            prompts,
+            sampling,
+            key,
+            keep_kv=self.keep_kv,
+            groups=self.context.settings.row_groups,
+        )
         outputs = asyncio.run(self._run_all(prompts, sampling, server))
         batch = self._batch(prompts.repeat(sampling.n, interleave=True), outputs)
         self._stats = {
@@ -104,7 +111,8 @@ class AgentRollout:
     async def _run_all(
         self, prompts: Batch, sampling: SamplingParams, server: TurnServer
     ) -> list[AgentLoopOutput]:
-        """Every row's loop as a task; a round is flushed once every unfinished task waits."""
+        """Every row's loop as a task. Round 0 waits for every row; later rounds take the
+        groups in turn (one group: every row), each once all its unfinished tasks wait."""
         params = sampling_dict(sampling)
         tasks = []
         for row in range(server.rows):
@@ -112,20 +120,20 @@ class AgentRollout:
             loop = agent_loop_class(str(fields.get("agent_name") or self.context.default_loop))
             ROW.set(row)
             tasks.append(asyncio.create_task(self._run_row(loop, params, fields, server)))
-        pending = set(tasks)
-        while pending:
-            while pending and len(server.waiting) < len(pending):
-                server.arrived.clear()
-                arrival = asyncio.create_task(server.arrived.wait())
-                done, _ = await asyncio.wait(
-                    pending | {arrival}, return_when=asyncio.FIRST_COMPLETED
-                )
-                arrival.cancel()
-                pending -= done
-                for task in done & set(tasks):
-                    task.result()  # a loop's own bug stops the rollout, naming it
-            if server.waiting:
-                server.flush()
+        everyone = range(server.rows)
+        await _settled(tasks, server, everyone)
+        if server.waiting:
+            server.flush()
+        members = [[r for r in everyone if server.group(r) == g] for g in range(server.groups)]
+        group = 0
+        while not all(task.done() for task in tasks):
+            await _settled(tasks, server, members[group])
+            if server.groups == 1:
+                if server.waiting:
+                    server.flush()
+            else:
+                await server.flush_group(group)
+            group = (group + 1) % server.groups
         return [task.result() for task in tasks]
 
     async def _run_row(
@@ -165,3 +173,19 @@ class AgentRollout:
         )
         turns = np.asarray([o.num_turns for o in outputs], np.int32)
         return batch.union(Batch(meta={"num_turns": turns}))
+
+
+async def _settled(tasks: list[asyncio.Task], server: TurnServer, rows: Sequence[int]) -> None:
+    """Until every unfinished task of `rows` waits for a turn; a loop's own bug stops the
+    rollout, naming it."""
+    while True:
+        pending = {tasks[r] for r in rows if not tasks[r].done()}
+        members = set(rows)
+        if len(pending) <= sum(t.row in members for t in server.waiting):
+            return
+        server.arrived.clear()
+        arrival = asyncio.create_task(server.arrived.wait())
+        done, _ = await asyncio.wait(pending | {arrival}, return_when=asyncio.FIRST_COMPLETED)
+        arrival.cancel()
+        for task in done - {arrival}:
+            task.result()

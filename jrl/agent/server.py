@@ -1,6 +1,6 @@
 """`TurnServer`: the ``server_manager`` agent loops call. Every trajectory runs as a task; once
-each unfinished task waits for a turn, the server samples all their turns in one engine call
-(a "round"), so turns of many rows share the engine's batch."""
+each unfinished task (of a group of rows, or of all) waits for a turn, the server samples all
+their turns in one engine call (a "round"), so turns of many rows share the engine's batch."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import asyncio
 import contextvars
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -32,6 +32,20 @@ class _Turn:
     answer: asyncio.Future
 
 
+class _Call(NamedTuple):
+    """One engine call of a round: its prompts, sampling and key; per row, the row of the
+    kept call in stream `source` it continues (None: round 0); the stream it is kept in; the
+    prompt tokens it was given."""
+
+    prompts: Batch
+    sampling: SamplingParams
+    key: jax.Array
+    previous: list[int] | None
+    stream: int
+    source: int
+    given: int
+
+
 def left_padded(prompts: Sequence[Sequence[int]], width: int, pad_token_id: int) -> Batch:
     """Prompt tensors (`input_ids`, `attention_mask`, `position_ids` [rows, width]) of token
     lists, padded on the left."""
@@ -52,7 +66,8 @@ class TurnServer:
     prompt and the whole response budget, is the very call a single-turn rollout makes
     (`prompts` as given, `key`, n answers per prompt); round k > 0 samples each waiting row once
     with ``fold_in(key, k)``, for as many tokens as its turn asks (the longest, rounded up to a
-    power of two)."""
+    power of two). With `groups` > 1 the driver samples the rows group by group after round 0
+    (`flush_group`), each group's call in a thread while the other groups' tools run."""
 
     def __init__(
         self,
@@ -62,12 +77,15 @@ class TurnServer:
         key: jax.Array,
         *,
         keep_kv: bool = True,
+        groups: int = 1,
     ):
         self.engine, self.prompts, self.sampling, self.key = engine, prompts, sampling, key
+        self.rows = len(prompts) * sampling.n
+        self.groups = max(1, min(groups, self.rows))
+        self._group_rounds = [0] * self.groups
         # A `TurnEngine` continues each row from the keys and values of its last turn.
         self.keep_kv = keep_kv and isinstance(engine, TurnEngine)
-        self._call_rows: dict[int, int] = {}  # row -> its row in the last round's call
-        self.rows = len(prompts) * sampling.n
+        self._call_rows: dict[int, tuple[int, int]] = {}  # row -> (stream, row) of its last call
         self.waiting: list[_Turn] = []
         self.arrived = asyncio.Event()
         self.rounds = 0
@@ -96,10 +114,33 @@ class TurnServer:
         self.arrived.set()
         return await answer
 
+    def group(self, row: int) -> int:
+        """The group of `row` (consecutive rows, `groups` about equal parts)."""
+        return row * self.groups // self.rows
+
     def flush(self) -> None:
         """Sample every waiting turn (one engine call) and answer each."""
-        turns = sorted(self.waiting, key=lambda t: t.row)
-        self.waiting = []
+        turns, call = self._take(None)
+        self._answer(turns, self._sample(call))
+
+    async def flush_group(self, group: int) -> None:
+        """Sample the waiting turns of `group` (one engine call, in a thread, so that the other
+        groups' tools and interactions run meanwhile) and answer each."""
+        if any(self.group(t.row) == group for t in self.waiting):
+            turns, call = self._take(group)
+            self._answer(turns, await asyncio.to_thread(self._sample, call))
+
+    def _take(self, group: int | None) -> tuple[list[_Turn], _Call]:
+        """The waiting turns of `group` (all: None), by row, and their engine call. Rounds of
+        all rows use ``fold_in(key, k)`` (k counting rounds); the r-th round of group g (r >= 1;
+        round 0 is every row's) ``fold_in(key, r * groups + g)``, whatever order the groups'
+        rounds run in."""
+        turns = sorted(
+            (t for t in self.waiting if group is None or self.group(t.row) == group),
+            key=lambda t: t.row,
+        )
+        taken = {id(t) for t in turns}
+        self.waiting = [t for t in self.waiting if id(t) not in taken]
         shared = self._shared_round(turns)
         if shared is not None:
             prompts, sampling, key = shared
@@ -112,16 +153,47 @@ class TurnServer:
             longest = max(t.max_tokens for t in turns)
             tokens = min(self.engine.response_length, ceil_pow2(longest))
             sampling = dataclasses.replace(self.sampling, n=1, max_new_tokens=tokens)
-            key = jax.random.fold_in(self.key, self.rounds)
+            if group is None:
+                key = jax.random.fold_in(self.key, self.rounds)
+            else:
+                self._group_rounds[group] += 1
+                index = self._group_rounds[group] * self.groups + group
+                key = jax.random.fold_in(self.key, index)
         given = int(np.asarray(prompts["attention_mask"]).sum())
         self.tokens_new += given if shared else sum(map(self._new_tokens, turns))
+        # Each group keeps its keys and values in a stream of its own (round 0's in stream 0).
+        stream = 0 if group is None or self.groups == 1 else group + 1
+        sources = {self._call_rows.get(t.row, (-1, -1))[0] for t in turns}
+        source = max(sources) if not shared else stream
+        previous = None
+        if shared is None:
+            previous = [
+                row if kept == source else -1
+                for kept, row in (self._call_rows.get(t.row, (-1, -1)) for t in turns)
+            ]
         if self.keep_kv:
-            previous = None if shared else [self._call_rows.get(t.row, -1) for t in turns]
-            out = self.engine.generate_turn(prompts, sampling, key, previous)
-            self._call_rows = {t.row: i for i, t in enumerate(turns)}
+            self._call_rows.update({t.row: (stream, i) for i, t in enumerate(turns)})
+        return turns, _Call(prompts, sampling, key, previous, stream, max(source, 0), given)
+
+    def _sample(self, call: _Call) -> tuple[Batch, int]:
+        """The engine's answer to `call`, and the prompt tokens it prefilled."""
+        if self.keep_kv:
+            out = self.engine.generate_turn(
+                call.prompts,
+                call.sampling,
+                call.key,
+                call.previous,
+                stream=call.stream,
+                source=call.source,
+            )
         else:
-            out = self.engine.generate(prompts, sampling, key)
-        self.tokens_prefilled += int(self.engine.stats.get("rollout/prefill_tokens", given))
+            out = self.engine.generate(call.prompts, call.sampling, call.key)
+        return out, int(self.engine.stats.get("rollout/prefill_tokens", call.given))
+
+    def _answer(self, turns: list[_Turn], sampled: tuple[Batch, int]) -> None:
+        """Each turn's tokens (cut to what it asked for) and log-probs."""
+        out, prefilled = sampled
+        self.tokens_prefilled += prefilled
         self.rounds += 1
         responses = np.asarray(out["responses"])
         lengths = np.asarray(out["response_mask"]).sum(-1)

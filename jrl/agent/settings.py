@@ -21,11 +21,14 @@ class AgentSettings:
     answer to `max_tool_response_length` characters on `tool_response_truncate_side`, and
     waits `tool_timeout` seconds for a tool or interaction call; `num_workers` calls run at
     once. Tool calls are read in `format`; `tokenization_sanity_check_mode` compares the
-    turn-by-turn ids with the whole conversation tokenised at once."""
+    turn-by-turn ids with the whole conversation tokenised at once. `row_groups` (jrl's own)
+    splits the rows into groups whose later rounds take turns on the engine: while one group's
+    turns decode, the other groups' tools run (1: each round waits for every row)."""
 
     default_agent_loop: str = "single_turn_agent"
     agent_loop_config_path: str | None = None
     num_workers: int = 8
+    row_groups: int = 1
     max_assistant_turns: int | None = None
     max_user_turns: int | None = None
     max_parallel_calls: int = 1
@@ -44,6 +47,7 @@ class AgentSettings:
 
         rules = {
             "num_workers": (self.num_workers >= 1, "must be at least 1"),
+            "row_groups": (self.row_groups >= 1, "must be at least 1"),
             "max_assistant_turns": (positive_or_none(self.max_assistant_turns), "must be >= 1"),
             "max_user_turns": (positive_or_none(self.max_user_turns), "must be >= 1"),
             "max_parallel_calls": (self.max_parallel_calls >= 1, "must be at least 1"),

@@ -76,6 +76,9 @@ def rollout_section() -> ConfigDict:
         ),
         agent=section(
             num_workers=8,
+            # jrl's own: groups of rows whose later rounds take turns (one decodes while the
+            # others' tools run); 1: each round waits for every row.
+            row_groups=1,
             default_agent_loop="single_turn_agent",
             agent_loop_config_path=placeholder(str),
             custom_async_server=section(path=placeholder(str), name=placeholder(str)),

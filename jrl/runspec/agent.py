@@ -23,7 +23,7 @@ _MULTI_TURN = (
     "format",
     "tool_timeout",
 )
-_AGENT = ("default_agent_loop", "agent_loop_config_path", "num_workers")
+_AGENT = ("default_agent_loop", "agent_loop_config_path", "num_workers", "row_groups")
 OFF = (
     f"{_ROLLOUT}.multi_turn.enable is False and the rows' default loop is single_turn_agent: "
     "one turn per row, no agent loops"
