@@ -1,24 +1,29 @@
 """Multi-turn rollout speed on the JAX sampler: keys and values kept between turns against one
-re-prefill of the whole history per turn, same run, same model, same rows.
+re-prefill of the whole history per turn, and row groups that decode while the others' tools
+run against rounds that wait for every row; same run, same model, same rows.
 
 The workload: SmolLM2-135M-Instruct (float32 on the CPU), `--rows` arithmetic questions
 (`jrl.data.arithmetic`) in its chat template, `--turns` model turns of at most `--turn-tokens`
 tokens each (sampled greedily; a turn also ends at the model's EOS), each followed by the same
-tool turn of about `--observation-tokens` tokens (the chat template's delta of a tool message).
-A history grows by a turn and an observation per round, so a full re-prefill runs ever longer
-prompts while the kept cache prefills only the appended tokens.
+tool turn of about `--observation-tokens` tokens (the chat template's delta of a tool message)
+that takes `--tool-seconds` to answer. A history grows by a turn and an observation per round,
+so a full re-prefill runs ever longer prompts while the kept cache prefills only the appended
+tokens.
 
-Each mode first runs once to compile its programs, then `--repeats` timed runs. Prints one JSON
-line per mode (model tokens per second, the prefill's tokens, rounds) and a ratio line
-(kept / re-prefill tokens per second, and whether both modes sampled the same tokens):
+Modes: `reprefill` (`keep_kv=False`), `kept` (the default engine), `kept_groups` (also
+``rollout.agent.row_groups=--groups``). Each first runs once to compile its programs, then
+`--repeats` timed runs. Prints one JSON line per mode (model tokens per second, the prefill's
+tokens, rounds) and ratio lines: kept / reprefill and kept_groups / kept tokens per second, and
+whether the compared modes sampled the same tokens (groups draw with keys of their own):
 
     python bench/multi_turn.py                   # a few minutes on 2 CPU cores
-    python bench/multi_turn.py --rows 64 --turns 6
+    python bench/multi_turn.py --rows 64 --turns 6 --tool-seconds 0
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import statistics
 import sys
@@ -55,6 +60,7 @@ class ObservationLoop(AgentLoopBase):
     turns: int = 4
     turn_tokens: int = 32
     observation: list[int] = []
+    tool_seconds: float = 0.0
 
     async def run(self, sampling_params, **row):
         prompt = list(row["raw_prompt_ids"])
@@ -66,6 +72,7 @@ class ObservationLoop(AgentLoopBase):
                 sampling_params=sampling_params,
                 max_tokens=self.turn_tokens,
             )
+            await asyncio.sleep(self.tool_seconds)  # the tool's latency
             response += out.token_ids + self.observation
             mask += [1] * len(out.token_ids) + [0] * len(self.observation)
         return AgentLoopOutput(prompt, response, mask, None, num_turns=2 * self.turns + 1)
@@ -94,6 +101,8 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=4)
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--observation-tokens", type=int, default=48)
+    parser.add_argument("--tool-seconds", type=float, default=1.0)
+    parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
 
@@ -101,6 +110,7 @@ def main() -> None:
     tokenizer = load_tokenizer(str(folder))
     template = ChatTemplate.of(tokenizer, {}, [])
     ObservationLoop.turns, ObservationLoop.turn_tokens = args.turns, args.turn_tokens
+    ObservationLoop.tool_seconds = args.tool_seconds
     ObservationLoop.observation = observation_ids(template, args.observation_tokens)
     batch = prompts(tokenizer, template, args.rows)
     response = ceil_pow2(args.turns * (args.turn_tokens + len(ObservationLoop.observation)))
@@ -110,9 +120,11 @@ def main() -> None:
         do_sample=False,
     )  # fmt: skip
     model = from_pretrained(str(folder))
-    context = AgentContext.build(AgentSettings(), tokenizer=tokenizer)
     results = {}
-    for mode, keep in (("reprefill", False), ("kept", True)):
+    modes = (("reprefill", False, 1), ("kept", True, 1), ("kept_groups", True, args.groups))
+    for mode, keep, groups in modes:
+        settings = AgentSettings(row_groups=groups)
+        context = AgentContext.build(settings, tokenizer=tokenizer)
         engine = JaxRollout(model, response_length=response, pad_token_id=tokenizer.pad_token_id,
                             eos_token_ids=eos)  # fmt: skip
         agent = AgentRollout(engine, context, {}, keep_kv=keep)
@@ -131,6 +143,8 @@ def main() -> None:
             "mode": mode,
             "rows": args.rows,
             "turns": args.turns,
+            "tool_seconds": args.tool_seconds,
+            "row_groups": groups,
             "rounds": stats["agent/rounds"],
             "model_tokens": model_tokens,
             "prefill_tokens": stats["agent/prefill_tokens"],
@@ -141,15 +155,16 @@ def main() -> None:
         }
         results[mode + "_line"] = line
         print(json.dumps(line), flush=True)
-    kept, full = results["kept_line"], results["reprefill_line"]
-    ratio = {
-        "bench": "multi_turn",
-        "ratio": "kept / reprefill tokens_per_s",
-        "value": kept["tokens_per_s"] / full["tokens_per_s"],
-        "prefill_tokens_ratio": full["prefill_tokens"] / kept["prefill_tokens"],
-        "same_tokens": bool(np.array_equal(results["kept"], results["reprefill"])),
-    }
-    print(json.dumps(ratio), flush=True)
+    for ours, theirs in (("kept", "reprefill"), ("kept_groups", "kept")):
+        a, b = results[ours + "_line"], results[theirs + "_line"]
+        ratio = {
+            "bench": "multi_turn",
+            "ratio": f"{ours} / {theirs} tokens_per_s",
+            "value": a["tokens_per_s"] / b["tokens_per_s"],
+            "prefill_tokens_ratio": b["prefill_tokens"] / a["prefill_tokens"],
+            "same_tokens": bool(np.array_equal(results[ours], results[theirs])),
+        }
+        print(json.dumps(ratio), flush=True)
 
 
 if __name__ == "__main__":
