@@ -93,6 +93,7 @@ def test_the_jax_engine_built_from_the_config_is_a_rollout():
         "rollout/slots",
         "rollout/prefill_rows",
         "rollout/shared_prefill",
+        "rollout/prefill_tokens",
         "rollout/decode_steps",
     }
     assert all(isinstance(v, float) for v in engine.stats.values())

@@ -44,6 +44,10 @@ class CallGate:
             result: concurrent.futures.Future = concurrent.futures.Future()
 
             def target() -> None:
+                # Running, the future can no longer be cancelled: a call that outlives its
+                # timeout sets its result on a future nobody waits for, not on a cancelled one.
+                if not result.set_running_or_notify_cancel():
+                    return
                 try:
                     result.set_result(asyncio.run(fn(*args, **kwargs)))
                 except BaseException as err:  # the caller gets every failure as an outcome
