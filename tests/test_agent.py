@@ -19,9 +19,11 @@ from helpers import TINY_LLAMA
 
 from jrl.agent import AgentContext, AgentRollout, AgentSettings, BaseTool, ToolResponse
 from jrl.agent.parser import parse_hermes
+from jrl.agent.settings import TraceSettings
 from jrl.agent.tool_agent import truncate_text
 from jrl.agent.tools.calculator import evaluate
 from jrl.agent.tools.sandbox import run_python
+from jrl.agent.trace import NO_TRACES, RolloutTracer
 from jrl.batch import Batch
 from jrl.models import init_random
 from jrl.rollout import JaxRollout, SamplingParams
@@ -112,11 +114,13 @@ def object_column(values):
     return column
 
 
-def run_tool_agent(tokenizer, questions, script, tools=(), settings=None, extra_infos=None):
+def run_tool_agent(
+    tokenizer, questions, script, tools=(), settings=None, extra_infos=None, tracer=NO_TRACES
+):
     """`AgentRollout` over a `ScriptedEngine`, one row per question (with its ``extra_info``),
     ``tool_agent`` unless `settings` say otherwise."""
     settings = settings or AgentSettings(default_agent_loop="tool_agent")
-    context = AgentContext.build(settings, tokenizer)
+    context = AgentContext.build(settings, tokenizer, tracer=tracer)
     context.tools.update({tool.name: tool for tool in tools})
     engine = ScriptedEngine(tokenizer, script)
     messages = [[{"role": "user", "content": q}] for q in questions]
@@ -180,6 +184,45 @@ def test_tool_agent_keeps_sampled_tokens_and_masks_the_tool_turn(tokenizer, tmp_
     first_round = sum(map(len, engine.calls[0]))
     assert stats["agent/prefill_tokens"] == first_round + len(engine.calls[1][0])
     assert stats["agent/prefill_tokens_if_kv_kept"] == first_round + 1 + len(delta)
+
+
+def test_traced_trajectories_hold_each_turn_and_tool_call(tokenizer, tmp_path, monkeypatch):
+    """``rollout.trace``: with ``max_samples_per_step_per_worker=1`` one of the three prompts
+    is traced; its trace holds the loop's run, both model turns and the calculator's call, with
+    their decoded text."""
+    import mlflow
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    config = tmp_path / "tools.yaml"
+    config.write_text("tools:\n  - class_name: jrl.agent.tools.calculator.CalculatorTool\n")
+    settings = calculator_settings(tool_config_path=str(config))
+    script = [[tool_call("calculator", expression=f"{a} * 23"), "Done."] for a in (17, 18, 19)]
+    questions, extra = ["17*23?", "18*23?", "19*23?"], [{"index": 10 + i} for i in range(3)]
+
+    def traces(limit):
+        store = tmp_path / f"run{limit}"
+        trace = TraceSettings("mlflow", token2text=True, max_samples_per_step_per_worker=limit)
+        tracer = RolloutTracer(trace, tokenizer, project="p", run_dir=store)
+        run_tool_agent(tokenizer, questions, script, settings=settings, extra_infos=extra,
+                       tracer=tracer)  # fmt: skip
+        client = mlflow.MlflowClient((store / "mlruns").resolve().as_uri())
+        experiment = client.get_experiment_by_name("p").experiment_id
+        return client.search_traces(locations=[experiment], max_results=100)
+
+    assert sorted(t.info.tags["sample_index"] for t in traces(None)) == ["10", "11", "12"]
+    (trace,) = traces(1)
+    row = int(trace.info.tags["sample_index"]) - 10
+    names = [span.name for span in trace.data.spans]
+    assert names[:2] == ["agent_loop", "ToolAgentLoop.run"]
+    assert names.count("generate") == 2 and "CalculatorTool.execute" in names
+    call = next(span for span in trace.data.spans if span.name == "CalculatorTool.execute")
+    assert call.inputs["parameters"] == {"expression": f"{17 + row} * 23"}
+    assert call.outputs["response"] == str((17 + row) * 23)
+    run = trace.data.spans[1]
+    assert (
+        f"{17 + row}*23?" in run.outputs["prompt_text"] and "Done." in run.outputs["response_text"]
+    )
+    assert run.outputs["response_mask"].count(0) > 0  # the tool turn, masked
 
 
 def test_tool_schemas_reach_the_prompt(tokenizer):
@@ -362,6 +405,10 @@ def test_agent_settings_refuse_bad_values():
         AgentSettings(tool_response_truncate_side="top")
     with pytest.raises(SettingsError, match="tool_timeout"):
         dataclasses.replace(AgentSettings(), tool_timeout=0)
+    with pytest.raises(SettingsError, match="backend.*must be one of mlflow"):
+        TraceSettings(backend="weave")
+    with pytest.raises(SettingsError, match="max_samples_per_step_per_worker"):
+        TraceSettings(backend="mlflow", max_samples_per_step_per_worker=0)
 
 
 class RecordingEngine:

@@ -73,8 +73,7 @@ MULTITURN_GRPO_YAML = [
     f"{AR}.rollout.multi_turn.enable=True",
     f"{AR}.rollout.multi_turn.max_assistant_turns=5",
 ]
-# run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh's keys as it passes them, less the two
-# ``rollout.trace`` keys (verl's span tracing: not implemented, and refused by name).
+# run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh's keys as it passes them.
 SCRIPT = [
     "algorithm.adv_estimator=grpo",
     "data.train_batch_size=256",
@@ -100,6 +99,8 @@ SCRIPT = [
     f"{AR}.rollout.mode=async",
     f"{AR}.rollout.gpu_memory_utilization=0.5",
     f"{AR}.rollout.n=16",
+    f"{AR}.rollout.trace.backend=mlflow",
+    f"{AR}.rollout.trace.token2text=True",
     f"{AR}.ref.log_prob_micro_batch_size_per_gpu=32",
     f"{AR}.ref.fsdp_config.param_offload=True",
     "algorithm.use_kl_in_reward=False",
@@ -156,6 +157,37 @@ def test_verls_gsm8k_tool_agent_example_runs(tmp_path):
         assert step["agent/num_turns/min"] >= 2
         assert "agent/tool_calls_per_row" in step
     assert (run_dir / "mlruns").is_dir()  # the script's mlflow logger
+    assert_rollouts_were_traced(run_dir / "mlruns")
+
+
+def assert_rollouts_were_traced(store) -> None:
+    """``rollout.trace``: one mlflow trace per trajectory (2 steps of 4 prompts x 2, and the
+    last step's validation of 4 prompts x 1), tagged verl's way, whose spans are the loop's
+    run and each model turn, with the decoded text (``token2text``)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(store.resolve().as_uri())
+    experiment = client.get_experiment_by_name("gsm8k_tool-agent")
+    traces = client.search_traces(locations=[experiment.experiment_id], max_results=1000)
+    tags = sorted(
+        (
+            t.info.tags["validate"],
+            int(t.info.tags["step"]),
+            t.info.tags["sample_index"],
+            int(t.info.tags["rollout_n"]),
+        )
+        for t in traces
+    )
+    assert len(set(tags)) == len(tags) == 2 * 4 * 2 + 4
+    training = [tag[1:] for tag in tags if tag[0] == "False"]
+    assert {(step, n) for step, _, n in training} == {(1, 0), (1, 1), (2, 0), (2, 1)}
+    assert {tag[1:] for tag in tags if tag[0] == "True"} == {(2, str(i), 0) for i in range(4)}
+    spans = traces[0].data.spans
+    names = [span.name for span in spans]
+    assert names[0] == "agent_loop" and "ToolAgentLoop.run" in names and "generate" in names
+    turn = next(span for span in spans if span.name == "generate")
+    assert turn.inputs["prompt_ids"] and "<|im_start|>" in turn.outputs["prompt_text"]
+    assert len(turn.outputs["token_ids"]) >= 1 and "response_text" in turn.outputs
 
 
 def assert_the_tool_was_learnt(run_dir) -> None:

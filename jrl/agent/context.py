@@ -1,6 +1,6 @@
 """`AgentContext`: what every trajectory of a run shares, built once per rollout: the settings,
-the tokenizer and its chat-template options, the tools and their schemas, the interactions, and
-the gate user calls go through."""
+the tokenizer and its chat-template options, the tools and their schemas, the interactions, the
+gate user calls go through, and the tracer of ``rollout.trace``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from jrl.agent.loop import register_from_file
 from jrl.agent.settings import AgentSettings
 from jrl.agent.tools.base import BaseTool
 from jrl.agent.tools.registry import load_tools
+from jrl.agent.trace import NO_TRACES, RolloutTracer
 
 
 @dataclasses.dataclass
@@ -26,6 +27,7 @@ class AgentContext:
     tools: dict[str, BaseTool]
     interactions: dict[str, BaseInteraction]
     gate: CallGate
+    tracer: RolloutTracer = NO_TRACES
 
     @property
     def default_loop(self) -> str:
@@ -46,8 +48,10 @@ class AgentContext:
         settings: AgentSettings,
         tokenizer: Any,
         chat_template_kwargs: Mapping[str, Any] | None = None,
+        tracer: RolloutTracer = NO_TRACES,
     ) -> AgentContext:
-        """Loads the settings' loop, tool and interaction files (each error names its key)."""
+        """Loads the settings' loop, tool and interaction files (each error names its key);
+        `tracer` writes the traced trajectories (``rollout.trace``)."""
         if settings.agent_loop_config_path:
             register_from_file(settings.agent_loop_config_path)
         interactions = (
@@ -62,4 +66,5 @@ class AgentContext:
             load_tools(settings.tool_config_path, settings.function_tool_path),
             interactions,
             CallGate(settings.num_workers, settings.tool_timeout),
+            tracer,
         )

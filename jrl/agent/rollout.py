@@ -6,6 +6,7 @@ tool and user turns between them."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -45,6 +46,13 @@ def row_fields(prompts: Batch, row: int) -> dict[str, Any]:
     return fields
 
 
+def sample_index(fields: Mapping[str, Any], prompt: int) -> Any:
+    """verl's ``sample_index`` of a row: its ``extra_info.index``, else its prompt's place."""
+    extra = fields.get("extra_info")
+    index = extra.get("index") if isinstance(extra, Mapping) else None
+    return prompt if index is None else index
+
+
 class AgentRollout:
     """`Rollout` over `engine`, the trajectories' shapes bounded by the engine's response
     length (the whole multi-turn response) and `context` (settings, tools, interactions).
@@ -59,6 +67,7 @@ class AgentRollout:
         keep_kv: bool = True,
     ):
         self.engine, self.context, self.keep_kv = engine, context, keep_kv
+        self.step, self.validate = -1, False  # what the traces are tagged with (`at_step`)
         self.trainer_config = TrainerConfig(trainer_config)
         self._stats: dict[str, float] = {}
 
@@ -87,6 +96,10 @@ class AgentRollout:
     def resume(self) -> None:
         self.engine.resume()
 
+    def at_step(self, step: int, validate: bool = False) -> None:
+        """Tag the next calls' traces with the trainer's `step` and whether they validate."""
+        self.step, self.validate = step, validate
+
     def generate(self, prompts: Batch, sampling: SamplingParams, key: jax.Array) -> Batch:
         """`sampling.n` trajectories per prompt (rows interleaved), each by its row's loop."""
         server = TurnServer(
@@ -96,8 +109,10 @@ class AgentRollout:
             key,
             keep_kv=self.keep_kv,
             groups=self.context.settings.row_groups,
+            tracer=self.context.tracer,
         )
         outputs = asyncio.run(self._run_all(prompts, sampling, server))
+        self.context.tracer.flush()
         batch = self._batch(prompts.repeat(sampling.n, interleave=True), outputs)
         self._stats = {
             **self.engine.stats,
@@ -114,12 +129,17 @@ class AgentRollout:
         """Every row's loop as a task. Round 0 waits for every row; later rounds take the
         groups in turn (one group: every row), each once all its unfinished tasks wait."""
         params = sampling_dict(sampling)
+        fields = [row_fields(prompts, row // sampling.n) for row in range(server.rows)]
+        samples = [sample_index(f, row // sampling.n) for row, f in enumerate(fields)]
+        traced = self.context.tracer.chosen(samples, seed=self.step)
         tasks = []
         for row in range(server.rows):
-            fields = row_fields(prompts, row // sampling.n)
-            loop = agent_loop_class(str(fields.get("agent_name") or self.context.default_loop))
+            loop = agent_loop_class(str(fields[row].get("agent_name") or self.context.default_loop))
             ROW.set(row)
-            tasks.append(asyncio.create_task(self._run_row(loop, params, fields, server)))
+            tags = {"step": self.step, "sample_index": samples[row], "rollout_n": row % sampling.n}
+            tags = {**tags, "validate": self.validate} if row in traced else None
+            run = self._run_row(loop, params, fields[row], server, tags)
+            tasks.append(asyncio.create_task(run))
         everyone = range(server.rows)
         await _settled(tasks, server, everyone)
         if server.waiting:
@@ -137,10 +157,25 @@ class AgentRollout:
         return [task.result() for task in tasks]
 
     async def _run_row(
-        self, loop: type, params: dict[str, Any], fields: dict[str, Any], server: TurnServer
+        self,
+        loop: type,
+        params: dict[str, Any],
+        fields: dict[str, Any],
+        server: TurnServer,
+        trace_tags: dict[str, Any] | None,
     ) -> AgentLoopOutput:
+        """One trajectory, traced (tagged with `trace_tags`) unless they are None."""
         agent = loop(self.trainer_config, server, self.context.tokenizer, context=self.context)
-        return await agent.run(dict(params), request_id=uuid.uuid4().hex, **fields)
+        tracer = self.context.tracer
+        inputs = {"sampling_params": params, **fields}
+        with (
+            tracer.trajectory(trace_tags is not None, **(trace_tags or {})),
+            tracer.span(f"{loop.__name__}.run", inputs) as finish,
+        ):
+            out = await agent.run(dict(params), request_id=uuid.uuid4().hex, **fields)
+            texts = tracer.texts(prompt_ids=out.prompt_ids, response_ids=out.response_ids)
+            finish({**dataclasses.asdict(out), **texts})
+        return out
 
     def _batch(self, prompts: Batch, outputs: list[AgentLoopOutput]) -> Batch:
         """verl's rollout batch of the trajectories (`rollout_batch`): prompts left-padded to the

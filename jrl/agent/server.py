@@ -14,6 +14,7 @@ import jax
 import numpy as np
 
 from jrl.agent.loop import TokenOutput
+from jrl.agent.trace import NO_TRACES, RolloutTracer
 from jrl.batch import Batch
 from jrl.data.prompts import left_pad, position_ids_from_mask
 from jrl.rollout.limits import ceil_pow2
@@ -78,9 +79,11 @@ class TurnServer:
         *,
         keep_kv: bool = True,
         groups: int = 1,
+        tracer: RolloutTracer = NO_TRACES,
     ):
         self.engine, self.prompts, self.sampling, self.key = engine, prompts, sampling, key
         self.rows = len(prompts) * sampling.n
+        self.tracer = tracer
         self.groups = max(1, min(groups, self.rows))
         self._group_rounds = [0] * self.groups
         # A `TurnEngine` continues each row from the keys and values of its last turn.
@@ -109,10 +112,15 @@ class TurnServer:
         if image_data is not None:
             raise ValueError("jrl's models are text-only: a turn cannot carry images")
         limit = self.engine.response_length if max_tokens is None else max_tokens
-        answer = asyncio.get_running_loop().create_future()
-        self.waiting.append(_Turn(ROW.get(), list(prompt_ids), max(1, int(limit)), answer))
-        self.arrived.set()
-        return await answer
+        inputs = {"prompt_ids": prompt_ids, "sampling_params": sampling_params, "max_tokens": limit}
+        with self.tracer.span("generate", inputs) as finish:
+            answer = asyncio.get_running_loop().create_future()
+            self.waiting.append(_Turn(ROW.get(), list(prompt_ids), max(1, int(limit)), answer))
+            self.arrived.set()
+            out = await answer
+            texts = self.tracer.texts(prompt_ids=prompt_ids, response_ids=out.token_ids)
+            finish({**dataclasses.asdict(out), **texts})
+        return out
 
     def group(self, row: int) -> int:
         """The group of `row` (consecutive rows, `groups` about equal parts)."""

@@ -12,6 +12,36 @@ TRUNCATE_SIDES = ("left", "right", "middle")
 SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
 
+TRACE_BACKENDS = ("mlflow",)
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceSettings:
+    """verl's ``rollout.trace.*``: each traced trajectory becomes a trace of `backend` (None:
+    none), with its model turns, tool calls and whole run as spans; `token2text` adds their
+    decoded text; `max_samples_per_step_per_worker` traces the rollouts of that many randomly
+    chosen prompts per call (None: all)."""
+
+    backend: str | None = None
+    token2text: bool = False
+    max_samples_per_step_per_worker: int | None = None
+
+    def __post_init__(self) -> None:
+        limit = self.max_samples_per_step_per_worker
+        rules = {
+            "backend": (
+                self.backend is None or self.backend in TRACE_BACKENDS,
+                f"must be one of {', '.join(TRACE_BACKENDS)} or null (jrl writes rollout traces "
+                "to mlflow: a local store, or $MLFLOW_TRACKING_URI)",
+            ),
+            "max_samples_per_step_per_worker": (
+                limit is None or limit >= 1,
+                "must be at least 1, or null for every sample",
+            ),
+        }
+        check_settings(self, rules)
+
+
 @dataclasses.dataclass(frozen=True)
 class AgentSettings:
     """Rows run the loop their ``agent_name`` names, else `default_agent_loop`; loops listed in
@@ -40,6 +70,7 @@ class AgentSettings:
     tokenization_sanity_check_mode: str = "strict"
     format: str = "hermes"
     tool_timeout: float = 60.0
+    trace: TraceSettings = TraceSettings()
 
     def __post_init__(self) -> None:
         def positive_or_none(value: int | None) -> bool:

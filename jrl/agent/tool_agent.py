@@ -150,9 +150,12 @@ class ToolAgentLoop(AgentLoopBase):
         extra: dict[str, list[float]],
     ) -> tuple[bool, str]:
         """(end the conversation?, the user's reply); a failed call ends it."""
-        outcome = await self.context.gate.call(
-            interaction.generate_response, instance_id, list(messages), **kwargs
-        )
+        name = f"{type(interaction).__name__}.generate_response"
+        with self.context.tracer.span(name, {"messages": messages, **kwargs}) as finish:
+            outcome = await self.context.gate.call(
+                interaction.generate_response, instance_id, list(messages), **kwargs
+            )
+            finish({"status": outcome.status, "response": outcome.value, "error": outcome.message})
         if not outcome.ok:
             counts["interaction_errors"] += 1
             _log_once("interaction", f"interaction {interaction.name!r}: {outcome.message}")
@@ -195,11 +198,13 @@ class ToolAgentLoop(AgentLoopBase):
             counts["tool_errors"] += 1
             return f"Error: there is no tool named {call.name!r}"
         own = tools_kwargs.get(call.name) or {}
-        outcome = await self.context.gate.call(
-            _create_execute_release, tool, json.loads(call.arguments), own
-        )
+        parameters = json.loads(call.arguments)
+        inputs = {"name": call.name, "parameters": parameters}
+        with self.context.tracer.span(f"{type(tool).__name__}.execute", inputs) as finish:
+            outcome = await self.context.gate.call(_create_execute_release, tool, parameters, own)
+            text = _answer_text(outcome)
+            finish({"status": outcome.status, "response": text, "error": outcome.message})
         counts["tool_seconds"] += outcome.seconds
-        text = _answer_text(outcome)
         if outcome.status == "timeout":
             counts["tool_timeouts"] += 1
         if text is None or not outcome.ok:

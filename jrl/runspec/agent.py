@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from jrl.agent.settings import AgentSettings
+from jrl.agent.settings import AgentSettings, TraceSettings
 from jrl.config.errors import ConfigError, SettingsError
 
 _ROLLOUT = "actor_rollout_ref.rollout"
@@ -23,6 +23,7 @@ _MULTI_TURN = (
     "format",
     "tool_timeout",
 )
+_TRACE = ("backend", "token2text", "max_samples_per_step_per_worker")
 _AGENT = ("default_agent_loop", "agent_loop_config_path", "num_workers", "row_groups")
 OFF = (
     f"{_ROLLOUT}.multi_turn.enable is False and the rows' default loop is single_turn_agent: "
@@ -46,7 +47,7 @@ def agent_settings(view: Any) -> AgentSettings | None:
     """The `AgentSettings` of the config `view` (a `KeyReads`), or None (the keys skipped)."""
     rollout = view.actor_rollout_ref.rollout
     if not rollout.resolve("agent", uses_agent_loops, rollout):
-        rollout.skip(("multi_turn", "agent"), OFF, given_only=True)
+        rollout.skip(("multi_turn", "agent", "trace"), OFF, given_only=True)
         return None
     rollout.skip(
         ("multi_turn.use_inference_chat_template", "multi_turn.num_repeat_rollouts"),
@@ -58,9 +59,11 @@ def agent_settings(view: Any) -> AgentSettings | None:
     values.update({key: rollout.agent[key] for key in _AGENT})
     given = {key: value for key, value in values.items() if value is not None}
     try:
-        return AgentSettings(**given)
+        trace = TraceSettings(**{key: rollout.trace[key] for key in _TRACE})
+        return AgentSettings(**given, trace=trace)
     except SettingsError as err:
         sections = {key: "multi_turn" for key in _MULTI_TURN} | {key: "agent" for key in _AGENT}
+        sections |= {key: "trace" for key in _TRACE}
         raise ConfigError(
             "\n".join(
                 f"{_ROLLOUT}.{sections[field]}.{field}={value!r} {rule}"

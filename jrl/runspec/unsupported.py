@@ -59,7 +59,6 @@ UNSUPPORTED = (
     Unsupported("data.tool_config_path", _MULTI_TURN),
     Unsupported(f"{_ROLLOUT}.skip_rollout", "replaying dumped rollouts is not implemented"),
     Unsupported(f"{_ROLLOUT}.skip_dump_dir", "replaying dumped rollouts is not implemented"),
-    Unsupported(f"{_ROLLOUT}.trace.*", "rollout tracing is not implemented"),
     Unsupported(
         f"{_ROLLOUT}.prometheus.*", "the rollout server's Prometheus metrics are not implemented"
     ),

@@ -20,6 +20,7 @@ import numpy as np
 
 from jrl import algos
 from jrl.agent import AgentContext, AgentRollout
+from jrl.agent.trace import RolloutTracer
 from jrl.batch import Batch
 from jrl.config.loading import yaml_of
 from jrl.data.loader import DataLoader
@@ -116,7 +117,15 @@ class PPOTrainer:
         )
         if run.agent is not None:  # each row's trajectory runs its agent loop over the engine
             template = data.rows.apply_chat_template_kwargs
-            context = AgentContext.build(run.agent, self.tokenizer, template)
+            tracer = RolloutTracer(
+                run.agent.trace,
+                self.tokenizer,
+                project=run.logging.project,
+                experiment=run.logging.experiment,
+                run_dir=run.logging.run_dir,
+                writer=jax.process_index() == 0,
+            )
+            context = AgentContext.build(run.agent, self.tokenizer, template, tracer)
             self.rollout = AgentRollout(self.rollout, context, run.logging.tree)
         self.sampling = sampling_params(run.rollout.sampling, self.rollout)
         self.val_sampling = sampling_params(run.rollout.validation, self.rollout)
@@ -140,7 +149,13 @@ class PPOTrainer:
     def generate(self, prompts: Batch, step: int) -> Batch:
         """Rollout `n` responses per prompt (interleaved), with a key derived from the step."""
         key = jax.random.fold_in(jax.random.fold_in(self.rng, 0), step)
+        self._trace_step(step)
         return self.rollout.generate(prompts, self.sampling, key)
+
+    def _trace_step(self, step: int, validate: bool = False) -> None:
+        """Tag the agent loops' traces (``rollout.trace``) of the next rollout."""
+        if isinstance(self.rollout, AgentRollout):
+            self.rollout.at_step(step, validate)
 
     def make_experience(
         self, prompts: Batch, step: int, timing: dict[str, float]
@@ -319,6 +334,7 @@ class PPOTrainer:
         uids = np.array([f"val-{i}" for i in range(len(prompts))], dtype=object)
         prompts = prompts.union(Batch(meta={"uid": uids}))
         key = jax.random.fold_in(self.rng, 1)
+        self._trace_step(step, validate=True)
         batch = host_batch(self.rollout.generate(prompts, self.val_sampling, key))
         reward = self.rewards(self.val_reward_fn, batch)
         scores = reward["reward_tensor"].sum(-1).tolist()
