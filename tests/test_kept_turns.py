@@ -160,3 +160,11 @@ def test_row_groups_decode_while_the_other_groups_tools_run(reprefilled):
     assert stats["agent/prefill_tokens"] < full_stats["agent/prefill_tokens"]
     _, alone = rollout(keep_kv=True, tool_polls=10)
     assert alone["sampled_during_tools"] == 0
+
+
+def test_a_continuing_call_samples_each_row_once():
+    engine = JaxRollout(init_random(TINY_LLAMA, seed=3), response_length=8, pad_token_id=0,
+                        eos_token_ids=1)  # fmt: skip
+    sampling = SamplingParams(max_new_tokens=8, eos_token_ids=(1,), pad_token_id=0, n=2)
+    with pytest.raises(ValueError, match="sampling.n=2 must be 1"):
+        engine.generate_turn(prompts(), sampling, jax.random.key(0), [0, 1, 2, 3])

@@ -159,6 +159,11 @@ class JaxRollout:
         `release`, or a call without `generate_turn`). Where the slots cannot hold every row,
         each round prefills its prompts whole."""
         previous = () if previous is None else previous
+        if len(previous) and sampling.n != 1:
+            raise ValueError(
+                f"generate_turn continues each row once: sampling.n={sampling.n} must be 1 when "
+                "previous rows are given"
+            )
         turn = TurnCall(previous, stream, stream if source is None else source)
         return self._generate(prompts, sampling, key, turn)
 
