@@ -96,7 +96,8 @@ def rollout(keep_kv: bool, devices: int = 1, tensor: int = 1, rewrite: bool = Fa
     sampling = SamplingParams(max_new_tokens=32, eos_token_ids=(1,), pad_token_id=0, n=2,
                               calculate_log_probs=True)  # fmt: skip
     out = agent.generate(prompts(rewrite, tool_polls), sampling, jax.random.key(5))
-    return out, {**agent.stats, "sampled_during_tools": engine.sampled_during_tools}
+    stats = {**agent.stats, "sampled_during_tools": engine.sampled_during_tools}
+    return out, {**stats, "kept_streams": engine.kept_streams}
 
 
 @pytest.fixture(scope="module")
@@ -158,8 +159,9 @@ def test_row_groups_decode_while_the_other_groups_tools_run(reprefilled):
     assert stats["agent/rounds"] == 1 + 2 * (TURNS - 1)
     assert stats["sampled_during_tools"] > 0
     assert stats["agent/prefill_tokens"] < full_stats["agent/prefill_tokens"]
+    assert stats["kept_streams"] == (1, 2)  # the groups' own; round 0's went once both read it
     _, alone = rollout(keep_kv=True, tool_polls=10)
-    assert alone["sampled_during_tools"] == 0
+    assert alone["sampled_during_tools"] == 0 and alone["kept_streams"] == (0,)
 
 
 def test_a_continuing_call_samples_each_row_once():

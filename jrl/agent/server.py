@@ -35,8 +35,8 @@ class _Turn:
 
 class _Call(NamedTuple):
     """One engine call of a round: its prompts, sampling and key; per row, the row of the
-    kept call in stream `source` it continues (None: round 0); the stream it is kept in; the
-    prompt tokens it was given."""
+    kept call in stream `source` it continues (None: round 0); the stream it is kept in;
+    whether it is the last to read `source`; the prompt tokens it was given."""
 
     prompts: Batch
     sampling: SamplingParams
@@ -44,6 +44,7 @@ class _Call(NamedTuple):
     previous: list[int] | None
     stream: int
     source: int
+    drop_source: bool
     given: int
 
 
@@ -173,6 +174,10 @@ class TurnServer:
         stream = 0 if group is None or self.groups == 1 else group + 1
         sources = {self._call_rows.get(t.row, (-1, -1))[0] for t in turns}
         source = max(sources) if not shared else stream
+        # Round 0's stream is read by each group's first round (the groups take turns in
+        # order): the last group's drops it.
+        last = group == self.groups - 1 and self._group_rounds[group] == 1
+        drop = source == 0 and stream != 0 and last
         previous = None
         if shared is None:
             previous = [
@@ -181,7 +186,8 @@ class TurnServer:
             ]
         if self.keep_kv:
             self._call_rows.update({t.row: (stream, i) for i, t in enumerate(turns)})
-        return turns, _Call(prompts, sampling, key, previous, stream, max(source, 0), given)
+        call = _Call(prompts, sampling, key, previous, stream, max(source, 0), drop, given)
+        return turns, call
 
     def _sample(self, call: _Call) -> tuple[Batch, int]:
         """The engine's answer to `call`, and the prompt tokens it prefilled."""
@@ -193,6 +199,7 @@ class TurnServer:
                 call.previous,
                 stream=call.stream,
                 source=call.source,
+                drop_source=call.drop_source,
             )
         else:
             out = self.engine.generate(call.prompts, call.sampling, call.key)

@@ -133,6 +133,11 @@ class JaxRollout:
         return self._cache
 
     @property
+    def kept_streams(self) -> tuple[int, ...]:
+        """The streams whose keys and values `generate_turn` keeps now."""
+        return tuple(sorted(self._kept))
+
+    @property
     def stats(self) -> dict[str, float]:
         """The last call's prompt bucket, slots, prefill rows and decode steps (``rollout/...``)."""
         return dict(self._stats)
@@ -150,21 +155,24 @@ class JaxRollout:
         *,
         stream: int = 0,
         source: int | None = None,
+        drop_source: bool = False,
     ) -> Batch:
         """`generate` for a round of a multi-turn rollout (`TurnEngine`): row i continues row
         `previous[i]` (-1, or `previous` None: none) of the last call kept as `source` (by
-        default `stream`). The keys and values of the longest prefix that its prompt shares
-        with that row's context are taken over (`jrl.rollout.kept_turns`), so the prefill runs
-        only what was appended; the call's own are kept as `stream` for a later round (until
-        `release`, or a call without `generate_turn`). Where the slots cannot hold every row,
-        each round prefills its prompts whole."""
+        default `stream`; dropped once read when it is `stream` or with `drop_source`). The
+        keys and values of the longest prefix that its prompt shares with that row's context
+        are taken over (`jrl.rollout.kept_turns`), so the prefill runs only what was appended;
+        the call's own are kept as `stream` for a later round (until `release`, or a call
+        without `generate_turn`). Where the slots cannot hold every row, each round prefills
+        its prompts whole."""
         previous = () if previous is None else previous
         if len(previous) and sampling.n != 1:
             raise ValueError(
                 f"generate_turn continues each row once: sampling.n={sampling.n} must be 1 when "
                 "previous rows are given"
             )
-        turn = TurnCall(previous, stream, stream if source is None else source)
+        source = stream if source is None else source
+        turn = TurnCall(previous, stream, source, drop_source or source == stream)
         return self._generate(prompts, sampling, key, turn)
 
     def _generate(
@@ -338,11 +346,13 @@ class JaxRollout:
             plan = dataclasses.replace(plan, slot_per_row=True)
         resume = self._resume(turn, ids, mask, layout) if turns else None
         if resume is None:
-            # What this call replaces is dropped before its cache is allocated.
+            # What this call replaces or ends is dropped before its cache is allocated.
             if turn is None:
                 self._kept.clear()
             else:
                 self._kept.pop(turn.stream, None)
+                if turn.drop_source:
+                    self._kept.pop(turn.source, None)
             cache = self._take_cache(cache_shapes)
         else:
             plan = dataclasses.replace(plan, resume_chunk=resume.chunk)
@@ -383,15 +393,15 @@ class JaxRollout:
 
     def _carry_over(self, turn: TurnCall, resume: Resume, shapes: CacheShapes) -> SlotCache:
         """A cache of `shapes` whose continuing rows' prompt columns hold their history kept
-        as `turn.source` (dropped once copied when this call replaces it)."""
+        as `turn.source` (dropped once copied with `turn.drop_source`)."""
         copy = self._carry_over_program(shapes)
         slots = batch_sharding(self.mesh, 1)
         source, shift = (
             jax.device_put(x.astype(np.int32), slots) for x in (resume.source, resume.shift)
         )
         kept = self._kept[turn.source]
-        if turn.source == turn.stream:
-            del self._kept[turn.stream]
+        if turn.drop_source:
+            del self._kept[turn.source]
         return copy(kept.cache, source, shift)
 
     @property

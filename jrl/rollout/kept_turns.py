@@ -34,11 +34,13 @@ from jrl.rollout.sampler import SlotCache
 class TurnCall(NamedTuple):
     """A `generate_turn` call: per row, the row of the call kept as `source` that it continues
     (`previous`, -1: none); `stream`, where the call's own keys and values are kept (several
-    streams let groups of rows take rounds in turn)."""
+    streams let groups of rows take rounds in turn); whether `source` is dropped once read
+    (`drop_source`; it always is when it is `stream`)."""
 
     previous: Sequence[int]
     stream: int
     source: int
+    drop_source: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

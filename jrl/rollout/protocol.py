@@ -86,9 +86,10 @@ class TurnEngine(Rollout, Protocol):
         *,
         stream: int = 0,
         source: int | None = None,
+        drop_source: bool = False,
     ) -> Batch:
         """`generate` for one round: row i continues row `previous[i]` (-1, or `previous`
         None: none) of the last round's call in stream `source` (by default `stream`; this
-        call becomes `stream`'s last), whose keys and values the engine may reuse. The result
-        is `generate`'s; only the work differs."""
+        call becomes `stream`'s last; `drop_source`: no later call reads `source`), whose keys
+        and values the engine may reuse. The result is `generate`'s; only the work differs."""
         ...
