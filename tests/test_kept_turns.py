@@ -7,6 +7,7 @@ the server and the cache are jrl's real ones."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import jax
 import numpy as np
@@ -52,25 +53,30 @@ class ObservationLoop(AgentLoopBase):
         return AgentLoopOutput(prompt, response, mask, log_probs, num_turns=2 * TURNS + 1)
 
     async def tool(self, polls: int) -> None:
-        """A slow tool: counts on the engine the moments at which it was sampling meanwhile."""
-        engine = self.server_manager.engine
-        for _ in range(polls):
-            await asyncio.sleep(0.01)
-            engine.sampled_during_tools += engine.sampling_now
+        """A slow tool (`polls` x 10 ms); notes on the engine when it ran."""
+        start = time.perf_counter()
+        await asyncio.sleep(0.01 * polls)
+        self.server_manager.engine.tool_spans.append((start, time.perf_counter()))
 
 
 class WatchedEngine(JaxRollout):
-    """jrl's engine, telling whether a call is running (what the slow tool looks at)."""
+    """jrl's engine, noting when each call ran; a call takes at least 50 ms (as on a device
+    with a real model), so that a tool that starts as a call starts overlaps it for sure."""
 
-    sampling_now = False
-    sampled_during_tools = 0
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.call_spans, self.tool_spans = [], []
 
     def generate_turn(self, *args, **kwargs):
-        self.sampling_now = True
-        try:
-            return super().generate_turn(*args, **kwargs)
-        finally:
-            self.sampling_now = False
+        start = time.perf_counter()
+        out = super().generate_turn(*args, **kwargs)
+        time.sleep(max(0.0, 0.05 - (time.perf_counter() - start)))
+        self.call_spans.append((start, time.perf_counter()))
+        return out
+
+    def sampled_during_tools(self) -> int:
+        """How many (call, tool) pairs ran at the same time."""
+        return sum(c0 < t1 and t0 < c1 for c0, c1 in self.call_spans for t0, t1 in self.tool_spans)
 
 
 def prompts(rewrite: bool = False, tool_polls: int = 0) -> Batch:
@@ -96,7 +102,7 @@ def rollout(keep_kv: bool, devices: int = 1, tensor: int = 1, rewrite: bool = Fa
     sampling = SamplingParams(max_new_tokens=32, eos_token_ids=(1,), pad_token_id=0, n=2,
                               calculate_log_probs=True)  # fmt: skip
     out = agent.generate(prompts(rewrite, tool_polls), sampling, jax.random.key(5))
-    stats = {**agent.stats, "sampled_during_tools": engine.sampled_during_tools}
+    stats = {**agent.stats, "sampled_during_tools": engine.sampled_during_tools()}
     return out, {**stats, "kept_streams": engine.kept_streams}
 
 
