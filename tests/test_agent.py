@@ -27,6 +27,7 @@ from jrl.agent.trace import NO_TRACES, RolloutTracer
 from jrl.batch import Batch
 from jrl.models import init_random
 from jrl.rollout import JaxRollout, SamplingParams
+from jrl.trainer.io.tracking import mlflow_store_uri
 
 
 def with_prompt_ids(prompts: Batch) -> Batch:
@@ -202,7 +203,7 @@ def test_traced_trajectories_hold_each_turn_and_tool_call(tokenizer, tmp_path, m
     def traces(limit):
         store = tmp_path / f"run{limit}"
         trace = TraceSettings("mlflow", token2text=True, max_samples_per_step_per_worker=limit)
-        tracer = RolloutTracer(trace, tokenizer, project="p", run_dir=store)
+        tracer = RolloutTracer(trace, tokenizer, project="p", tracking_uri=mlflow_store_uri(store))
         run_tool_agent(tokenizer, questions, script, settings=settings, extra_infos=extra,
                        tracer=tracer)  # fmt: skip
         client = mlflow.MlflowClient((store / "mlruns").resolve().as_uri())

@@ -213,9 +213,9 @@ class AgentRollout:
 async def _settled(tasks: list[asyncio.Task], server: TurnServer, rows: Sequence[int]) -> None:
     """Until every unfinished task of `rows` waits for a turn; a loop's own bug stops the
     rollout, naming it."""
+    members = set(rows)
     while True:
         pending = {tasks[r] for r in rows if not tasks[r].done()}
-        members = set(rows)
         if len(pending) <= sum(t.row in members for t in server.waiting):
             return
         server.arrived.clear()

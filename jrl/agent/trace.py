@@ -17,7 +17,6 @@ import contextlib
 import contextvars
 import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -48,8 +47,9 @@ def jsonable(value: Any) -> Any:
 
 class RolloutTracer:
     """Writes the traced trajectories of a run (`settings`) with `tokenizer` for their text,
-    `project` and `experiment` naming them, into `run_dir`'s store unless the environment
-    names another; writes nothing without a backend or off process 0."""
+    `project` and `experiment` naming them, to the mlflow store at `tracking_uri` (the run's,
+    `jrl.trainer.io.tracking.mlflow_store_uri`); writes nothing without a backend or off
+    process 0 (not `writer`)."""
 
     def __init__(
         self,
@@ -58,7 +58,7 @@ class RolloutTracer:
         *,
         project: str = "jrl",
         experiment: str = "",
-        run_dir: str | os.PathLike | None = None,
+        tracking_uri: str = "",
         writer: bool = True,
     ):
         self.settings, self.tokenizer, self.experiment = settings, tokenizer, experiment
@@ -66,10 +66,8 @@ class RolloutTracer:
         if settings.backend == "mlflow" and writer:
             import mlflow  # an optional dependency, needed only by a run that traces
 
-            chosen = os.environ.get("MLFLOW_TRACKING_URI")
-            uri = chosen or (Path(run_dir or ".") / "mlruns").resolve().as_uri()
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-            mlflow.set_tracking_uri(uri)
+            chosen = "MLFLOW_TRACKING_URI" in os.environ
+            mlflow.set_tracking_uri(tracking_uri)
             if not chosen:  # mlflow exports it; the next run's own store is not this one
                 os.environ.pop("MLFLOW_TRACKING_URI", None)
             mlflow.tracing.reset()  # its exporter took the URI when first used

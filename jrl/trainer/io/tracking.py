@@ -158,20 +158,25 @@ class WandbLogger:
         self._run.finish()
 
 
+def mlflow_store_uri(run_dir: str | os.PathLike) -> str:
+    """Where a run's mlflow data goes: ``$MLFLOW_TRACKING_URI``, else a file store in
+    ``<run_dir>/mlruns`` (allowed through ``MLFLOW_ALLOW_FILE_STORE``, which mlflow 3 asks for)."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+    return (Path(run_dir) / "mlruns").resolve().as_uri()
+
+
 class MlflowLogger:
     """An mlflow run named ``experiment`` in the mlflow experiment ``project``, with the config
-    flattened into params. Tracking URI ``$MLFLOW_TRACKING_URI``, else a file store in
-    ``<run_dir>/mlruns`` (allowed through ``MLFLOW_ALLOW_FILE_STORE``, which mlflow 3 asks for)."""
+    flattened into params, in the run's store (`mlflow_store_uri`)."""
 
     def __init__(self, info: RunInfo):
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        uri = os.environ.get("MLFLOW_TRACKING_URI")
-        if not uri:
-            uri = (info.run_dir / "mlruns").resolve().as_uri()
-            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        self._client = MlflowClient(uri)
+        self._client = MlflowClient(mlflow_store_uri(info.run_dir))
         experiment = self._client.get_experiment_by_name(info.project)
         experiment_id = (
             experiment.experiment_id

@@ -50,6 +50,7 @@ from jrl.trainer.io.metrics import (
     throughput_metrics,
     timer,
 )
+from jrl.trainer.io.tracking import mlflow_store_uri
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
 from jrl.trainer.ppo.experience import compute_advantage, rollout_correction
@@ -117,12 +118,13 @@ class PPOTrainer:
         )
         if run.agent is not None:  # each row's trajectory runs its agent loop over the engine
             template = data.rows.apply_chat_template_kwargs
+            trace = run.agent.trace
             tracer = RolloutTracer(
-                run.agent.trace,
+                trace,
                 self.tokenizer,
                 project=run.logging.project,
                 experiment=run.logging.experiment,
-                run_dir=run.logging.run_dir,
+                tracking_uri=mlflow_store_uri(run.logging.run_dir) if trace.backend else "",
                 writer=jax.process_index() == 0,
             )
             context = AgentContext.build(run.agent, self.tokenizer, template, tracer)
