@@ -242,7 +242,7 @@ class JaxRollout:
         """Whether a multi-turn round of `rows` rows at the `bucket` width runs one slot per
         row, and so the next round takes over its keys and values (`generate_turn`)."""
         layout, plan, _, _ = self._call_layout(rows, bucket, sampling)
-        return plan.slots == layout.per_replica
+        return _slot_per_row(layout, plan)
 
     def lower(self, rows: int, bucket: int, sampling: SamplingParams, resume_chunk: int = 0) -> Any:
         """The generate program of a call with `rows` rows (prompts x n) whose longest prompt
@@ -340,24 +340,26 @@ class JaxRollout:
         }
         shardings = self._request_shardings()
         args = {k: jax.device_put(v, shardings[k]) for k, v in host.items()}
-        turns = turn is not None and plan.slots == layout.per_replica
+        turns = turn is not None and _slot_per_row(layout, plan)
         prefilled = int(mask.sum()) // plan.shared_prefill
         if turns:
             plan = dataclasses.replace(plan, slot_per_row=True)
         resume = self._resume(turn, ids, mask, layout) if turns else None
+        kept = None if resume is None else self._kept[turn.source]
+        # What this call replaces or ends is dropped before its cache is allocated.
+        if turn is None:
+            self._kept.clear()
+        else:
+            self._kept.pop(turn.stream, None)
+            if turn.drop_source:
+                self._kept.pop(turn.source, None)
         if resume is None:
-            # What this call replaces or ends is dropped before its cache is allocated.
-            if turn is None:
-                self._kept.clear()
-            else:
-                self._kept.pop(turn.stream, None)
-                if turn.drop_source:
-                    self._kept.pop(turn.source, None)
             cache = self._take_cache(cache_shapes)
         else:
             plan = dataclasses.replace(plan, resume_chunk=resume.chunk)
             prefilled = prefilled_tokens(mask, resume.chunk)
-            cache = self._carry_over(turn, resume, cache_shapes)
+            cache = self._carry_over(kept, resume, cache_shapes)
+        del kept  # copied: the call below runs without it
         continuous = jnp.asarray(self.continuous_batching)
         out, decode_steps, cache = self._call(
             generate_tokens, args, rng, continuous, cache, sampling, plan
@@ -366,8 +368,9 @@ class JaxRollout:
         out = {k: v[real] for k, v in out.items()}
         if turns:
             responses, lengths = np.asarray(out["responses"]), np.asarray(out["response_mask"])
-            kept = kept_turns(cache, layout, ids, mask, responses, lengths.sum(-1))
-            self._kept[turn.stream] = kept
+            self._kept[turn.stream] = kept_turns(
+                cache, layout, ids, mask, responses, lengths.sum(-1)
+            )
         elif not self.limits.free_cache_engine:
             self._cache = cache
         self._stats = {
@@ -391,17 +394,14 @@ class JaxRollout:
         resume = plan_resume(kept, turn.previous, ids, mask, layout)
         return resume if resume.chunk < ids.shape[1] else None
 
-    def _carry_over(self, turn: TurnCall, resume: Resume, shapes: CacheShapes) -> SlotCache:
-        """A cache of `shapes` whose continuing rows' prompt columns hold their history kept
-        as `turn.source` (dropped once copied with `turn.drop_source`)."""
+    def _carry_over(self, kept: KeptTurns, resume: Resume, shapes: CacheShapes) -> SlotCache:
+        """A cache of `shapes` whose continuing rows' prompt columns hold their history, as
+        `kept` holds it."""
         copy = self._carry_over_program(shapes)
         slots = batch_sharding(self.mesh, 1)
         source, shift = (
             jax.device_put(x.astype(np.int32), slots) for x in (resume.source, resume.shift)
         )
-        kept = self._kept[turn.source]
-        if turn.drop_source:
-            del self._kept[turn.source]
         return copy(kept.cache, source, shift)
 
     @property
@@ -482,6 +482,12 @@ class JaxRollout:
     def resume(self) -> None:
         """Measure the KV budget again (the next call allocates its cache within it)."""
         self._budget_measured = False
+
+
+def _slot_per_row(layout: RowLayout, plan: SlotPlan) -> bool:
+    """Whether the slots hold every row of a replica: what a multi-turn round needs to keep
+    each row's keys and values for the next (`SlotPlan.slot_per_row`)."""
+    return plan.slots == layout.per_replica
 
 
 @functools.lru_cache(maxsize=8)

@@ -57,12 +57,10 @@ class KeptTurns:
 
 @dataclasses.dataclass(frozen=True)
 class Resume:
-    """How a round's call starts from `KeptTurns`: per call row, the tokens it takes over
-    (`history`, 0 for a row that starts afresh); per global slot of the new call, the kept
+    """How a round's call starts from `KeptTurns`: per global slot of the new call, the kept
     slot it copies (`source`) and the shift from its new columns to the kept ones; the
     prefill's width `chunk` (the prompt width when nothing is taken over)."""
 
-    history: np.ndarray  # [N] int
     source: np.ndarray  # [S] int
     shift: np.ndarray  # [S] int
     chunk: int
@@ -125,7 +123,7 @@ def plan_resume(
         if history[i]:
             source[new_slot] = kept.slot[j]
             shift[new_slot] = kept.starts[j] - (width - lengths[i])
-    return Resume(history, source, shift, chunk)
+    return Resume(source, shift, chunk)
 
 
 def prefilled_tokens(mask: np.ndarray, chunk: int) -> int:
