@@ -166,24 +166,44 @@ def test_the_rollout_keeps_one_copy_of_its_kv_cache_on_tpu(head_dim):
     assert compiled.memory["temp"] < cache / 8, compiled.memory
 
 
+# The later turns' programs of the lookup card (4 prompt + 8 response tokens, 128 rows, 32 per
+# replica, one slot each), by rollout.agent.scheduling.
+LATER_TURNS = {
+    # Round 0's keys and values go into each trajectory's slot of 4 + 8 columns; a turn then
+    # admits at most the 8 tokens of a response and its last token (16 columns); decode steps.
+    "slots": [
+        "later turns in slots: admission of 16 tokens into every slot",
+        "later turns in slots: 16 decode steps of every slot",
+        "later turns in slots: round 0's keys and values copied, 128 rows",
+    ],
+    # 4 + 8 -> 16: the round takes over the last one's keys and values (a copy), then
+    # prefills the appended tokens (at most the 8 of a response).
+    "rounds": [
+        "later turns: kept keys and values copied, 128 rows, bucket 16",
+        "later turns: history bucket 16, 128 rows, 32 slots, prefill of the last 8 columns",
+    ],
+}
+
+
 @needs_libtpu
-def test_multi_turn_rollouts_plan_their_later_turns(capsys):
-    """With agent loops the rollout phase also compiles a later round's widest call: every
-    trajectory once more (n=1) after its whole history, padded to a power of two, and the copy
-    of the previous round's keys and values that spares it the history's prefill."""
+@pytest.mark.parametrize("scheduling", sorted(LATER_TURNS))
+def test_multi_turn_rollouts_plan_their_later_turns(capsys, scheduling):
+    """With agent loops the rollout phase also compiles the later turns' programs: in slots,
+    the copy of round 0's keys and values into the trajectories' slots, the admission of
+    appended tokens and the decode steps between admissions; in rounds, a later round's
+    widest call (every trajectory once more, n=1, after its whole history padded to a power of
+    two) and the copy of the previous round's keys and values that spares it the history's
+    prefill."""
     status, report = _plan(
         "--config=configs/lookup_tool_grpo.py",
         "--topology=v5e:2x2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
         "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+        f"actor_rollout_ref.rollout.agent.scheduling={scheduling}",
     )
     assert status == 0 and report["fits"]
     (rollout,) = [p for p in report["phases"] if p["phase"] == "rollout"]
     names = [program["label"] for program in rollout["programs"]]
-    # 4 + 8 -> 16; 32 rows per replica, one slot each: the round takes over the last one's
-    # keys and values (a copy), then prefills the appended tokens (at most the 8 of a response)
-    assert names[-2:] == [
-        "later turns: kept keys and values copied, 128 rows, bucket 16",
-        "later turns: history bucket 16, 128 rows, 32 slots, prefill of the last 8 columns",
-    ]
+    later = LATER_TURNS[scheduling]
+    assert names[-len(later) :] == later
     assert all(program["out_of_memory"] is None for program in rollout["programs"])

@@ -18,12 +18,14 @@ from jax.sharding import Mesh
 
 from jrl.agent import AgentContext, AgentRollout, AgentSettings
 from jrl.agent.loop import AgentLoopBase, AgentLoopOutput, register
+from jrl.agent.server import ROW
 from jrl.batch import Batch
 from jrl.models import init_random
 from jrl.parallel import MESH_AXES
 from jrl.rollout import EngineLimits, JaxRollout, SamplingParams
 
 TURNS, TURN_TOKENS = 3, 6
+SLOW_TOOL_POLLS = 500  # 5 s: longer than the other rows' turns take, compilation included
 
 
 @register("observations_after_each_turn")
@@ -46,10 +48,13 @@ class ObservationLoop(AgentLoopBase):
             )
             if row["extra_info"].get("tool_polls"):
                 await self.tool(row["extra_info"]["tool_polls"])
+            if turn == 0 and ROW.get() == 0 and row["extra_info"].get("first_row_waits"):
+                await self.tool(row["extra_info"]["first_row_waits"])
             observation = [20 + turn, 30 + len(response) % 7, 40]
             response += out.token_ids + observation
             mask += [1] * len(out.token_ids) + [0] * len(observation)
             log_probs += out.log_probs + [0.0] * len(observation)
+        self.server_manager.engine.ended[ROW.get()] = time.perf_counter()
         return AgentLoopOutput(prompt, response, mask, log_probs, num_turns=2 * TURNS + 1)
 
     async def tool(self, polls: int) -> None:
@@ -65,7 +70,7 @@ class WatchedEngine(JaxRollout):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.call_spans, self.tool_spans = [], []
+        self.call_spans, self.tool_spans, self.ended = [], [], {}
 
     def generate_turn(self, *args, **kwargs):
         start = time.perf_counter()
@@ -79,31 +84,34 @@ class WatchedEngine(JaxRollout):
         return sum(c0 < t1 and t0 < c1 for c0, c1 in self.call_spans for t0, t1 in self.tool_spans)
 
 
-def prompts(rewrite: bool = False, tool_polls: int = 0) -> Batch:
+def prompts(rewrite: bool = False, tool_polls: int = 0, first_row_waits: int = 0) -> Batch:
     ids, mask = TINY_PROMPTS
     raw = np.empty(len(ids), object)
     raw[:] = [[t for t, m in zip(r, k, strict=True) if m] for r, k in zip(ids, mask, strict=True)]
     extra = np.empty(len(ids), object)
-    extra[:] = [{"rewrite": rewrite, "tool_polls": tool_polls}] * len(ids)
+    fields = {"rewrite": rewrite, "tool_polls": tool_polls, "first_row_waits": first_row_waits}
+    extra[:] = [fields] * len(ids)
     loops = np.asarray(["observations_after_each_turn"] * len(ids), object)
     meta = {"raw_prompt_ids": raw, "extra_info": extra, "agent_name": loops}
     return prompt_batch(ids, mask).union(Batch(meta=meta))
 
 
 def rollout(keep_kv: bool, devices: int = 1, tensor: int = 1, rewrite: bool = False,
-            groups: int = 1, tool_polls: int = 0, **limits):  # fmt: skip
+            scheduling: str = "slots", groups: int = 1, tool_polls: int = 0,
+            first_row_waits: int = 0, **limits):  # fmt: skip
     mesh = Mesh(np.asarray(jax.devices()[:devices]).reshape(devices, 1, 1, 1), MESH_AXES)
     engine = WatchedEngine(init_random(TINY_LLAMA, seed=3), response_length=32, pad_token_id=0,
                            eos_token_ids=1, mesh=mesh, tensor_parallel_size=tensor,
                            limits=EngineLimits(**limits))  # fmt: skip
-    settings = AgentSettings(row_groups=groups)
+    settings = AgentSettings(scheduling=scheduling, row_groups=groups)
     agent = AgentRollout(engine, AgentContext.build(settings, tokenizer=None), {},
                          keep_kv=keep_kv)  # fmt: skip
     sampling = SamplingParams(max_new_tokens=32, eos_token_ids=(1,), pad_token_id=0, n=2,
                               calculate_log_probs=True)  # fmt: skip
-    out = agent.generate(prompts(rewrite, tool_polls), sampling, jax.random.key(5))
+    batch = prompts(rewrite, tool_polls, first_row_waits)
+    out = agent.generate(batch, sampling, jax.random.key(5))
     stats = {**agent.stats, "sampled_during_tools": engine.sampled_during_tools()}
-    return out, {**stats, "kept_streams": engine.kept_streams}
+    return out, {**stats, "kept_streams": engine.kept_streams, "engine": engine}
 
 
 @pytest.fixture(scope="module")
@@ -120,17 +128,25 @@ def assert_same_samples(ours: Batch, theirs: Batch) -> None:
     )
 
 
+@pytest.mark.parametrize("scheduling", ["slots", "rounds"])
 @pytest.mark.parametrize(("devices", "tensor"), [(1, 1), (4, 2)])
-def test_kept_keys_and_values_sample_what_a_full_reprefill_samples(reprefilled, devices, tensor):
-    """One device, and two replicas of a 2-way tensor-parallel model (rows move between
-    replicas from round to round). Later rounds prefill each row's new tokens only: its last
-    sampled token and the three observation tokens."""
+def test_kept_keys_and_values_sample_what_a_full_reprefill_samples(
+    reprefilled, devices, tensor, scheduling
+):
+    """One device, and two replicas of a 2-way tensor-parallel model (in rounds, rows move
+    between replicas from round to round). Later turns prefill each row's new tokens only: its
+    last sampled token and the three observation tokens (in slots, fewer where round 0 sampled
+    past a turn's limit: the row's slot holds those tokens' keys and values too)."""
     full, full_stats = reprefilled
-    kept, stats = rollout(keep_kv=True, devices=devices, tensor=tensor)
+    kept, stats = rollout(keep_kv=True, devices=devices, tensor=tensor, scheduling=scheduling)
     assert_same_samples(kept, full)
-    assert stats["agent/rounds"] == full_stats["agent/rounds"] == TURNS
+    assert full_stats["agent/rounds"] == TURNS
     assert full_stats["agent/prefill_tokens"] > 2.5 * stats["agent/prefill_tokens"]
-    assert stats["agent/prefill_tokens"] == stats["agent/prefill_tokens_if_kv_kept"]
+    if scheduling == "rounds":
+        assert stats["agent/rounds"] == TURNS
+        assert stats["agent/prefill_tokens"] == stats["agent/prefill_tokens_if_kv_kept"]
+    else:
+        assert stats["agent/prefill_tokens"] <= stats["agent/prefill_tokens_if_kv_kept"]
 
 
 def test_rows_that_rewrote_their_history_take_over_only_the_agreeing_prefix(reprefilled):
@@ -146,27 +162,49 @@ def test_rows_that_rewrote_their_history_take_over_only_the_agreeing_prefix(repr
     assert no_rewrite < stats["agent/prefill_tokens"] < full_stats["agent/prefill_tokens"]
 
 
-def test_when_the_slots_cannot_hold_every_row_each_round_prefills_whole(reprefilled):
+def test_when_the_slots_cannot_hold_every_row_rounds_prefill_whole(reprefilled):
+    full, full_stats = reprefilled
+    kept, stats = rollout(keep_kv=True, scheduling="rounds", max_num_seqs=2)
+    assert_same_samples(kept, full)
+    assert stats["agent/prefill_tokens"] == full_stats["agent/prefill_tokens"]
+
+
+def test_when_the_slots_cannot_hold_every_row_rows_wait_for_a_freed_slot(reprefilled):
+    """Two slots, four trajectories: two rows take the slots, the other two wait until a
+    trajectory ends and frees one; each row's later turns still prefill only what it
+    appended."""
     full, full_stats = reprefilled
     kept, stats = rollout(keep_kv=True, max_num_seqs=2)
     assert_same_samples(kept, full)
-    assert stats["agent/prefill_tokens"] == full_stats["agent/prefill_tokens"]
+    ideal, prefilled = stats["agent/prefill_tokens_if_kv_kept"], stats["agent/prefill_tokens"]
+    assert ideal < prefilled < full_stats["agent/prefill_tokens"]
+
+
+def test_a_row_back_from_its_tool_joins_the_others_decoding(reprefilled):
+    """Row 0's first tool call takes a long time: in slots, the other rows run all their turns
+    meanwhile (each turn admitted as soon as it is asked), and row 0's turns then run alone;
+    in rounds, every round waits for it. The samples are the same either way."""
+    ours, stats = rollout(keep_kv=True, first_row_waits=SLOW_TOOL_POLLS)
+    assert_same_samples(ours, reprefilled[0])
+    engine = stats["engine"]
+    ((_, tool_end),) = engine.tool_spans
+    assert max(engine.ended[row] for row in (1, 2, 3)) < tool_end < engine.ended[0]
 
 
 def test_row_groups_decode_while_the_other_groups_tools_run(reprefilled):
     """Two groups of rows take later rounds in turn: one group's turns sample (in a thread)
     while the other group's slow tool runs. Samples follow the groups' own keys, so the same
     call gives the same rows whatever the timing, with or without kept keys and values."""
-    ours, stats = rollout(keep_kv=True, groups=2, tool_polls=10)
-    again, _ = rollout(keep_kv=True, groups=2, tool_polls=3)
-    full, full_stats = rollout(keep_kv=False, groups=2)
+    ours, stats = rollout(keep_kv=True, scheduling="rounds", groups=2, tool_polls=10)
+    again, _ = rollout(keep_kv=True, scheduling="rounds", groups=2, tool_polls=3)
+    full, full_stats = rollout(keep_kv=False, scheduling="rounds", groups=2)
     assert_same_samples(ours, again)
     assert_same_samples(ours, full)
     assert stats["agent/rounds"] == 1 + 2 * (TURNS - 1)
     assert stats["sampled_during_tools"] > 0
     assert stats["agent/prefill_tokens"] < full_stats["agent/prefill_tokens"]
     assert stats["kept_streams"] == (1, 2)  # the groups' own; round 0's went once both read it
-    _, alone = rollout(keep_kv=True, tool_polls=10)
+    _, alone = rollout(keep_kv=True, scheduling="rounds", tool_polls=10)
     assert alone["sampled_during_tools"] == 0 and alone["kept_streams"] == (0,)
 
 

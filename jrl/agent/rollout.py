@@ -108,6 +108,7 @@ class AgentRollout:
             sampling,
             key,
             keep_kv=self.keep_kv,
+            scheduling=self.context.settings.scheduling,
             groups=self.context.settings.row_groups,
             tracer=self.context.tracer,
         )
@@ -126,8 +127,9 @@ class AgentRollout:
     async def _run_all(
         self, prompts: Batch, sampling: SamplingParams, server: TurnServer
     ) -> list[AgentLoopOutput]:
-        """Every row's loop as a task. Round 0 waits for every row; later rounds take the
-        groups in turn (one group: every row), each once all its unfinished tasks wait."""
+        """Every row's loop as a task. Round 0 waits for every row; later turns go into the
+        engine's slots as they are asked (`TurnServer.serve_in_slots`), or in rounds that take
+        the groups in turn (one group: every row), each once all its unfinished tasks wait."""
         params = sampling_dict(sampling)
         fields = [row_fields(prompts, row // sampling.n) for row in range(server.rows)]
         samples = [sample_index(f, row // sampling.n) for row, f in enumerate(fields)]
@@ -144,6 +146,8 @@ class AgentRollout:
         await _settled(tasks, server, everyone)
         if server.waiting:
             server.flush()
+        if server.in_slots and not all(task.done() for task in tasks):
+            await server.serve_in_slots(tasks)
         members = [[r for r in everyone if server.group(r) == g] for g in range(server.groups)]
         group = 0
         while not all(task.done() for task in tasks):
@@ -215,12 +219,8 @@ async def _settled(tasks: list[asyncio.Task], server: TurnServer, rows: Sequence
     rollout, naming it."""
     members = set(rows)
     while True:
-        pending = {tasks[r] for r in rows if not tasks[r].done()}
+        pending = [tasks[r] for r in rows if not tasks[r].done()]
         if len(pending) <= sum(t.row in members for t in server.waiting):
             return
-        server.arrived.clear()
-        arrival = asyncio.create_task(server.arrived.wait())
-        done, _ = await asyncio.wait(pending | {arrival}, return_when=asyncio.FIRST_COMPLETED)
-        arrival.cancel()
-        for task in done - {arrival}:
+        for task in await server.next_event(pending):
             task.result()

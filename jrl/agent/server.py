@@ -18,7 +18,7 @@ from jrl.agent.trace import NO_TRACES, RolloutTracer
 from jrl.batch import Batch
 from jrl.data.prompts import left_pad, position_ids_from_mask
 from jrl.rollout.limits import ceil_pow2
-from jrl.rollout.protocol import Rollout, TurnEngine
+from jrl.rollout.protocol import Rollout, SessionEngine, TurnEngine
 from jrl.rollout.sampling import SamplingParams
 
 # The row whose trajectory the current task runs (set by the driver per task).
@@ -79,6 +79,7 @@ class TurnServer:
         key: jax.Array,
         *,
         keep_kv: bool = True,
+        scheduling: str = "slots",
         groups: int = 1,
         tracer: RolloutTracer = NO_TRACES,
     ):
@@ -86,6 +87,15 @@ class TurnServer:
         self.rows = len(prompts) * sampling.n
         self.tracer = tracer
         self.groups = max(1, min(groups, self.rows))
+        # Later turns in the engine's slots: one process (the admissions follow the tools'
+        # timing, which processes would not agree on), kept keys and values, one group.
+        self.in_slots = (
+            scheduling == "slots"
+            and keep_kv
+            and self.groups == 1
+            and isinstance(engine, SessionEngine)
+            and jax.process_count() == 1
+        )
         self._group_rounds = [0] * self.groups
         # A `TurnEngine` continues each row from the keys and values of its last turn.
         self.keep_kv = keep_kv and isinstance(engine, TurnEngine)
@@ -98,6 +108,7 @@ class TurnServer:
         # (its previous turn's last token, whose keys were never written, and the appended turn).
         self.tokens_new = 0
         self._contexts: dict[int, list[int]] = {}
+        self._first_width = 0  # the longest context a turn was answered after
 
     async def generate(
         self,
@@ -217,9 +228,54 @@ class TurnServer:
         for i, turn in enumerate(turns):
             keep = min(int(lengths[i]), turn.max_tokens)
             ids = responses[i, :keep].tolist()
-            probs = None if log_probs is None else log_probs[i, :keep].tolist()
-            turn.answer.set_result(TokenOutput(ids, probs))
-            self._contexts[turn.row] = turn.prompt_ids + ids
+            self._reply(turn, ids, None if log_probs is None else log_probs[i, :keep].tolist())
+
+    def _reply(self, turn: _Turn, ids: list[int], log_probs: list[float] | None) -> None:
+        """Answer `turn` with its sampled `ids` and their `log_probs`."""
+        turn.answer.set_result(TokenOutput(ids, log_probs))
+        self._contexts[turn.row] = turn.prompt_ids + ids
+        self._first_width = max(self._first_width, len(turn.prompt_ids))
+
+    async def serve_in_slots(self, tasks: Sequence[asyncio.Task]) -> None:
+        """Sample every later turn in the engine's `TurnSession` (`SessionEngine`), round 0's
+        keys and values taken over: each session step (admissions, then a few decode steps of
+        every slot) runs in a thread while the loops run their tools, and a turn is answered as
+        soon as it ends. The rows of finished loops give their slots to rows still waiting for
+        one; a loop's own bug stops the rollout, naming it."""
+        width = self._first_width
+        session = self.engine.open_session(self.rows, width, self.sampling, self.key, first_turn=1)
+        asked: dict[int, _Turn] = {}
+        while not all(task.done() for task in tasks):
+            for turn in sorted(self.waiting, key=lambda t: t.row):
+                self.tokens_new += self._new_tokens(turn)
+                session.ask(turn.row, turn.prompt_ids, turn.max_tokens)
+                asked[turn.row] = turn
+            self.waiting = []
+            for row, task in enumerate(tasks):
+                if task.done():
+                    task.result()
+                    session.release(row)
+            if session.ready:
+                for ended in await asyncio.to_thread(session.step):
+                    self._reply(asked.pop(ended.row), ended.token_ids, ended.log_probs)
+            elif len(asked) == sum(not task.done() for task in tasks):
+                raise RuntimeError(
+                    f"rows {sorted(asked)[:8]} wait for a turn and no slot frees: every "
+                    "unfinished trajectory waits for a slot"
+                )
+            else:
+                await self.next_event(tasks)
+        self.rounds += session.admissions
+        self.tokens_prefilled += session.prefilled_tokens
+
+    async def next_event(self, tasks: Sequence[asyncio.Task]) -> set[asyncio.Task]:
+        """Wait until a turn is asked or one of `tasks` ends; the tasks that ended."""
+        self.arrived.clear()
+        arrival = asyncio.create_task(self.arrived.wait())
+        pending = {task for task in tasks if not task.done()}
+        done, _ = await asyncio.wait(pending | {arrival}, return_when=asyncio.FIRST_COMPLETED)
+        arrival.cancel()
+        return done - {arrival}
 
     def _new_tokens(self, turn: _Turn) -> int:
         """Tokens of `turn`'s context that its row's previous turn left without keys: that

@@ -13,6 +13,7 @@ SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
 
 TRACE_BACKENDS = ("mlflow",)
+SCHEDULINGS = ("slots", "rounds")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,13 +52,17 @@ class AgentSettings:
     answer to `max_tool_response_length` characters on `tool_response_truncate_side`, and
     waits `tool_timeout` seconds for a tool or interaction call; `num_workers` calls run at
     once. Tool calls are read in `format`; `tokenization_sanity_check_mode` compares the
-    turn-by-turn ids with the whole conversation tokenised at once. `row_groups` (jrl's own)
-    splits the rows into groups whose later rounds take turns on the engine: while one group's
-    turns decode, the other groups' tools run (1: each round waits for every row)."""
+    turn-by-turn ids with the whole conversation tokenised at once. `scheduling` (jrl's own)
+    says how the turns after the first meet the engine: ``slots``, each as soon as it is asked,
+    into the running batch of an engine whose slots live across turns (the JAX sampler, one
+    process), else ``rounds``: one engine call per round, once every row waits, or with
+    `row_groups` > 1 per group of rows, the groups taking turns (while one group's turns
+    decode, the other groups' tools run)."""
 
     default_agent_loop: str = "single_turn_agent"
     agent_loop_config_path: str | None = None
     num_workers: int = 8
+    scheduling: str = "slots"
     row_groups: int = 1
     max_assistant_turns: int | None = None
     max_user_turns: int | None = None
@@ -78,6 +83,10 @@ class AgentSettings:
 
         rules = {
             "num_workers": (self.num_workers >= 1, "must be at least 1"),
+            "scheduling": (
+                self.scheduling in SCHEDULINGS,
+                f"must be one of {', '.join(SCHEDULINGS)}",
+            ),
             "row_groups": (self.row_groups >= 1, "must be at least 1"),
             "max_assistant_turns": (positive_or_none(self.max_assistant_turns), "must be >= 1"),
             "max_user_turns": (positive_or_none(self.max_user_turns), "must be >= 1"),

@@ -76,8 +76,11 @@ def rollout_section() -> ConfigDict:
         ),
         agent=section(
             num_workers=8,
-            # jrl's own: groups of rows whose later rounds take turns (one decodes while the
-            # others' tools run); 1: each round waits for every row.
+            # jrl's own: how later turns meet the engine: "slots" (each into the running batch
+            # as soon as it is asked, where the engine can) or "rounds" (one call per round).
+            scheduling="slots",
+            # jrl's own, with rounds: groups of rows whose later rounds take turns (one decodes
+            # while the others' tools run); 1: each round waits for every row.
             row_groups=1,
             default_agent_loop="single_turn_agent",
             agent_loop_config_path=placeholder(str),

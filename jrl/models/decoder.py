@@ -207,17 +207,27 @@ def _write_kv(
     k: jax.Array,
     v: jax.Array,
 ) -> KVCache:
-    """Writes k, v [B, T, K, Dh] into cache slots offset .. offset+T-1 of `layer`."""
+    """Writes k, v [B, T, K, Dh] into cache slots offset .. offset+T-1 of `layer`; an
+    `offset` [B] gives each row its own (columns past the cache are dropped)."""
     buffer, index = layout.where(layer)
+    per_row = jnp.ndim(offset) == 1
 
     def write(
         buffers: tuple[jax.Array, ...], order: AxisOrder, new: jax.Array
     ) -> tuple[jax.Array, ...]:
-        start: list[jax.Array | int] = [*index, 0, 0, 0, 0]
-        start[len(index) + order.token_axis] = offset
         target = buffers[buffer]
-        new = order.put(new)[(None,) * len(index)].astype(target.dtype)
-        updated = jax.lax.dynamic_update_slice(target, new, start)
+        if per_row:
+            # Row b, column offset[b] + t; (kv_heads, head_dim) keep their order in every
+            # AxisOrder, so the indexed value is the logical [B, T, K, Dh] as it is.
+            columns = offset[:, None] + jnp.arange(new.shape[1], dtype=jnp.int32)
+            at: list[Any] = [*index, jnp.arange(new.shape[0])[:, None], *[slice(None)] * 3]
+            at[len(index) + order.token_axis] = columns
+            updated = target.at[tuple(at)].set(new.astype(target.dtype), mode="drop")
+        else:
+            start: list[jax.Array | int] = [*index, 0, 0, 0, 0]
+            start[len(index) + order.token_axis] = offset
+            new = order.put(new)[(None,) * len(index)].astype(target.dtype)
+            updated = jax.lax.dynamic_update_slice(target, new, start)
         return (*buffers[:buffer], updated, *buffers[buffer + 1 :])
 
     return KVCache(write(cache.k, layout.keys, k), write(cache.v, layout.values, v))
@@ -378,21 +388,22 @@ class CausalLM(_DecoderModel):
         """Runs a chunk [B, T] against the cache (prefill: offset 0; decode: T = 1).
 
         The chunk's k/v go to columns cache_offset .. cache_offset+T-1 (the caller keeps
-        cache_offset + T <= max_len). A column's slot is its index, a query's slot the column it
-        writes, unless `slots` = (query slots [B, T], column slots [B, max_len]) gives them (a
-        cache whose columns do not hold the tokens in order). Query t attends column s iff
-        kv_mask[b, s] ([B, max_len] bool, marking every valid column including this chunk's) and
-        the column's slot is not after the query's, and in sliding-window layers also the slots
-        differ by less than sliding_window. Slots count tokens, so for rows whose valid tokens
-        occupy consecutive slots (left padding, then generated tokens) the window spans the same
-        positions as in the full forward.
+        cache_offset + T <= max_len; a `cache_offset` [B] gives each row its own). A column's
+        slot is its index, a query's slot the column it writes, unless `slots` = (query slots
+        [B, T], column slots [B, max_len]) gives them (a cache whose columns do not hold the
+        tokens in order). Query t attends column s iff kv_mask[b, s] ([B, max_len] bool, marking
+        every valid column including this chunk's) and the column's slot is not after the
+        query's, and in sliding-window layers also the slots differ by less than sliding_window.
+        Slots count tokens, so for rows whose valid tokens occupy consecutive slots (left
+        padding, then generated tokens) the window spans the same positions as in the full
+        forward.
         `rope` gives the rotary tables by position (`Decoder.position_tables`, covering every
         position of the chunk). Returns (final-normed hidden [B, T, D], updated cache).
         """
         offset = jnp.asarray(cache_offset, jnp.int32)
         valid = kv_mask.astype(jnp.bool_)
         if slots is None:
-            queries = offset + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
+            queries = offset[..., None] + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
             visibility = Visibility(valid, queries, self_attention=False)
         else:
             visibility = Visibility(valid, slots[0], self_attention=False, kv_slots=slots[1])

@@ -15,6 +15,7 @@ a loop body once and a Pallas kernel as zero) and the HBM bytes it must at least
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -25,6 +26,7 @@ import numpy as np
 
 from jrl.parallel import data_parallel_size, replicated
 from jrl.plan.roles import Roles
+from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
 from jrl.rollout.limits import ceil_pow2
 from jrl.runspec.agent import uses_agent_loops
 from jrl.runspec.reads import KeyReads
@@ -232,6 +234,37 @@ def _later_turn_programs(roles: Roles, rows: int, prompt: int, response: int) ->
     ]
 
 
+def _session_programs(roles: Roles, rows: int, prompt: int, response: int) -> list[Program]:
+    """Multi-turn rollouts in slots (``rollout.agent.scheduling=slots``, `TurnSession`): after
+    round 0, each trajectory keeps a slot of its prompt and the whole response budget. Where
+    round 0 runs one slot per trajectory its keys and values are copied into those slots and
+    a turn admits the appended tokens only (at most the response budget); otherwise a
+    trajectory's first admission prefills its whole history. Then the decode steps between
+    admissions."""
+    rollout = roles.rollout
+    bucket = min(prompt, ceil_pow2(prompt))
+    resumes = rollout.resumes(rows, bucket, roles.sampling)
+    chunk = ceil_pow2(response + 1) if resumes else ceil_pow2(prompt + response)
+    replicas = rollout.mesh.shape["data"] * rollout.mesh.shape["fsdp"]
+    slots = replicas * ceil_pow2(math.ceil(rows / replicas))
+    cache = rollout.cache_bytes(slots, bucket, roles.sampling) // rollout.mesh.size
+    weights = per_chip_bytes(rollout.state)
+    labels = {
+        "admit": f"later turns in slots: admission of {chunk} tokens into every slot",
+        "decode": f"later turns in slots: {SESSION_DECODE_STEPS} decode steps of every slot",
+    }
+    if resumes:
+        labels["carry"] = f"later turns in slots: round 0's keys and values copied, {rows} rows"
+
+    def lower(name: str) -> Any:
+        return rollout.lower_session(rows, bucket, roles.sampling, chunk)[name]
+
+    return [
+        Program("rollout", label, functools.partial(lower, name), 0.0, 0.0, weights + cache)
+        for name, label in labels.items()
+    ]
+
+
 def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) -> list[Program]:
     """Every program of one training step of `config` (see the module docstring); with
     `largest_bucket_only`, the rollout's widest prompt bucket only (the one that sets its peak)."""
@@ -245,8 +278,13 @@ def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) 
     out = list(_rollout_programs(roles, rows, prompt, response, forward))
     if largest_bucket_only:
         out = out[-1:]
-    if uses_agent_loops(KeyReads(config).actor_rollout_ref.rollout, read=False):
-        out += _later_turn_programs(roles, rows, prompt, response)
+    rollout_keys = KeyReads(config).actor_rollout_ref.rollout
+    if uses_agent_loops(rollout_keys, read=False):
+        hosts = {d.process_index for d in roles.rollout.mesh.devices.flat}
+        if rollout_keys.peek("agent.scheduling") == "slots" and len(hosts) == 1:
+            out += _session_programs(roles, rows, prompt, response)
+        else:
+            out += _later_turn_programs(roles, rows, prompt, response)
     actor = roles.actor
     log_prob_keys = {k: batch[k] for k in FORWARD_KEYS}
     out += _forward_programs(

@@ -44,6 +44,7 @@ from jrl.rollout.layout import (
 from jrl.rollout.limits import (
     EngineLimits,
     SlotPlan,
+    ceil_pow2,
     free_device_bytes,
     kv_bytes_per_token,
     plan_slots,
@@ -51,8 +52,13 @@ from jrl.rollout.limits import (
 )
 from jrl.rollout.sampler import SlotCache, cache_length, generate_tokens
 from jrl.rollout.sampling import SamplingParams, as_token_ids
+from jrl.rollout.session import TurnSession
+from jrl.rollout.session_programs import Admission, SessionState, admit_turns, decode_turns
 from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.tensor_parallel import cache_sharding, kv_layout, rollout_mesh
+
+# Decode steps of a turn session between two admissions (`open_session`).
+SESSION_DECODE_STEPS = 16
 
 # The (keys, values) buffers' shapes of a cache (`KVLayout.shapes`).
 CacheShapes = tuple[tuple[tuple[int, ...], ...], tuple[tuple[int, ...], ...]]
@@ -174,6 +180,152 @@ class JaxRollout:
         source = stream if source is None else source
         turn = TurnCall(previous, stream, source, drop_source or source == stream)
         return self._generate(prompts, sampling, key, turn)
+
+    def open_session(
+        self,
+        rows: int,
+        prompt_width: int,
+        sampling: SamplingParams,
+        key: jax.Array,
+        *,
+        first_turn: int = 0,
+        stream: int = 0,
+        steps: int = SESSION_DECODE_STEPS,
+    ) -> TurnSession:
+        """A `TurnSession` for the remaining turns of `rows` trajectories whose first prompts
+        are at most `prompt_width` tokens (`SessionEngine`): slots of that width plus the
+        response length, admitting rows between every `steps` decode steps, turn indices from
+        `first_turn` on. Where the call kept as `stream` (a `generate_turn` round) holds every
+        row, each row starts in its slot with that round's context; the kept cache is dropped."""
+        sampling = dataclasses.replace(sampling, n=1, max_new_tokens=self.response_length)
+        kept = self._kept.pop(stream, None)
+        self._kept.clear()
+        self._cache = None
+        if kept is not None and len(kept.contexts) != rows:
+            kept = None
+        replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        width = self._session_width(max(prompt_width, 0 if kept is None else kept.width))
+        if kept is not None:
+            slots = kept.cache.k[0].shape[self._kv_layout.layer_axes] // replicas
+        else:
+            slots = self._session_slots(rows, width)
+        total = replicas * slots
+        shapes = self._session_cache_shapes(total, width)
+        shift = np.zeros(total, np.int64)
+        held: dict[int, tuple[int, np.ndarray]] = {}
+        if kept is None:
+            cache = self._take_cache(shapes)
+        else:
+            held = {i: (int(kept.slot[i]), kept.contexts[i]) for i in range(rows)}
+            shift[kept.slot] = kept.starts
+            cache = self._carry_over(kept, Resume(np.arange(total), shift, 0), shapes)
+        del kept
+        state = self._session_state(cache, total, held)
+        lanes = batch_sharding(self.mesh, 1)
+        return TurnSession(
+            admit=functools.partial(
+                admit_turns, self._graphdef, self._state, params=sampling, mesh=self.mesh
+            ),
+            decode=functools.partial(
+                decode_turns,
+                self._graphdef,
+                self._state,
+                params=sampling,
+                mesh=self.mesh,
+                steps=steps,
+            ),
+            state=state,
+            replicas=replicas,
+            slots=slots,
+            width=width,
+            response_length=self.response_length,
+            lanes=lanes,
+            key=key,
+            held=held,
+            turns=dict.fromkeys(range(rows), first_turn),
+        )
+
+    def _session_width(self, prompt_width: int) -> int:
+        """Columns of a session's slot: the first prompts' width and the response length."""
+        multiple = self._kv_layout.token_multiple
+        return -(-(prompt_width + self.response_length) // multiple) * multiple
+
+    def _session_slots(self, rows: int, width: int) -> int:
+        """Slots per replica of a session of `rows` trajectories in slots of `width` columns:
+        one per row where the limits and the memory allow."""
+        replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        per_slot = slot_bytes(self.config, self._cache_dtype, self.mesh.shape["tensor"], width)
+        return plan_slots(
+            self.limits,
+            rows=ceil_pow2(-(-rows // replicas)),
+            prompt_length=width,
+            budget_bytes=self._kv_budget(),
+            bytes_per_slot=per_slot,
+        ).slots
+
+    def _session_cache_shapes(self, slots: int, width: int) -> CacheShapes:
+        c = self.config
+        return self._kv_layout.shapes(c.num_layers, slots, width, c.num_kv_heads, c.head_dim)
+
+    def lower_session(
+        self, rows: int, prompt_width: int, sampling: SamplingParams, chunk: int
+    ) -> dict[str, Any]:
+        """A turn session's programs for `rows` trajectories whose first prompts take
+        `prompt_width` columns, lowered from shapes alone: ``carry`` (round 0's keys and values
+        into the slots, where round 0 runs one slot per row, `resumes`), ``admit`` (every slot
+        admitting `chunk` tokens) and ``decode`` (the decode steps between admissions)."""
+        sampling = dataclasses.replace(sampling, n=1, max_new_tokens=self.response_length)
+        replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
+        width = self._session_width(prompt_width)
+        resumes = self.resumes(rows, prompt_width, sampling)
+        per_replica = self._call_layout(rows, prompt_width, sampling)[0].per_replica
+        slots = per_replica if resumes else self._session_slots(rows, width)
+        total = replicas * slots
+        shapes = self._session_cache_shapes(total, width)
+        cache = self._abstract_cache(shapes)
+        rows_sharding = batch_sharding(self.mesh, 1)
+
+        def ints(*shape: int, dtype: Any = jnp.int32) -> jax.ShapeDtypeStruct:
+            return jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sharding)
+
+        state = SessionState(
+            cache,
+            *(ints(total) for _ in range(2)),
+            ints(total, dtype=jnp.bool_),
+            *(ints(total) for _ in range(4)),
+            ints(total, self.response_length),
+            ints(total, self.response_length, dtype=jnp.float32),
+        )
+        lanes = [ints(total, chunk) if f == "ids" else ints(total) for f in Admission._fields]
+        key = jax.eval_shape(lambda: jax.random.key(0))
+        model = {"params": sampling, "mesh": self.mesh}
+        programs = {
+            "admit": admit_turns.lower(
+                self._graphdef, self._state, state, Admission(*lanes), key, **model
+            ),
+            "decode": decode_turns.lower(
+                self._graphdef, self._state, state, key, steps=SESSION_DECODE_STEPS, **model
+            ),
+        }
+        if resumes:
+            kept = self._abstract_cache(self._call_layout(rows, prompt_width, sampling)[3])
+            copy = self._carry_over_program(shapes)
+            programs["carry"] = copy.lower(kept, ints(total), ints(total))
+        return programs
+
+    def _session_state(
+        self, cache: SlotCache, slots: int, held: dict[int, tuple[int, np.ndarray]]
+    ) -> SessionState:
+        """A session's state over `cache` ([slots, ...] in all): idle slots, those of `held`
+        rows holding their contexts."""
+        length = np.zeros(slots, np.int32)
+        for slot, context in held.values():
+            length[slot] = len(context)
+        zeros = np.zeros(slots, np.int32)
+        rows = batch_sharding(self.mesh, 1)
+        fields = [length, zeros, zeros.astype(bool), zeros, zeros, zeros, zeros]
+        buffers = [np.zeros((slots, self.response_length), t) for t in (np.int32, np.float32)]
+        return SessionState(cache, *(jax.device_put(x, rows) for x in (*fields, *buffers)))
 
     def _generate(
         self,

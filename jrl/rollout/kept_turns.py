@@ -45,11 +45,13 @@ class TurnCall(NamedTuple):
 
 @dataclasses.dataclass(frozen=True)
 class KeptTurns:
-    """What a slot-per-row call leaves for the next round: its `cache`; per row of the call,
-    its global `slot` and `contexts[i]`, the tokens whose keys and values the slot holds (the
-    valid prompt, then the response but its last token) from column `starts[i]` on."""
+    """What a slot-per-row call leaves for the next round: its `cache` and its prompts'
+    `width`; per row of the call, its global `slot` and `contexts[i]`, the tokens whose keys
+    and values the slot holds (the valid prompt, then the response but its last token) from
+    column `starts[i]` on."""
 
     cache: SlotCache
+    width: int
     slot: np.ndarray  # [N] int
     starts: np.ndarray  # [N] int
     contexts: list[np.ndarray]
@@ -85,7 +87,7 @@ def kept_turns(
         for i in range(rows)
     ]
     starts = ids.shape[1] - valid.sum(axis=1)
-    return KeptTurns(cache, slot, starts, contexts)
+    return KeptTurns(cache, ids.shape[1], slot, starts, contexts)
 
 
 def common_prefix(a: np.ndarray, b: np.ndarray) -> int:

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import jax
 from flax import nnx
 
 from jrl.batch import Batch
 from jrl.rollout.sampling import SamplingParams
+
+if TYPE_CHECKING:  # the protocol names the session's type; an engine's module imports it
+    from jrl.rollout.session import TurnSession
 
 
 @runtime_checkable
@@ -92,4 +95,25 @@ class TurnEngine(Rollout, Protocol):
         None: none) of the last round's call in stream `source` (by default `stream`; this
         call becomes `stream`'s last; `drop_source`: no later call reads `source`), whose keys
         and values the engine may reuse. The result is `generate`'s; only the work differs."""
+        ...
+
+
+@runtime_checkable
+class SessionEngine(TurnEngine, Protocol):
+    """A `TurnEngine` whose slots live across turns (the JAX sampler): rows join and leave
+    between a few decode steps (`jrl.rollout.session`)."""
+
+    def open_session(
+        self,
+        rows: int,
+        prompt_width: int,
+        sampling: SamplingParams,
+        key: jax.Array,
+        *,
+        first_turn: int = 0,
+        stream: int = 0,
+    ) -> TurnSession:
+        """A `TurnSession` for the later turns of `rows` trajectories whose first prompts are
+        at most `prompt_width` tokens, continuing from the round kept as `stream` where it
+        holds every row; turns count from `first_turn` (their keys)."""
         ...

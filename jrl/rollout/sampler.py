@@ -34,7 +34,7 @@ def prompt_positions(prompt_mask: jax.Array) -> jax.Array:
     return jnp.maximum(jnp.cumsum(prompt_mask.astype(jnp.int32), axis=-1) - 1, 0)
 
 
-def _is_eos(tokens: jax.Array, params: SamplingParams) -> jax.Array:
+def is_eos(tokens: jax.Array, params: SamplingParams) -> jax.Array:
     if params.ignore_eos or not params.eos_token_ids:
         return jnp.zeros(tokens.shape, bool)
     return jnp.isin(tokens, jnp.asarray(params.eos_token_ids, jnp.int32))
@@ -42,7 +42,7 @@ def _is_eos(tokens: jax.Array, params: SamplingParams) -> jax.Array:
 
 def response_mask(responses: jax.Array, params: SamplingParams) -> jax.Array:
     """1 up to and including each row's first EOS, 0 after it."""
-    eos = _is_eos(responses, params).astype(jnp.int32)
+    eos = is_eos(responses, params).astype(jnp.int32)
     return (jnp.cumsum(eos, axis=-1) - eos == 0).astype(jnp.int32)
 
 
@@ -206,7 +206,7 @@ def _generate_replica(
         last = jnp.repeat(hidden[:, -1], shared, axis=0)
         keys = row_keys(rng, row_ids[row], jnp.zeros(group, jnp.int32))
         token, logp = select_tokens(model.logits(last), keys, params)
-        finished = _is_eos(token, params) | (steps == 1)
+        finished = is_eos(token, params) | (steps == 1)
 
         def put(target: jax.Array, value: jax.Array) -> jax.Array:
             return target.at[slot].set(value, mode="drop")
@@ -254,7 +254,7 @@ def _generate_replica(
         keys = row_keys(rng, row_ids[jnp.minimum(s.row, rows - 1)], s.step)
         token, logp = select_tokens(model.logits(hidden), keys, params)
         out_row = jnp.where(s.active, s.row, rows)
-        finished = _is_eos(token, params) | (s.step + 1 >= steps)
+        finished = is_eos(token, params) | (s.step + 1 >= steps)
         return s._replace(
             cache=new_cache,
             step=s.step + s.active,

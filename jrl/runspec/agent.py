@@ -24,7 +24,13 @@ _MULTI_TURN = (
     "tool_timeout",
 )
 _TRACE = ("backend", "token2text", "max_samples_per_step_per_worker")
-_AGENT = ("default_agent_loop", "agent_loop_config_path", "num_workers", "row_groups")
+_AGENT = (
+    "default_agent_loop",
+    "agent_loop_config_path",
+    "num_workers",
+    "scheduling",
+    "row_groups",
+)
 OFF = (
     f"{_ROLLOUT}.multi_turn.enable is False and the rows' default loop is single_turn_agent: "
     "one turn per row, no agent loops"
