@@ -20,6 +20,7 @@ from jrl.data.prompts import left_pad, position_ids_from_mask
 from jrl.rollout.limits import ceil_pow2
 from jrl.rollout.protocol import Rollout, SessionEngine, TurnEngine
 from jrl.rollout.sampling import SamplingParams
+from jrl.rollout.session_programs import turn_key
 
 # The row whose trajectory the current task runs (set by the driver per task).
 ROW: contextvars.ContextVar[int] = contextvars.ContextVar("jrl_agent_row")
@@ -36,7 +37,8 @@ class _Turn:
 class _Call(NamedTuple):
     """One engine call of a round: its prompts, sampling and key; per row, the row of the
     kept call in stream `source` it continues (None: round 0); the stream it is kept in;
-    whether it is the last to read `source`; the prompt tokens it was given."""
+    whether it is the last to read `source`; the prompt tokens it was given; per row, its
+    trajectory (None: round 0's rows, in order)."""
 
     prompts: Batch
     sampling: SamplingParams
@@ -46,6 +48,7 @@ class _Call(NamedTuple):
     source: int
     drop_source: bool
     given: int
+    row_ids: list[int] | None
 
 
 def left_padded(prompts: Sequence[Sequence[int]], width: int, pad_token_id: int) -> Batch:
@@ -66,10 +69,13 @@ class TurnServer:
     """Samples turns with `engine` and the call's `sampling`: rows are the `prompts`' answers
     (``sampling.n`` consecutive rows share a prompt). Round 0, when every row asks with its
     prompt and the whole response budget, is the very call a single-turn rollout makes
-    (`prompts` as given, `key`, n answers per prompt); round k > 0 samples each waiting row once
-    with ``fold_in(key, k)``, for as many tokens as its turn asks (the longest, rounded up to a
-    power of two). With `groups` > 1 the driver samples the rows group by group after round 0
-    (`flush_group`), each group's call in a thread while the other groups' tools run."""
+    (`prompts` as given, `key`, n answers per prompt); round k > 0 samples each waiting row once,
+    for as many tokens as its turn asks (the longest, rounded up to a power of two). A row's
+    k-th turn draws its tokens as row r (its trajectory) of a call with ``turn_key(key, k)``
+    whatever else the call holds, so rounds, groups and slots sample the same tokens. With
+    `groups` > 1 the driver samples the rows group by group after round 0 (`flush_group`),
+    each group's call in a thread while the other groups' tools run; with slots
+    (`serve_in_slots`) each turn as soon as it is asked."""
 
     def __init__(
         self,
@@ -151,10 +157,9 @@ class TurnServer:
             self._answer(turns, await asyncio.to_thread(self._sample, call))
 
     def _take(self, group: int | None) -> tuple[list[_Turn], _Call]:
-        """The waiting turns of `group` (all: None), by row, and their engine call. Rounds of
-        all rows use ``fold_in(key, k)`` (k counting rounds); the r-th round of group g (r >= 1;
-        round 0 is every row's) ``fold_in(key, r * groups + g)``, whatever order the groups'
-        rounds run in."""
+        """The waiting turns of `group` (all: None), by row, and their engine call. Every row
+        of a round is at the same turn: the k-th round of all rows, or of a group (round 0 is
+        every row's), holds their k-th turns."""
         turns = sorted(
             (t for t in self.waiting if group is None or self.group(t.row) == group),
             key=lambda t: t.row,
@@ -173,12 +178,10 @@ class TurnServer:
             longest = max(t.max_tokens for t in turns)
             tokens = min(self.engine.response_length, ceil_pow2(longest))
             sampling = dataclasses.replace(self.sampling, n=1, max_new_tokens=tokens)
-            if group is None:
-                key = jax.random.fold_in(self.key, self.rounds)
-            else:
+            if group is not None:
                 self._group_rounds[group] += 1
-                index = self._group_rounds[group] * self.groups + group
-                key = jax.random.fold_in(self.key, index)
+            turn = self.rounds if group is None else self._group_rounds[group]
+            key = turn_key(self.key, turn)
         given = int(np.asarray(prompts["attention_mask"]).sum())
         self.tokens_new += given if shared else sum(map(self._new_tokens, turns))
         # Each group keeps its keys and values in a stream of its own (round 0's in stream 0).
@@ -197,12 +200,13 @@ class TurnServer:
             ]
         if self.keep_kv:
             self._call_rows.update({t.row: (stream, i) for i, t in enumerate(turns)})
-        call = _Call(prompts, sampling, key, previous, stream, max(source, 0), drop, given)
+        row_ids = None if shared else [t.row for t in turns]
+        call = _Call(prompts, sampling, key, previous, stream, max(source, 0), drop, given, row_ids)
         return turns, call
 
     def _sample(self, call: _Call) -> tuple[Batch, int]:
         """The engine's answer to `call`, and the prompt tokens it prefilled."""
-        if self.keep_kv:
+        if isinstance(self.engine, TurnEngine):
             out = self.engine.generate_turn(
                 call.prompts,
                 call.sampling,
@@ -211,6 +215,7 @@ class TurnServer:
                 stream=call.stream,
                 source=call.source,
                 drop_source=call.drop_source,
+                row_ids=call.row_ids,
             )
         else:
             out = self.engine.generate(call.prompts, call.sampling, call.key)

@@ -162,6 +162,7 @@ class JaxRollout:
         stream: int = 0,
         source: int | None = None,
         drop_source: bool = False,
+        row_ids: Sequence[int] | None = None,
     ) -> Batch:
         """`generate` for a round of a multi-turn rollout (`TurnEngine`): row i continues row
         `previous[i]` (-1, or `previous` None: none) of the last call kept as `source` (by
@@ -170,7 +171,8 @@ class JaxRollout:
         are taken over (`jrl.rollout.kept_turns`), so the prefill runs only what was appended;
         the call's own are kept as `stream` for a later round (until `release`, or a call
         without `generate_turn`). Where the slots cannot hold every row, each round prefills
-        its prompts whole."""
+        its prompts whole. Row i draws its keys as row `row_ids[i]` (by default i) of
+        `generate`."""
         previous = () if previous is None else previous
         if len(previous) and sampling.n != 1:
             raise ValueError(
@@ -178,7 +180,7 @@ class JaxRollout:
                 "previous rows are given"
             )
         source = stream if source is None else source
-        turn = TurnCall(previous, stream, source, drop_source or source == stream)
+        turn = TurnCall(previous, stream, source, drop_source or source == stream, row_ids)
         return self._generate(prompts, sampling, key, turn)
 
     def open_session(
@@ -335,10 +337,11 @@ class JaxRollout:
         turn: TurnCall | None,
     ) -> Batch:
         """`generate`, or with `turn` `generate_turn`."""
-        if turn is not None and len(turn.previous) not in (0, len(prompts) * sampling.n):
-            raise ValueError(
-                f"generate_turn: {len(turn.previous)} previous rows for {len(prompts) * sampling.n}"
-            )
+        rows = len(prompts) * sampling.n
+        if turn is not None and len(turn.previous) not in (0, rows):
+            raise ValueError(f"generate_turn: {len(turn.previous)} previous rows for {rows}")
+        if turn is not None and turn.row_ids is not None and len(turn.row_ids) != rows:
+            raise ValueError(f"generate_turn: {len(turn.row_ids)} row ids for {rows} rows")
         batch = rows_to_generate(
             prompts, sampling, response_length=self.response_length, pad_token_id=self.pad_token_id
         )
@@ -487,7 +490,7 @@ class JaxRollout:
         host = {
             "ids": ids[layout.source],
             "mask": mask[layout.source],
-            "row_ids": layout.source.astype(np.int32),
+            "row_ids": _key_rows(turn, layout),
             "counts": layout.counts,
         }
         shardings = self._request_shardings()
@@ -634,6 +637,14 @@ class JaxRollout:
     def resume(self) -> None:
         """Measure the KV budget again (the next call allocates its cache within it)."""
         self._budget_measured = False
+
+
+def _key_rows(turn: TurnCall | None, layout: RowLayout) -> np.ndarray:
+    """The row each of a call's slots draws its keys as: its row in the call, or the row that
+    `turn.row_ids` names for it."""
+    if turn is None or turn.row_ids is None:
+        return layout.source.astype(np.int32)
+    return np.asarray(turn.row_ids, np.int32)[layout.source]
 
 
 def _slot_per_row(layout: RowLayout, plan: SlotPlan) -> bool:

@@ -35,12 +35,14 @@ class TurnCall(NamedTuple):
     """A `generate_turn` call: per row, the row of the call kept as `source` that it continues
     (`previous`, -1: none); `stream`, where the call's own keys and values are kept (several
     streams let groups of rows take rounds in turn); whether `source` is dropped once read
-    (`drop_source`; it always is when it is `stream`)."""
+    (`drop_source`; it always is when it is `stream`); per row, the row it draws its keys as
+    (`row_ids`; None: its row in the call)."""
 
     previous: Sequence[int]
     stream: int
     source: int
     drop_source: bool = False
+    row_ids: Sequence[int] | None = None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -90,11 +90,13 @@ class TurnEngine(Rollout, Protocol):
         stream: int = 0,
         source: int | None = None,
         drop_source: bool = False,
+        row_ids: Sequence[int] | None = None,
     ) -> Batch:
         """`generate` for one round: row i continues row `previous[i]` (-1, or `previous`
         None: none) of the last round's call in stream `source` (by default `stream`; this
         call becomes `stream`'s last; `drop_source`: no later call reads `source`), whose keys
-        and values the engine may reuse. The result is `generate`'s; only the work differs."""
+        and values the engine may reuse. Row i samples as row `row_ids[i]` (by default i) of
+        `generate` would; the result is `generate`'s, only the work differs."""
         ...
 
 

@@ -60,15 +60,19 @@ class Admission(NamedTuple):
     limit: jax.Array  # [A] the turn's token limit (>= 1)
 
 
+def turn_key(rng: jax.Array, turn: jax.Array | int) -> jax.Array:
+    """The key a multi-turn rollout's `turn`-th turns draw with: `rng` for the first (so a
+    single-turn rollout samples what `generate` samples), fold_in(rng, turn) after it. Rows
+    then draw as `generate`'s rows do (`selection.row_keys`)."""
+    later = jax.random.key_data(jax.random.fold_in(rng, turn))
+    data = jnp.where(jnp.asarray(turn) == 0, jax.random.key_data(rng), later)
+    return jax.random.wrap_key_data(data, impl=jax.random.key_impl(rng))
+
+
 def turn_keys(rng: jax.Array, turn: jax.Array, row: jax.Array, step: jax.Array) -> jax.Array:
     """The key of token `step[i]` of turn `turn[i]` of row `row[i]` (module docstring)."""
     fold = jax.random.fold_in
-
-    def key(t: jax.Array, r: jax.Array, s: jax.Array) -> jax.Array:
-        data = jnp.where(t == 0, jax.random.key_data(rng), jax.random.key_data(fold(rng, t)))
-        return fold(fold(jax.random.wrap_key_data(data, impl=jax.random.key_impl(rng)), r), s)
-
-    return jax.vmap(key)(turn, row, step)
+    return jax.vmap(lambda t, r, s: fold(fold(turn_key(rng, t), r), s))(turn, row, step)
 
 
 def _slot_rows(layout: KVLayout, cache: SlotCache, slot: jax.Array) -> KVCache:
