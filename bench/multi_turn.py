@@ -1,22 +1,27 @@
 """Multi-turn rollout speed on the JAX sampler: keys and values kept between turns against one
-re-prefill of the whole history per turn, and row groups that decode while the others' tools
-run against rounds that wait for every row; same run, same model, same rows.
+re-prefill of the whole history per turn; row groups that decode while the others' tools run,
+and slots that admit each turn as soon as it is asked, against rounds that wait for every row;
+same run, same model, same rows.
 
 The workload: SmolLM2-135M-Instruct (float32 on the CPU), `--rows` arithmetic questions
 (`jrl.data.arithmetic`) in its chat template, `--turns` model turns of at most `--turn-tokens`
 tokens each (sampled greedily; a turn also ends at the model's EOS), each followed by the same
 tool turn of about `--observation-tokens` tokens (the chat template's delta of a tool message)
-that takes `--tool-seconds` to answer. A history grows by a turn and an observation per round,
-so a full re-prefill runs ever longer prompts while the kept cache prefills only the appended
-tokens.
+that takes `--tool-seconds` to answer, or with `--tool-spread` s between (1 - s) and (1 + s)
+times that, drawn per row and turn (the same draws in every mode). A history grows by a turn
+and an observation per round, so a full re-prefill runs ever longer prompts while the kept
+cache prefills only the appended tokens.
 
-Modes: `reprefill` (`keep_kv=False`), `kept` (the default engine), `kept_groups` (also
-``rollout.agent.row_groups=--groups``). Each first runs once to compile its programs, then
-`--repeats` timed runs. Prints one JSON line per mode (model tokens per second, the prefill's
-tokens, rounds) and ratio lines: kept / reprefill and kept_groups / kept tokens per second, and
-whether the compared modes sampled the same tokens (groups draw with keys of their own):
+Modes: `reprefill` (rounds, `keep_kv=False`), `kept` (rounds,
+``rollout.agent.scheduling=rounds``), `kept_groups` (also ``rollout.agent.row_groups=--groups``)
+and `slots` (the default: ``scheduling=slots``). Each first runs once to compile its programs,
+then `--repeats` timed runs. Prints one JSON line per mode (model tokens per second, the
+prefill's tokens, engine calls that started turns) and ratio lines: kept / reprefill,
+kept_groups / kept, slots / kept and slots / reprefill tokens per second, and whether the
+compared modes sampled the same tokens:
 
     python bench/multi_turn.py                   # a few minutes on 2 CPU cores
+    python bench/multi_turn.py --tool-spread 0.9
     python bench/multi_turn.py --rows 64 --turns 6 --tool-seconds 0
 """
 
@@ -41,7 +46,7 @@ import jax  # noqa: E402
 from jrl.agent import AgentContext, AgentRollout, AgentSettings  # noqa: E402
 from jrl.agent.chat import ChatTemplate  # noqa: E402
 from jrl.agent.loop import AgentLoopBase, AgentLoopOutput, register  # noqa: E402
-from jrl.agent.server import left_padded  # noqa: E402
+from jrl.agent.server import ROW, left_padded  # noqa: E402
 from jrl.assets import prepare_smollm2  # noqa: E402
 from jrl.batch import Batch  # noqa: E402
 from jrl.data import arithmetic  # noqa: E402
@@ -61,18 +66,21 @@ class ObservationLoop(AgentLoopBase):
     turn_tokens: int = 32
     observation: list[int] = []
     tool_seconds: float = 0.0
+    tool_spread: float = 0.0
 
     async def run(self, sampling_params, **row):
         prompt = list(row["raw_prompt_ids"])
         response, mask = [], []
-        for _ in range(self.turns):
+        draws = np.random.default_rng(ROW.get()).uniform(-1, 1, self.turns)
+        for turn in range(self.turns):
             out = await self.server_manager.generate(
                 "bench",
                 prompt_ids=prompt + response,
                 sampling_params=sampling_params,
                 max_tokens=self.turn_tokens,
             )
-            await asyncio.sleep(self.tool_seconds)  # the tool's latency
+            # the tool's latency
+            await asyncio.sleep(self.tool_seconds * (1 + self.tool_spread * draws[turn]))
             response += out.token_ids + self.observation
             mask += [1] * len(out.token_ids) + [0] * len(self.observation)
         return AgentLoopOutput(prompt, response, mask, None, num_turns=2 * self.turns + 1)
@@ -102,6 +110,7 @@ def main() -> None:
     parser.add_argument("--turn-tokens", type=int, default=32)
     parser.add_argument("--observation-tokens", type=int, default=48)
     parser.add_argument("--tool-seconds", type=float, default=1.0)
+    parser.add_argument("--tool-spread", type=float, default=0.0)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     args = parser.parse_args()
@@ -110,7 +119,7 @@ def main() -> None:
     tokenizer = load_tokenizer(str(folder))
     template = ChatTemplate.of(tokenizer, {}, [])
     ObservationLoop.turns, ObservationLoop.turn_tokens = args.turns, args.turn_tokens
-    ObservationLoop.tool_seconds = args.tool_seconds
+    ObservationLoop.tool_seconds, ObservationLoop.tool_spread = args.tool_seconds, args.tool_spread
     ObservationLoop.observation = observation_ids(template, args.observation_tokens)
     batch = prompts(tokenizer, template, args.rows)
     response = ceil_pow2(args.turns * (args.turn_tokens + len(ObservationLoop.observation)))
@@ -121,9 +130,14 @@ def main() -> None:
     )  # fmt: skip
     model = from_pretrained(str(folder))
     results = {}
-    modes = (("reprefill", False, 1), ("kept", True, 1), ("kept_groups", True, args.groups))
-    for mode, keep, groups in modes:
-        settings = AgentSettings(row_groups=groups)
+    modes = (
+        ("reprefill", False, "rounds", 1),
+        ("kept", True, "rounds", 1),
+        ("kept_groups", True, "rounds", args.groups),
+        ("slots", True, "slots", 1),
+    )
+    for mode, keep, scheduling, groups in modes:
+        settings = AgentSettings(scheduling=scheduling, row_groups=groups)
         context = AgentContext.build(settings, tokenizer=tokenizer)
         engine = JaxRollout(model, response_length=response, pad_token_id=tokenizer.pad_token_id,
                             eos_token_ids=eos)  # fmt: skip
@@ -144,6 +158,8 @@ def main() -> None:
             "rows": args.rows,
             "turns": args.turns,
             "tool_seconds": args.tool_seconds,
+            "tool_spread": args.tool_spread,
+            "scheduling": scheduling,
             "row_groups": groups,
             "rounds": stats["agent/rounds"],
             "model_tokens": model_tokens,
@@ -155,7 +171,8 @@ def main() -> None:
         }
         results[mode + "_line"] = line
         print(json.dumps(line), flush=True)
-    for ours, theirs in (("kept", "reprefill"), ("kept_groups", "kept")):
+    pairs = (("kept", "reprefill"), ("kept_groups", "kept"), ("slots", "kept"))
+    for ours, theirs in (*pairs, ("slots", "reprefill")):
         a, b = results[ours + "_line"], results[theirs + "_line"]
         ratio = {
             "bench": "multi_turn",

@@ -17,7 +17,6 @@ from jax.sharding import Mesh
 from jrl.models import init_random
 from jrl.parallel import MESH_AXES
 from jrl.rollout import EngineLimits, JaxRollout, SamplingParams
-from jrl.rollout.session_programs import turn_key
 
 ROWS, WIDTH, RESPONSE = 7, 8, 12
 
@@ -78,7 +77,7 @@ def test_first_turns_sample_what_generate_samples(do_sample, replicas, max_num_s
 def test_a_later_turn_prefills_what_its_row_appended_and_samples_as_the_whole_history():
     """Turn 1 of each row, after its first turn and three appended tokens, samples what one
     call over the whole history samples for that row and turn (`generate_turn` with
-    ``turn_key(key, 1)``), and prefills only the row's last sampled token and the three."""
+    ``fold_in(key, 1)``), and prefills only the row's last sampled token and the three."""
     rollout = engine()
     ids, mask = prompts()
     key, params = jax.random.key(4), sampling(True)
@@ -100,7 +99,8 @@ def test_a_later_turn_prefills_what_its_row_appended_and_samples_as_the_whole_hi
         ids2[i, width - len(context) :], mask2[i, width - len(context) :] = context, 1
     four = dataclasses.replace(params, max_new_tokens=4)
     batch = prompt_batch(ids2, mask2)
-    turn = rollout.generate_turn(batch, four, turn_key(key, 1), None, row_ids=list(range(ROWS)))
+    later_key = jax.random.fold_in(key, 1)  # turn_key(key, 1)
+    turn = rollout.generate_turn(batch, four, later_key, None, row_ids=list(range(ROWS)))
     lengths = np.asarray(turn["response_mask"]).sum(-1)
     for i in range(ROWS):
         assert second[i].token_ids == np.asarray(turn["responses"])[i, : lengths[i]].tolist()

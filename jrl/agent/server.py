@@ -262,7 +262,8 @@ class TurnServer:
                     session.release(row)
             if session.ready:
                 for ended in await asyncio.to_thread(session.step):
-                    self._reply(asked.pop(ended.row), ended.token_ids, ended.log_probs)
+                    log_probs = ended.log_probs if self.sampling.calculate_log_probs else None
+                    self._reply(asked.pop(ended.row), ended.token_ids, log_probs)
             elif len(asked) == sum(not task.done() for task in tasks):
                 raise RuntimeError(
                     f"rows {sorted(asked)[:8]} wait for a turn and no slot frees: every "
