@@ -21,7 +21,7 @@ kept_groups / kept, slots / kept and slots / reprefill tokens per second, and wh
 compared modes sampled the same tokens:
 
     python bench/multi_turn.py                   # a few minutes on 2 CPU cores
-    python bench/multi_turn.py --tool-spread 0.9
+    python bench/multi_turn.py --tool-spread 0.9 --modes kept,slots
     python bench/multi_turn.py --rows 64 --turns 6 --tool-seconds 0
 """
 
@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("--tool-spread", type=float, default=0.0)
     parser.add_argument("--groups", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--modes", default="reprefill,kept,kept_groups,slots")
     args = parser.parse_args()
 
     folder = prepare_smollm2()
@@ -136,7 +137,8 @@ def main() -> None:
         ("kept_groups", True, "rounds", args.groups),
         ("slots", True, "slots", 1),
     )
-    for mode, keep, scheduling, groups in modes:
+    chosen = args.modes.split(",")
+    for mode, keep, scheduling, groups in (m for m in modes if m[0] in chosen):
         settings = AgentSettings(scheduling=scheduling, row_groups=groups)
         context = AgentContext.build(settings, tokenizer=tokenizer)
         engine = JaxRollout(model, response_length=response, pad_token_id=tokenizer.pad_token_id,
@@ -173,6 +175,8 @@ def main() -> None:
         print(json.dumps(line), flush=True)
     pairs = (("kept", "reprefill"), ("kept_groups", "kept"), ("slots", "kept"))
     for ours, theirs in (*pairs, ("slots", "reprefill")):
+        if ours not in chosen or theirs not in chosen:
+            continue
         a, b = results[ours + "_line"], results[theirs + "_line"]
         ratio = {
             "bench": "multi_turn",

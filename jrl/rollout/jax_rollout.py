@@ -225,17 +225,27 @@ class JaxRollout:
         state = self._session_state(cache, total, held)
         lanes = batch_sharding(self.mesh, 1)
         return TurnSession(
-            admit=functools.partial(
-                admit_turns, self._graphdef, self._state, params=sampling, mesh=self.mesh
-            ),
-            decode=functools.partial(
-                decode_turns,
+            admit=lambda session, admission, key, columns: admit_turns(
                 self._graphdef,
                 self._state,
+                session,
+                admission,
+                key,
+                params=sampling,
+                mesh=self.mesh,
+                columns=columns,
+            ),
+            decode=lambda session, key, columns: decode_turns(
+                self._graphdef,
+                self._state,
+                session,
+                key,
                 params=sampling,
                 mesh=self.mesh,
                 steps=steps,
+                columns=columns,
             ),
+            steps=steps,
             state=state,
             replicas=replicas,
             slots=slots,
@@ -303,10 +313,16 @@ class JaxRollout:
         model = {"params": sampling, "mesh": self.mesh}
         programs = {
             "admit": admit_turns.lower(
-                self._graphdef, self._state, state, Admission(*lanes), key, **model
+                self._graphdef, self._state, state, Admission(*lanes), key, columns=width, **model
             ),
             "decode": decode_turns.lower(
-                self._graphdef, self._state, state, key, steps=SESSION_DECODE_STEPS, **model
+                self._graphdef,
+                self._state,
+                state,
+                key,
+                steps=SESSION_DECODE_STEPS,
+                columns=width,
+                **model,
             ),
         }
         if resumes:

@@ -41,16 +41,18 @@ class _Asked:
 
 class TurnSession:
     """`replicas` x `slots` slots of `width` columns each; `admit` and `decode` run the
-    session's programs on its state (bound to the engine's model and sampling), `lanes` lays
-    out an admission's [replicas * A, ...] arrays. `held` maps rows whose context is already in
+    session's programs on its state (bound to the engine's model and sampling, over the
+    columns they are given; `decode` runs `steps` steps), `lanes` lays out an admission's
+    [replicas * A, ...] arrays. `held` maps rows whose context is already in
     a slot (from the round before the session) to (global slot, that context); `turns` gives
     each row's next turn index (its keys, `session_programs.turn_keys`)."""
 
     def __init__(
         self,
         *,
-        admit: Callable[[SessionState, Admission, jax.Array], SessionState],
-        decode: Callable[[SessionState, jax.Array], SessionState],
+        admit: Callable[[SessionState, Admission, jax.Array, int], SessionState],
+        decode: Callable[[SessionState, jax.Array, int], SessionState],
+        steps: int,
         state: SessionState,
         replicas: int,
         slots: int,
@@ -61,8 +63,9 @@ class TurnSession:
         held: dict[int, tuple[int, np.ndarray]],
         turns: dict[int, int],
     ):
-        self._admit_program, self._decode_program = admit, decode
+        self._admit_program, self._decode_program, self.steps = admit, decode, steps
         self.state = state
+        self._length = np.asarray(state.length).copy()  # as of the last step
         self.replicas, self.slots, self.width = replicas, slots, width
         self.response_length = response_length
         self._lanes, self._key = lanes, key
@@ -110,9 +113,15 @@ class TurnSession:
         that ended, by row."""
         self._admit()
         if self._running:
-            self.state = self._decode_program(self.state, self._key)
+            self.state = self._decode_program(self.state, self._key, self._columns())
             self.decode_calls += 1
         return self._ended()
+
+    def _columns(self) -> int:
+        """The columns the next decode steps read: a power of two (or the slot's width) past
+        every sampling slot's context after those steps (a few program shapes)."""
+        reach = max(int(self._length[slot]) for slot in self._running) + self.steps
+        return min(self.width, ceil_pow2(reach))
 
     def _place(self, asked: _Asked) -> int | None:
         """The global slot `asked` runs in: its row's, else a free one of the replica with the
@@ -142,6 +151,7 @@ class TurnSession:
             start = min(common_prefix(prompt, kept), len(prompt) - 1)
             lanes[slot // self.slots].append((slot % self.slots, prompt[start:], start, asked))
             self._running[slot] = (asked.row, prompt)
+            self._length[slot] = len(prompt)
         self._asked = waiting
         if not any(lanes):
             return
@@ -168,13 +178,16 @@ class TurnSession:
         admission = Admission(
             *(jax.device_put(x.reshape(-1, *x.shape[2:]), self._lanes) for x in host)
         )
-        self.state = self._admit_program(self.state, admission, self._key)
+        reach = int((host.start + host.count).max())
+        columns = min(self.width, ceil_pow2(reach))
+        self.state = self._admit_program(self.state, admission, self._key, columns)
         self.admissions += 1
 
     def _ended(self) -> list[EndedTurn]:
         """The running turns that ended: their tokens; their slots' contexts now hold the
         prompt and every token but the last."""
         active = np.asarray(self.state.active)
+        self._length = np.asarray(self.state.length).copy()
         ended = sorted(slot for slot in self._running if not active[slot])
         if not ended:
             return []

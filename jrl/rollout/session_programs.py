@@ -17,6 +17,7 @@ schedule or the replica.
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import jax
@@ -75,19 +76,30 @@ def turn_keys(rng: jax.Array, turn: jax.Array, row: jax.Array, step: jax.Array) 
     return jax.vmap(lambda t, r, s: fold(fold(turn_key(rng, t), r), s))(turn, row, step)
 
 
-def _slot_rows(layout: KVLayout, cache: SlotCache, slot: jax.Array) -> KVCache:
-    """The cache's rows `slot` (every column)."""
+def _slot_rows(layout: KVLayout, cache: SlotCache, slot: jax.Array, columns: int) -> KVCache:
+    """The first `columns` columns of the cache's rows `slot`."""
     lead = layout.layer_axes
-    return KVCache(*(tuple(jnp.take(b, slot, axis=lead) for b in part) for part in cache))
+    return KVCache(
+        *(
+            tuple(b[(slice(None),) * lead + order.first_tokens(slot, columns)] for b in part)
+            for order, part in zip(layout.orders, cache, strict=True)
+        )
+    )
 
 
-def _put_rows(layout: KVLayout, cache: SlotCache, slot: jax.Array, rows: KVCache) -> SlotCache:
-    """`cache` with rows `slot` replaced by `rows` (slots past the cache: not written)."""
-    at = (slice(None),) * layout.layer_axes + (slot,)
+def _put_rows(
+    layout: KVLayout, cache: SlotCache, slot: jax.Array, rows: KVCache, columns: int
+) -> SlotCache:
+    """`cache` with the first `columns` columns of rows `slot` replaced by `rows` (slots past
+    the cache: not written)."""
+    lead = (slice(None),) * layout.layer_axes
     return SlotCache(
         *(
-            tuple(b.at[at].set(r, mode="drop") for b, r in zip(part, new, strict=True))
-            for part, new in zip(cache, rows, strict=True)
+            tuple(
+                b.at[lead + order.first_tokens(slot, columns)].set(r, mode="drop")
+                for b, r in zip(part, new, strict=True)
+            )
+            for order, part, new in zip(layout.orders, cache, rows, strict=True)
         )
     )
 
@@ -101,15 +113,15 @@ def _admit_replica(
     *,
     params: SamplingParams,
     layout: KVLayout,
+    columns: int,
 ) -> SessionState:
     model = nnx.merge(graphdef, state)
     slot = jnp.minimum(admission.slot, session.length.shape[0] - 1)
-    width = session.cache.k[0].shape[layout.layer_axes + layout.keys.token_axis]
     ends = admission.start + admission.count
-    kv_mask = jnp.arange(width)[None, :] < ends[:, None]
+    kv_mask = jnp.arange(columns)[None, :] < ends[:, None]
     chunk = admission.ids.shape[1]
     positions = admission.start[:, None] + jnp.arange(chunk, dtype=jnp.int32)
-    history = _slot_rows(layout, session.cache, slot)
+    history = _slot_rows(layout, session.cache, slot, columns)
     hidden, written = model.forward_cached(
         admission.ids, positions, history, admission.start, kv_mask
     )
@@ -123,7 +135,7 @@ def _admit_replica(
         return field.at[target].set(value, mode="drop")
 
     return session._replace(
-        cache=_put_rows(layout, session.cache, target, written),
+        cache=_put_rows(layout, session.cache, target, written, columns),
         length=put(session.length, ends),
         last=put(session.last, token),
         active=put(session.active, ~finished),
@@ -145,17 +157,18 @@ def _decode_replica(
     params: SamplingParams,
     layout: KVLayout,
     steps: int,
+    columns: int,
 ) -> SessionState:
     model = nnx.merge(graphdef, state)
     slots = session.length.shape[0]
-    width = session.cache.k[0].shape[layout.layer_axes + layout.keys.token_axis]
-    rope = model.model.position_tables(width + 1)  # once, outside the loop
+    rope = model.model.position_tables(columns + 1)  # once, outside the loop
     every_slot = jnp.arange(slots)
 
     def decode(carry: tuple[jax.Array, SessionState]) -> tuple[jax.Array, SessionState]:
-        """One token for every active slot; the others write a column past their context."""
+        """One token for every active slot; the others write a column past their context
+        (past the first `columns`: nowhere)."""
         done, s = carry
-        kv_mask = jnp.arange(width)[None, :] <= s.length[:, None]
+        kv_mask = jnp.arange(columns)[None, :] <= s.length[:, None]
         hidden, cache = model.forward_cached(
             s.last[:, None], s.length[:, None], KVCache(*s.cache), s.length, kv_mask, rope=rope
         )
@@ -178,8 +191,30 @@ def _decode_replica(
         done, s = carry
         return (done < steps) & jnp.any(s.active)
 
-    start = (jax.lax.pcast(jnp.int32(0), batch_axes(), to="varying"), session)
-    return jax.lax.while_loop(running, decode, start)[1]
+    # The loop runs on the first `columns` of every slot: the attention reads no more.
+    first = _columns(
+        layout, session.cache, lambda b, axis: jax.lax.slice_in_dim(b, 0, columns, axis=axis)
+    )
+    start = (jax.lax.pcast(jnp.int32(0), batch_axes(), to="varying"), session._replace(cache=first))
+    end = jax.lax.while_loop(running, decode, start)[1]
+    written = iter(jax.tree.leaves(end.cache))
+
+    def put_back(buffer: jax.Array, axis: int) -> jax.Array:
+        return jax.lax.dynamic_update_slice_in_dim(buffer, next(written), 0, axis=axis)
+
+    return end._replace(cache=_columns(layout, session.cache, put_back))
+
+
+def _columns(
+    layout: KVLayout, cache: SlotCache, change: Callable[[jax.Array, int], jax.Array]
+) -> SlotCache:
+    """`cache` with `change`(buffer, its token axis) applied to every buffer."""
+    return SlotCache(
+        *(
+            tuple(change(b, layout.layer_axes + order.token_axis) for b in part)
+            for order, part in zip(layout.orders, cache, strict=True)
+        )
+    )
 
 
 def _specs(mesh: Mesh, layout: KVLayout) -> tuple[PartitionSpec, SessionState]:
@@ -191,7 +226,9 @@ def _specs(mesh: Mesh, layout: KVLayout) -> tuple[PartitionSpec, SessionState]:
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "params", "mesh"), donate_argnames=("session",)
+    jax.jit,
+    static_argnames=("graphdef", "params", "mesh", "columns"),
+    donate_argnames=("session",),
 )
 def admit_turns(
     graphdef: nnx.GraphDef,
@@ -202,15 +239,19 @@ def admit_turns(
     *,
     params: SamplingParams,
     mesh: Mesh,
+    columns: int,
 ) -> SessionState:
     """Prefill each admitted turn's tokens into its slot and sample its first token (lanes
     [R * A] split over the R replicas as the slots are; the model tensor parallel as its
-    parameters' shardings say)."""
+    parameters' shardings say); every admitted context ends within the first `columns`."""
     layout = kv_layout(mesh, nnx.merge(graphdef, state).config)
     replicated, specs = _specs(mesh, layout)
     lanes = Admission(*(PartitionSpec(batch_axes()),) * len(Admission._fields))
+    replica = functools.partial(
+        _admit_replica, graphdef, params=params, layout=layout, columns=columns
+    )
     run = jax.shard_map(
-        functools.partial(_admit_replica, graphdef, params=params, layout=layout),
+        replica,
         mesh=mesh,
         in_specs=(replicated, specs, lanes, replicated),
         out_specs=specs,
@@ -220,7 +261,9 @@ def admit_turns(
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "params", "mesh", "steps"), donate_argnames=("session",)
+    jax.jit,
+    static_argnames=("graphdef", "params", "mesh", "steps", "columns"),
+    donate_argnames=("session",),
 )
 def decode_turns(
     graphdef: nnx.GraphDef,
@@ -231,12 +274,17 @@ def decode_turns(
     params: SamplingParams,
     mesh: Mesh,
     steps: int,
+    columns: int,
 ) -> SessionState:
-    """Up to `steps` decode steps of every slot (fewer once no slot samples a turn)."""
+    """Up to `steps` decode steps of every slot (fewer once no slot samples a turn), whose
+    sampling slots' contexts stay within their first `columns` columns."""
     layout = kv_layout(mesh, nnx.merge(graphdef, state).config)
     replicated, specs = _specs(mesh, layout)
+    replica = functools.partial(
+        _decode_replica, graphdef, params=params, layout=layout, steps=steps, columns=columns
+    )
     run = jax.shard_map(
-        functools.partial(_decode_replica, graphdef, params=params, layout=layout, steps=steps),
+        replica,
         mesh=mesh,
         in_specs=(replicated, specs, replicated),
         out_specs=specs,
