@@ -70,6 +70,7 @@ class AgentRollout:
         self.step, self.validate = -1, False  # what the traces are tagged with (`at_step`)
         self.trainer_config = TrainerConfig(trainer_config)
         self._stats: dict[str, float] = {}
+        self._told_rounds = False  # why later turns run in rounds, said once
 
     @property
     def response_length(self) -> int:
@@ -112,6 +113,10 @@ class AgentRollout:
             groups=self.context.settings.row_groups,
             tracer=self.context.tracer,
         )
+        if self.context.settings.scheduling == "slots" and server.rounds_because:
+            if not self._told_rounds:
+                print(f"jrl: agent: later turns run in rounds: {server.rounds_because}", flush=True)
+            self._told_rounds = True
         outputs = asyncio.run(self._run_all(prompts, sampling, server))
         self.context.tracer.flush()
         batch = self._batch(prompts.repeat(sampling.n, interleave=True), outputs)

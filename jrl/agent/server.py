@@ -93,15 +93,18 @@ class TurnServer:
         self.rows = len(prompts) * sampling.n
         self.tracer = tracer
         self.groups = max(1, min(groups, self.rows))
-        # Later turns in the engine's slots: one process (the admissions follow the tools'
-        # timing, which processes would not agree on), kept keys and values, one group.
-        self.in_slots = (
-            scheduling == "slots"
-            and keep_kv
-            and self.groups == 1
-            and isinstance(engine, SessionEngine)
-            and jax.process_count() == 1
-        )
+        # Later turns in the engine's slots, unless `rounds_because` says why not.
+        self.rounds_because = None
+        if not keep_kv:
+            self.rounds_because = "every turn prefills its whole history (keep_kv=False)"
+        elif not isinstance(engine, SessionEngine):
+            self.rounds_because = f"the {type(engine).__name__} engine keeps no slots across turns"
+        elif jax.process_count() > 1:
+            self.rounds_because = (
+                f"{jax.process_count()} processes: a slot's admissions follow the tools' timing, "
+                "which the processes would not agree on"
+            )
+        self.in_slots = scheduling == "slots" and self.groups == 1 and not self.rounds_because
         self._group_rounds = [0] * self.groups
         # A `TurnEngine` continues each row from the keys and values of its last turn.
         self.keep_kv = keep_kv and isinstance(engine, TurnEngine)

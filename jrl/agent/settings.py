@@ -87,7 +87,11 @@ class AgentSettings:
                 self.scheduling in SCHEDULINGS,
                 f"must be one of {', '.join(SCHEDULINGS)}",
             ),
-            "row_groups": (self.row_groups >= 1, "must be at least 1"),
+            "row_groups": (
+                self.row_groups == 1 or (self.row_groups > 1 and self.scheduling == "rounds"),
+                "must be at least 1, and more only with rollout.agent.scheduling=rounds (groups "
+                "take rounds in turn; slots admit every turn as soon as it is asked)",
+            ),
             "max_assistant_turns": (positive_or_none(self.max_assistant_turns), "must be >= 1"),
             "max_user_turns": (positive_or_none(self.max_user_turns), "must be >= 1"),
             "max_parallel_calls": (self.max_parallel_calls >= 1, "must be at least 1"),
