@@ -41,9 +41,9 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     return (sum(map(ord, solution_str)) % 7) / 6.0
 '''
 IGNORED = ("timing", "perf/", "agent/tool_latency")  # wall-clock measurements
-# What the rollout's scheduling (slots in one process, rounds in several) does to sample the
-# same tokens: engine calls, prefilled tokens, the engine's own statistics.
-SCHEDULING_WORK = ("agent/rounds", "agent/prefill_tokens", "rollout/")
+# The engine calls that start later turns in slots: they follow the tools' timing (the
+# processes agree on each, but one process may have seen more turns by then).
+SCHEDULING_WORK = ("agent/rounds", "agent/slot_steps")
 
 
 # -- which runs start jax.distributed --------------------------------------------------------------
@@ -375,8 +375,9 @@ def _lookup_overrides(run_dir: Path, nnodes: int, per_node: int) -> list[str]:
 
 
 def test_two_processes_match_one_with_multi_turn_rows(tmp_path):
-    """One process runs the later turns in slots, two in rounds (`TurnServer`): the same
-    tokens, so every metric but the scheduling's own work (`SCHEDULING_WORK`) agrees."""
+    """The later turns run in slots, the two processes agreeing on each admission: the same
+    tokens and work, so every metric but the count of admissions (`SCHEDULING_WORK`)
+    agrees."""
     train.main(_lookup_overrides(tmp_path / "single", 1, DEVICES))
     _train(2, tmp_path / "two", _lookup_overrides(tmp_path / "two", 2, DEVICES // 2))
     # Step 1 has no reward signal yet (no call in the task's format); step 2 has.
@@ -384,3 +385,4 @@ def test_two_processes_match_one_with_multi_turn_rows(tmp_path):
         tmp_path / "single", tmp_path / "two", [1, 2], learning_step=2, ignored=SCHEDULING_WORK
     )
     assert _metrics(tmp_path / "two")[1]["agent/tool_calls"] > 0
+    assert _metrics(tmp_path / "two")[2]["agent/slot_steps"] > 0  # in slots, not in rounds

@@ -124,6 +124,7 @@ class AgentRollout:
             **self.engine.stats,
             **agent_metrics(outputs, self.response_length),
             "agent/rounds": float(server.rounds),
+            "agent/slot_steps": float(server.slot_steps),
             "agent/prefill_tokens": float(server.tokens_prefilled),
             "agent/prefill_tokens_if_kv_kept": float(server.tokens_new),
         }

@@ -17,6 +17,7 @@ from jrl.agent.loop import TokenOutput
 from jrl.agent.trace import NO_TRACES, RolloutTracer
 from jrl.batch import Batch
 from jrl.data.prompts import left_pad, position_ids_from_mask
+from jrl.parallel import allgather_objects
 from jrl.rollout.limits import ceil_pow2
 from jrl.rollout.protocol import Rollout, SessionEngine, TurnEngine
 from jrl.rollout.sampling import SamplingParams
@@ -99,11 +100,6 @@ class TurnServer:
             self.rounds_because = "every turn prefills its whole history (keep_kv=False)"
         elif not isinstance(engine, SessionEngine):
             self.rounds_because = f"the {type(engine).__name__} engine keeps no slots across turns"
-        elif jax.process_count() > 1:
-            self.rounds_because = (
-                f"{jax.process_count()} processes: a slot's admissions follow the tools' timing, "
-                "which the processes would not agree on"
-            )
         self.in_slots = scheduling == "slots" and self.groups == 1 and not self.rounds_because
         self._group_rounds = [0] * self.groups
         # A `TurnEngine` continues each row from the keys and values of its last turn.
@@ -112,6 +108,7 @@ class TurnServer:
         self.waiting: list[_Turn] = []
         self.arrived = asyncio.Event()
         self.rounds = 0
+        self.slot_steps = 0  # decode calls of the later turns in slots
         self.tokens_prefilled = 0
         # What a cache kept between turns would prefill instead: each row's new tokens only
         # (its previous turn's last token, whose keys were never written, and the appended turn).
@@ -249,32 +246,47 @@ class TurnServer:
         keys and values taken over: each session step (admissions, then a few decode steps of
         every slot) runs in a thread while the loops run their tools, and a turn is answered as
         soon as it ends. The rows of finished loops give their slots to rows still waiting for
-        one; a loop's own bug stops the rollout, naming it."""
+        one; a loop's own bug stops the rollout, naming it.
+
+        Every process of a multi-process run runs every row's loop, but their tools finish at
+        different times: before each step the processes agree on what they have all seen
+        (`_agreed`), so that they admit the same turns and free the same slots, and their
+        steps are the same programs on the same arrays."""
         width = self._first_width
         session = self.engine.open_session(self.rows, width, self.sampling, self.key, first_turn=1)
         asked: dict[int, _Turn] = {}
-        while not all(task.done() for task in tasks):
-            for turn in sorted(self.waiting, key=lambda t: t.row):
+        rows = list(enumerate(tasks))
+        while True:
+            for task in tasks:
+                if task.done():
+                    task.result()
+            waiting = {t.row: t for t in self.waiting}
+            local_done = [row for row, task in enumerate(tasks) if task.done()]
+            new, done = _agreed(sorted(waiting), local_done)
+            if len(done) == self.rows:
+                break
+            for row in new:
+                turn = waiting.pop(row)
                 self.tokens_new += self._new_tokens(turn)
                 session.ask(turn.row, turn.prompt_ids, turn.max_tokens)
                 asked[turn.row] = turn
-            self.waiting = []
-            for row, task in enumerate(tasks):
-                if task.done():
-                    task.result()
-                    session.release(row)
+            self.waiting = list(waiting.values())
+            for row in done:
+                session.release(row)
             if session.ready:
                 for ended in await asyncio.to_thread(session.step):
                     log_probs = ended.log_probs if self.sampling.calculate_log_probs else None
                     self._reply(asked.pop(ended.row), ended.token_ids, log_probs)
-            elif len(asked) == sum(not task.done() for task in tasks):
+            elif all(row in asked for row in set(range(self.rows)) - done):
                 raise RuntimeError(
                     f"rows {sorted(asked)[:8]} wait for a turn and no slot frees: every "
                     "unfinished trajectory waits for a slot"
                 )
-            else:
+            elif any(not t.done() and r not in asked and r not in waiting for r, t in rows):
                 await self.next_event(tasks)
+            # else another process has yet to see a turn this one has: agree again
         self.rounds += session.admissions
+        self.slot_steps = session.decode_calls
         self.tokens_prefilled += session.prefilled_tokens
 
     async def next_event(self, tasks: Sequence[asyncio.Task]) -> set[asyncio.Task]:
@@ -313,3 +325,13 @@ class TurnServer:
             return self.prompts, self.sampling, self.key
         width = ceil_pow2(max(ids.shape[1], *map(len, contexts)))
         return left_padded(contexts, width, self.engine.pad_token_id), self.sampling, self.key
+
+
+def _agreed(asked: list[int], done: list[int]) -> tuple[list[int], set[int]]:
+    """The rows whose turn every process has asked (in order) and whose loop every process
+    has ended: what each process saw, intersected (itself in a single process)."""
+    seen = allgather_objects((asked, done))
+    return (
+        sorted(set.intersection(*(set(a) for a, _ in seen))),
+        set.intersection(*(set(d) for _, d in seen)),
+    )

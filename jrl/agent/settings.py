@@ -54,8 +54,8 @@ class AgentSettings:
     once. Tool calls are read in `format`; `tokenization_sanity_check_mode` compares the
     turn-by-turn ids with the whole conversation tokenised at once. `scheduling` (jrl's own)
     says how the turns after the first meet the engine: ``slots``, each as soon as it is asked,
-    into the running batch of an engine whose slots live across turns (the JAX sampler, one
-    process), else ``rounds``: one engine call per round, once every row waits, or with
+    into the running batch of an engine whose slots live across turns (the JAX sampler), else
+    ``rounds``: one engine call per round, once every row waits, or with
     `row_groups` > 1 per group of rows, the groups taking turns (while one group's turns
     decode, the other groups' tools run)."""
 

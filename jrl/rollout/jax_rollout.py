@@ -24,6 +24,7 @@ from jrl.parallel import (
     is_abstract,
     param_shardings,
     place,
+    put_global,
 )
 from jrl.rollout.kept_turns import (
     KeptTurns,
@@ -343,7 +344,7 @@ class JaxRollout:
         rows = batch_sharding(self.mesh, 1)
         fields = [length, zeros, zeros.astype(bool), zeros, zeros, zeros, zeros]
         buffers = [np.zeros((slots, self.response_length), t) for t in (np.int32, np.float32)]
-        return SessionState(cache, *(jax.device_put(x, rows) for x in (*fields, *buffers)))
+        return SessionState(cache, *(put_global(x, rows) for x in (*fields, *buffers)))
 
     def _generate(
         self,

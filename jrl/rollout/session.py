@@ -6,7 +6,9 @@ row into its own slot (only the tokens it appended since the slot's context) or,
 without one, into a free slot (its whole prompt), then runs up to K decode steps of every slot
 and returns the turns that ended. So rows come and go between any K decode steps: a row back
 from its tool joins the others' decoding at once, and a row that waits for a slot takes the
-first one a finished trajectory frees.
+first one a finished trajectory frees. Every process of a multi-process run must make the same
+calls (`jrl.agent.server.TurnServer.serve_in_slots` agrees on them): a step reads the slots'
+state from every process.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import jax
 import numpy as np
 from jax.sharding import NamedSharding
 
+from jrl.parallel import host_array, put_global
 from jrl.rollout.kept_turns import common_prefix
 from jrl.rollout.limits import ceil_pow2
 from jrl.rollout.session_programs import Admission, SessionState
@@ -65,7 +68,7 @@ class TurnSession:
     ):
         self._admit_program, self._decode_program, self.steps = admit, decode, steps
         self.state = state
-        self._length = np.asarray(state.length).copy()  # as of the last step
+        self._length = host_array(state.length).copy()  # as of the last step
         self.replicas, self.slots, self.width = replicas, slots, width
         self.response_length = response_length
         self._lanes, self._key = lanes, key
@@ -175,9 +178,7 @@ class TurnSession:
                     fields[name][r, i] = value
                 self.prefilled_tokens += len(tokens)
         host = Admission(slot=slot, ids=ids, **fields)
-        admission = Admission(
-            *(jax.device_put(x.reshape(-1, *x.shape[2:]), self._lanes) for x in host)
-        )
+        admission = Admission(*(put_global(x.reshape(-1, *x.shape[2:]), self._lanes) for x in host))
         reach = int((host.start + host.count).max())
         columns = min(self.width, ceil_pow2(reach))
         self.state = self._admit_program(self.state, admission, self._key, columns)
@@ -186,13 +187,13 @@ class TurnSession:
     def _ended(self) -> list[EndedTurn]:
         """The running turns that ended: their tokens; their slots' contexts now hold the
         prompt and every token but the last."""
-        active = np.asarray(self.state.active)
-        self._length = np.asarray(self.state.length).copy()
+        active = host_array(self.state.active)
+        self._length = host_array(self.state.length).copy()
         ended = sorted(slot for slot in self._running if not active[slot])
         if not ended:
             return []
-        steps = np.asarray(self.state.step)
-        tokens, log_probs = np.asarray(self.state.tokens), np.asarray(self.state.log_probs)
+        steps = host_array(self.state.step)
+        tokens, log_probs = host_array(self.state.tokens), host_array(self.state.log_probs)
         out = []
         for slot in ended:
             row, prompt = self._running.pop(slot)
