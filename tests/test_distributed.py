@@ -374,6 +374,52 @@ def _lookup_overrides(run_dir: Path, nnodes: int, per_node: int) -> list[str]:
     ]
 
 
+UNEVEN_TOOLS = '''
+import asyncio
+from types import SimpleNamespace
+
+import jax
+
+from jrl.agent.server import ROW
+from jrl.agent.tool_agent import ToolAgentLoop
+
+
+class UnevenToolAgent(ToolAgentLoop):
+    """jrl's tool agent whose later turns are asked after a delay that differs between rows
+    and between processes, as tools that end at different times on different hosts."""
+
+    async def run(self, sampling_params, **kwargs):
+        server, asked = self.server_manager, []
+
+        async def generate(*args, **kw):
+            if asked:
+                await asyncio.sleep(0.1 * jax.process_index() * (ROW.get() % 4))
+            asked.append(True)
+            return await server.generate(*args, **kw)
+
+        self.server_manager = SimpleNamespace(generate=generate, engine=server.engine)
+        return await super().run(sampling_params, **kwargs)
+'''
+
+
+def test_processes_whose_tools_end_at_different_times_still_match_one(tmp_path, monkeypatch):
+    """The rows' loops are the lookup card's tool agent, but on process 1 a row's later turns
+    are asked up to 0.3 s later than on process 0: the processes agree on every admission of
+    the slots, so the run still equals one process's (without the agreement their programs
+    differ and the run hangs or fails)."""
+    (tmp_path / "uneven_tools.py").write_text(UNEVEN_TOOLS)
+    loops = tmp_path / "loops.yaml"
+    loops.write_text("- name: tool_agent\n  _target_: uneven_tools.UnevenToolAgent\n")
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    uneven = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"]
+    train.main(_lookup_overrides(tmp_path / "single", 1, DEVICES) + uneven)
+    _train(2, tmp_path / "two", _lookup_overrides(tmp_path / "two", 2, DEVICES // 2) + uneven)
+    _assert_same_metrics(
+        tmp_path / "single", tmp_path / "two", [1, 2], learning_step=2, ignored=SCHEDULING_WORK
+    )
+
+
 def test_two_processes_match_one_with_multi_turn_rows(tmp_path):
     """The later turns run in slots, the two processes agreeing on each admission: the same
     tokens and work, so every metric but the count of admissions (`SCHEDULING_WORK`)
