@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
+from asyncio import FIRST_COMPLETED
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -22,6 +23,10 @@ from jrl.rollout.limits import ceil_pow2
 from jrl.rollout.protocol import Rollout, SessionEngine, TurnEngine
 from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.session_programs import turn_key
+
+# How long a slot's step waits for the loops it answered to ask their next turn (their tool
+# calls run in threads: even an instant tool takes a few event-loop rounds).
+FAST_TOOL_SECONDS = 0.05
 
 # The row whose trajectory the current task runs (set by the driver per task).
 ROW: contextvars.ContextVar[int] = contextvars.ContextVar("jrl_agent_row")
@@ -274,9 +279,12 @@ class TurnServer:
             for row in done:
                 session.release(row)
             if session.ready:
+                answered = []
                 for ended in await asyncio.to_thread(session.step):
                     log_probs = ended.log_probs if self.sampling.calculate_log_probs else None
                     self._reply(asked.pop(ended.row), ended.token_ids, log_probs)
+                    answered.append(ended.row)
+                await self._next_turns(tasks, answered)
             elif all(row in asked for row in set(range(self.rows)) - done):
                 raise RuntimeError(
                     f"rows {sorted(asked)[:8]} wait for a turn and no slot frees: every "
@@ -288,6 +296,22 @@ class TurnServer:
         self.rounds += session.admissions
         self.slot_steps = session.decode_calls
         self.tokens_prefilled += session.prefilled_tokens
+
+    async def _next_turns(self, tasks: Sequence[asyncio.Task], answered: list[int]) -> None:
+        """Give the loops of the rows just `answered` up to `FAST_TOOL_SECONDS` to ask their
+        next turn or end (a quick tool), so that the next step admits them with the others."""
+        clock = asyncio.get_running_loop()
+        deadline = clock.time() + FAST_TOOL_SECONDS
+        while True:
+            asking = {t.row for t in self.waiting}
+            pending = [tasks[r] for r in answered if not tasks[r].done() and r not in asking]
+            if not pending or clock.time() >= deadline:
+                return
+            self.arrived.clear()
+            arrival = asyncio.create_task(self.arrived.wait())
+            left = deadline - clock.time()
+            await asyncio.wait({*pending, arrival}, timeout=left, return_when=FIRST_COMPLETED)
+            arrival.cancel()
 
     async def next_event(self, tasks: Sequence[asyncio.Task]) -> set[asyncio.Task]:
         """Wait until a turn is asked or one of `tasks` ends; the tasks that ended."""

@@ -98,6 +98,13 @@ def ceil_pow2(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
+def ceil_bucket(n: int) -> int:
+    """The smallest power of two or three halves of one (1, 2, 3, 4, 6, 8, 12, 16, 24, ...)
+    >= n: a size that pads at most a third, in few distinct shapes."""
+    power = ceil_pow2(n)
+    return power * 3 // 4 if power >= 4 and power * 3 // 4 >= n else power
+
+
 def kv_bytes_per_token(config: ModelConfig, dtype: Any, tensor_parallel: int) -> int:
     """Keys and values of one token over all layers, on one device of a tensor-parallel group."""
     heads = config.num_kv_heads

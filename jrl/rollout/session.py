@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding
 
 from jrl.parallel import host_array, put_global
 from jrl.rollout.kept_turns import common_prefix
-from jrl.rollout.limits import ceil_pow2
+from jrl.rollout.limits import ceil_bucket, ceil_pow2
 from jrl.rollout.session_programs import Admission, SessionState
 
 
@@ -158,8 +158,9 @@ class TurnSession:
         self._asked = waiting
         if not any(lanes):
             return
-        per_replica = ceil_pow2(max(map(len, lanes)))
-        chunk = ceil_pow2(max(len(tokens) for lane in lanes for _, tokens, _, _ in lane))
+        # Prefill is compute-bound: lanes and chunk columns pad by at most a third.
+        per_replica = ceil_bucket(max(map(len, lanes)))
+        chunk = ceil_bucket(max(len(tokens) for lane in lanes for _, tokens, _, _ in lane))
         fields = {
             name: np.zeros((self.replicas, per_replica), np.int32)
             for name in ("count", "start", "row", "turn", "limit")
