@@ -12,9 +12,9 @@ times that, drawn per row and turn (the same draws in every mode). A history gro
 and an observation per round, so a full re-prefill runs ever longer prompts while the kept
 cache prefills only the appended tokens.
 
-Modes: `reprefill` (rounds, `keep_kv=False`), `kept` (rounds,
+Modes: `reprefill` (rounds, `keep_kv=False`), `kept` (rounds, the default
 ``rollout.agent.scheduling=rounds``), `kept_groups` (also ``rollout.agent.row_groups=--groups``)
-and `slots` (the default: ``scheduling=slots``). Each first runs once to compile its programs,
+and `slots` (``scheduling=slots``). Each first runs once to compile its programs,
 then `--repeats` timed runs. Prints one JSON line per mode (model tokens per second, the
 prefill's tokens, engine calls that started turns) and ratio lines: kept / reprefill,
 kept_groups / kept, slots / kept and slots / reprefill tokens per second, and whether the

@@ -406,11 +406,11 @@ def test_agent_settings_refuse_bad_values():
         AgentSettings(tool_response_truncate_side="top")
     with pytest.raises(SettingsError, match="tool_timeout"):
         dataclasses.replace(AgentSettings(), tool_timeout=0)
-    with pytest.raises(SettingsError, match="scheduling.*must be one of slots, rounds"):
+    with pytest.raises(SettingsError, match="scheduling.*must be one of rounds, slots"):
         AgentSettings(scheduling="eager")
     with pytest.raises(SettingsError, match="row_groups.*only with rollout.agent.scheduling"):
-        AgentSettings(row_groups=2)
-    assert AgentSettings(scheduling="rounds", row_groups=2).row_groups == 2
+        AgentSettings(scheduling="slots", row_groups=2)
+    assert AgentSettings(row_groups=2).row_groups == 2
     with pytest.raises(SettingsError, match="backend.*must be one of mlflow"):
         TraceSettings(backend="weave")
     with pytest.raises(SettingsError, match="max_samples_per_step_per_worker"):

@@ -412,7 +412,10 @@ def test_processes_whose_tools_end_at_different_times_still_match_one(tmp_path, 
     loops.write_text("- name: tool_agent\n  _target_: uneven_tools.UnevenToolAgent\n")
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
     monkeypatch.syspath_prepend(str(tmp_path))
-    uneven = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}"]
+    uneven = [
+        f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+        "actor_rollout_ref.rollout.agent.scheduling=slots",
+    ]
     train.main(_lookup_overrides(tmp_path / "single", 1, DEVICES) + uneven)
     _train(2, tmp_path / "two", _lookup_overrides(tmp_path / "two", 2, DEVICES // 2) + uneven)
     _assert_same_metrics(
@@ -420,15 +423,19 @@ def test_processes_whose_tools_end_at_different_times_still_match_one(tmp_path, 
     )
 
 
-def test_two_processes_match_one_with_multi_turn_rows(tmp_path):
-    """The later turns run in slots, the two processes agreeing on each admission: the same
-    tokens and work, so every metric but the count of admissions (`SCHEDULING_WORK`)
-    agrees."""
-    train.main(_lookup_overrides(tmp_path / "single", 1, DEVICES))
-    _train(2, tmp_path / "two", _lookup_overrides(tmp_path / "two", 2, DEVICES // 2))
+@pytest.mark.parametrize("scheduling", ["rounds", "slots"])
+def test_two_processes_match_one_with_multi_turn_rows(tmp_path, scheduling):
+    """In rounds every metric agrees; in slots, where the two processes agree on each
+    admission, the same tokens and work: every metric but the count of admissions
+    (`SCHEDULING_WORK`)."""
+    later = [f"actor_rollout_ref.rollout.agent.scheduling={scheduling}"]
+    train.main(_lookup_overrides(tmp_path / "single", 1, DEVICES) + later)
+    _train(2, tmp_path / "two", _lookup_overrides(tmp_path / "two", 2, DEVICES // 2) + later)
     # Step 1 has no reward signal yet (no call in the task's format); step 2 has.
+    ignored = SCHEDULING_WORK if scheduling == "slots" else ()
     _assert_same_metrics(
-        tmp_path / "single", tmp_path / "two", [1, 2], learning_step=2, ignored=SCHEDULING_WORK
+        tmp_path / "single", tmp_path / "two", [1, 2], learning_step=2, ignored=ignored
     )
     assert _metrics(tmp_path / "two")[1]["agent/tool_calls"] > 0
-    assert _metrics(tmp_path / "two")[2]["agent/slot_steps"] > 0  # in slots, not in rounds
+    slot_steps = _metrics(tmp_path / "two")[2]["agent/slot_steps"]
+    assert (slot_steps > 0) == (scheduling == "slots")

@@ -1,6 +1,7 @@
-"""`TurnServer`: the ``server_manager`` agent loops call. Every trajectory runs as a task; once
-each unfinished task (of a group of rows, or of all) waits for a turn, the server samples all
-their turns in one engine call (a "round"), so turns of many rows share the engine's batch."""
+"""`TurnServer`: the ``server_manager`` agent loops call. Every trajectory runs as a task. The
+first turns of all rows share one engine call (round 0). Later turns go into the engine's slots
+as soon as they are asked (`serve_in_slots`), or, in rounds, once each unfinished task (of a
+group of rows, or of all) waits for a turn, all their turns in one engine call."""
 
 from __future__ import annotations
 
@@ -91,7 +92,7 @@ class TurnServer:
         key: jax.Array,
         *,
         keep_kv: bool = True,
-        scheduling: str = "slots",
+        scheduling: str = "rounds",
         groups: int = 1,
         tracer: RolloutTracer = NO_TRACES,
     ):

@@ -13,7 +13,7 @@ SANITY_CHECK_MODES = ("strict", "ignore_strippable", "disable")
 
 
 TRACE_BACKENDS = ("mlflow",)
-SCHEDULINGS = ("slots", "rounds")
+SCHEDULINGS = ("rounds", "slots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,16 +53,17 @@ class AgentSettings:
     waits `tool_timeout` seconds for a tool or interaction call; `num_workers` calls run at
     once. Tool calls are read in `format`; `tokenization_sanity_check_mode` compares the
     turn-by-turn ids with the whole conversation tokenised at once. `scheduling` (jrl's own)
-    says how the turns after the first meet the engine: ``slots``, each as soon as it is asked,
-    into the running batch of an engine whose slots live across turns (the JAX sampler), else
-    ``rounds``: one engine call per round, once every row waits, or with
-    `row_groups` > 1 per group of rows, the groups taking turns (while one group's turns
-    decode, the other groups' tools run)."""
+    says how the turns after the first meet the engine: ``rounds``, one engine call per round,
+    once every row waits, or with `row_groups` > 1 per group of rows, the groups taking turns
+    (while one group's turns decode, the other groups' tools run); ``slots``, each as soon as
+    it is asked, into the running batch of an engine whose slots live across turns (the JAX
+    sampler; other engines take rounds). Which is faster depends on the tools' times against a
+    turn's decode (bench/README.md, multi_turn.py)."""
 
     default_agent_loop: str = "single_turn_agent"
     agent_loop_config_path: str | None = None
     num_workers: int = 8
-    scheduling: str = "slots"
+    scheduling: str = "rounds"
     row_groups: int = 1
     max_assistant_turns: int | None = None
     max_user_turns: int | None = None

@@ -76,9 +76,9 @@ def rollout_section() -> ConfigDict:
         ),
         agent=section(
             num_workers=8,
-            # jrl's own: how later turns meet the engine: "slots" (each into the running batch
-            # as soon as it is asked, where the engine can) or "rounds" (one call per round).
-            scheduling="slots",
+            # jrl's own: how later turns meet the engine: "rounds" (one call per round) or
+            # "slots" (each into the running batch as soon as it is asked, where the engine can).
+            scheduling="rounds",
             # jrl's own, with rounds: groups of rows whose later rounds take turns (one decodes
             # while the others' tools run); 1: each round waits for every row.
             row_groups=1,

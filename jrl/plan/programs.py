@@ -280,8 +280,7 @@ def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) 
         out = out[-1:]
     rollout_keys = KeyReads(config).actor_rollout_ref.rollout
     if uses_agent_loops(rollout_keys, read=False):
-        hosts = {d.process_index for d in roles.rollout.mesh.devices.flat}
-        if rollout_keys.peek("agent.scheduling") == "slots" and len(hosts) == 1:
+        if rollout_keys.peek("agent.scheduling") == "slots":
             out += _session_programs(roles, rows, prompt, response)
         else:
             out += _later_turn_programs(roles, rows, prompt, response)
