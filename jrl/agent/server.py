@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import dataclasses
-from asyncio import FIRST_COMPLETED
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -261,13 +260,11 @@ class TurnServer:
         width = self._first_width
         session = self.engine.open_session(self.rows, width, self.sampling, self.key, first_turn=1)
         asked: dict[int, _Turn] = {}
-        rows = list(enumerate(tasks))
         while True:
-            for task in tasks:
-                if task.done():
-                    task.result()
-            waiting = {t.row: t for t in self.waiting}
             local_done = [row for row, task in enumerate(tasks) if task.done()]
+            for row in local_done:
+                tasks[row].result()
+            waiting = {t.row: t for t in self.waiting}
             new, done = _agreed(sorted(waiting), local_done)
             if len(done) == self.rows:
                 break
@@ -291,8 +288,10 @@ class TurnServer:
                     f"rows {sorted(asked)[:8]} wait for a turn and no slot frees: every "
                     "unfinished trajectory waits for a slot"
                 )
-            elif any(not t.done() and r not in asked and r not in waiting for r, t in rows):
-                await self.next_event(tasks)
+            elif any(
+                not t.done() and r not in asked and r not in waiting for r, t in enumerate(tasks)
+            ):
+                await self.next_event(tasks)  # a loop of this process is still in a tool
             # else another process has yet to see a turn this one has: agree again
         self.rounds += session.admissions
         self.slot_steps = session.decode_calls
@@ -305,21 +304,22 @@ class TurnServer:
         deadline = clock.time() + FAST_TOOL_SECONDS
         while True:
             asking = {t.row for t in self.waiting}
-            pending = [tasks[r] for r in answered if not tasks[r].done() and r not in asking]
-            if not pending or clock.time() >= deadline:
+            pending = [tasks[r] for r in answered if r not in asking]
+            if all(task.done() for task in pending) or clock.time() >= deadline:
                 return
-            self.arrived.clear()
-            arrival = asyncio.create_task(self.arrived.wait())
-            left = deadline - clock.time()
-            await asyncio.wait({*pending, arrival}, timeout=left, return_when=FIRST_COMPLETED)
-            arrival.cancel()
+            await self.next_event(pending, timeout=deadline - clock.time())
 
-    async def next_event(self, tasks: Sequence[asyncio.Task]) -> set[asyncio.Task]:
-        """Wait until a turn is asked or one of `tasks` ends; the tasks that ended."""
+    async def next_event(
+        self, tasks: Sequence[asyncio.Task], timeout: float | None = None
+    ) -> set[asyncio.Task]:
+        """Wait until a turn is asked or one of `tasks` ends (at most `timeout` seconds); the
+        tasks that ended."""
         self.arrived.clear()
         arrival = asyncio.create_task(self.arrived.wait())
         pending = {task for task in tasks if not task.done()}
-        done, _ = await asyncio.wait(pending | {arrival}, return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(
+            pending | {arrival}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+        )
         arrival.cancel()
         return done - {arrival}
 

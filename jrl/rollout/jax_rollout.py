@@ -226,25 +226,16 @@ class JaxRollout:
         state = self._session_state(cache, total, held)
         lanes = batch_sharding(self.mesh, 1)
         return TurnSession(
-            admit=lambda session, admission, key, columns: admit_turns(
-                self._graphdef,
-                self._state,
-                session,
-                admission,
-                key,
-                params=sampling,
-                mesh=self.mesh,
-                columns=columns,
+            admit=functools.partial(
+                admit_turns, self._graphdef, self._state, params=sampling, mesh=self.mesh
             ),
-            decode=lambda session, key, columns: decode_turns(
+            decode=functools.partial(
+                decode_turns,
                 self._graphdef,
                 self._state,
-                session,
-                key,
                 params=sampling,
                 mesh=self.mesh,
                 steps=steps,
-                columns=columns,
             ),
             steps=steps,
             state=state,
@@ -290,25 +281,18 @@ class JaxRollout:
         sampling = dataclasses.replace(sampling, n=1, max_new_tokens=self.response_length)
         replicas = self.mesh.shape["data"] * self.mesh.shape["fsdp"]
         width = self._session_width(prompt_width)
-        resumes = self.resumes(rows, prompt_width, sampling)
-        per_replica = self._call_layout(rows, prompt_width, sampling)[0].per_replica
-        slots = per_replica if resumes else self._session_slots(rows, width)
+        layout, plan, _, round_shapes = self._call_layout(rows, prompt_width, sampling)
+        resumes = _slot_per_row(layout, plan)
+        slots = layout.per_replica if resumes else self._session_slots(rows, width)
         total = replicas * slots
         shapes = self._session_cache_shapes(total, width)
-        cache = self._abstract_cache(shapes)
         rows_sharding = batch_sharding(self.mesh, 1)
 
         def ints(*shape: int, dtype: Any = jnp.int32) -> jax.ShapeDtypeStruct:
             return jax.ShapeDtypeStruct(shape, dtype, sharding=rows_sharding)
 
-        state = SessionState(
-            cache,
-            *(ints(total) for _ in range(2)),
-            ints(total, dtype=jnp.bool_),
-            *(ints(total) for _ in range(4)),
-            ints(total, self.response_length),
-            ints(total, self.response_length, dtype=jnp.float32),
-        )
+        fields = (ints(*x.shape, dtype=x.dtype) for x in self._session_fields(total, {}))
+        state = SessionState(self._abstract_cache(shapes), *fields)
         lanes = [ints(total, chunk) if f == "ids" else ints(total) for f in Admission._fields]
         key = jax.eval_shape(lambda: jax.random.key(0))
         model = {"params": sampling, "mesh": self.mesh}
@@ -327,7 +311,7 @@ class JaxRollout:
             ),
         }
         if resumes:
-            kept = self._abstract_cache(self._call_layout(rows, prompt_width, sampling)[3])
+            kept = self._abstract_cache(round_shapes)
             copy = self._carry_over_program(shapes)
             programs["carry"] = copy.lower(kept, ints(total), ints(total))
         return programs
@@ -335,16 +319,24 @@ class JaxRollout:
     def _session_state(
         self, cache: SlotCache, slots: int, held: dict[int, tuple[int, np.ndarray]]
     ) -> SessionState:
-        """A session's state over `cache` ([slots, ...] in all): idle slots, those of `held`
+        """A session's state over `cache` ([slots, ...] in all), on the device."""
+        rows = batch_sharding(self.mesh, 1)
+        return SessionState(
+            cache, *(put_global(x, rows) for x in self._session_fields(slots, held))
+        )
+
+    def _session_fields(
+        self, slots: int, held: dict[int, tuple[int, np.ndarray]]
+    ) -> list[np.ndarray]:
+        """`SessionState`'s fields but the cache, on the host: idle slots, those of `held`
         rows holding their contexts."""
         length = np.zeros(slots, np.int32)
         for slot, context in held.values():
             length[slot] = len(context)
         zeros = np.zeros(slots, np.int32)
-        rows = batch_sharding(self.mesh, 1)
         fields = [length, zeros, zeros.astype(bool), zeros, zeros, zeros, zeros]
         buffers = [np.zeros((slots, self.response_length), t) for t in (np.int32, np.float32)]
-        return SessionState(cache, *(put_global(x, rows) for x in (*fields, *buffers)))
+        return [*fields, *buffers]
 
     def _generate(
         self,

@@ -21,7 +21,7 @@ from jax.sharding import Mesh, PartitionSpec
 
 from jrl.models import CausalLM, KVCache
 from jrl.models.decoder import RopeByPosition
-from jrl.models.kv_layout import AxisOrder, KVLayout
+from jrl.models.kv_layout import KVLayout
 from jrl.parallel import batch_axes
 from jrl.rollout.limits import SlotPlan
 from jrl.rollout.sampling import SamplingParams
@@ -135,6 +135,34 @@ def _prefill(
     return model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
 
 
+def slot_columns(layout: KVLayout, cache: SlotCache, slot: jax.Array, columns: int) -> KVCache:
+    """The first `columns` columns of the cache's rows `slot`."""
+    lead = (slice(None),) * layout.layer_axes
+    return KVCache(
+        *(
+            tuple(b[lead + order.first_tokens(slot, columns)] for b in part)
+            for order, part in zip(layout.orders, cache, strict=True)
+        )
+    )
+
+
+def put_slot_columns(
+    layout: KVLayout, cache: SlotCache, slot: jax.Array, rows: KVCache, columns: int
+) -> SlotCache:
+    """`cache` with the first `columns` columns of rows `slot` replaced by `rows` (slots past
+    the cache: not written)."""
+    lead = (slice(None),) * layout.layer_axes
+    return SlotCache(
+        *(
+            tuple(
+                b.at[lead + order.first_tokens(slot, columns)].set(r, mode="drop")
+                for b, r in zip(part, new, strict=True)
+            )
+            for order, part, new in zip(layout.orders, cache, rows, strict=True)
+        )
+    )
+
+
 def _resume_prefill(
     model: CausalLM,
     cache: SlotCache,
@@ -147,12 +175,7 @@ def _resume_prefill(
     """`_prefill` of G left-padded prompts [G, P] whose `slot`s' first P - `chunk` columns
     already hold their keys and values: only the last `chunk` columns run, against those."""
     prompt_len = ids.shape[1]
-
-    def read(order: AxisOrder, buffers: tuple[jax.Array, ...]) -> tuple[jax.Array, ...]:
-        columns = (slice(None),) * layout.layer_axes + order.first_tokens(slot, prompt_len)
-        return tuple(b[columns] for b in buffers)
-
-    history = KVCache(*map(read, layout.orders, cache))
+    history = slot_columns(layout, cache, slot, prompt_len)
     positions = prompt_positions(mask)[:, -chunk:]
     return model.forward_cached(ids[:, -chunk:], positions, history, prompt_len - chunk, mask)
 
@@ -211,20 +234,10 @@ def _generate_replica(
         def put(target: jax.Array, value: jax.Array) -> jax.Array:
             return target.at[slot].set(value, mode="drop")
 
-        def write(
-            order: AxisOrder, buffers: tuple[jax.Array, ...], prompts: tuple[jax.Array, ...]
-        ) -> tuple[jax.Array, ...]:
-            """Each buffer's prompt columns of the admitted slots (a prompt's keys or values
-            repeated into the slots of its `shared` rows)."""
-            lead = layout.layer_axes
-            columns = (slice(None),) * lead + order.first_tokens(slot, prompt_len)
-            pairs = zip(buffers, prompts, strict=True)
-            return tuple(
-                c.at[columns].set(jnp.repeat(f, shared, axis=lead), mode="drop") for c, f in pairs
-            )
-
+        # A prompt's keys and values go into the slots of its `shared` rows.
+        repeated = jax.tree.map(lambda f: jnp.repeat(f, shared, axis=layout.layer_axes), fresh)
         return s._replace(
-            cache=SlotCache(*map(write, layout.orders, s.cache, fresh)),
+            cache=put_slot_columns(layout, s.cache, slot, repeated, prompt_len),
             row=put(s.row, row),
             step=put(s.step, 1),
             active=put(s.active, ~finished),

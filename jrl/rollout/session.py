@@ -43,18 +43,18 @@ class _Asked:
 
 
 class TurnSession:
-    """`replicas` x `slots` slots of `width` columns each; `admit` and `decode` run the
-    session's programs on its state (bound to the engine's model and sampling, over the
-    columns they are given; `decode` runs `steps` steps), `lanes` lays out an admission's
-    [replicas * A, ...] arrays. `held` maps rows whose context is already in
-    a slot (from the round before the session) to (global slot, that context); `turns` gives
+    """`replicas` x `slots` slots of `width` columns each; `admit` (state, admission, key,
+    columns=) and `decode` (state, key, columns=) run the session's programs on its state
+    (bound to the engine's model and sampling; `decode` runs `steps` steps), `lanes` lays
+    out an admission's [replicas * A, ...] arrays. `held` maps rows whose context is already
+    in a slot (from the round before the session) to (global slot, that context); `turns` gives
     each row's next turn index (its keys, `session_programs.turn_keys`)."""
 
     def __init__(
         self,
         *,
-        admit: Callable[[SessionState, Admission, jax.Array, int], SessionState],
-        decode: Callable[[SessionState, jax.Array, int], SessionState],
+        admit: Callable[..., SessionState],
+        decode: Callable[..., SessionState],
         steps: int,
         state: SessionState,
         replicas: int,
@@ -116,14 +116,14 @@ class TurnSession:
         that ended, by row."""
         self._admit()
         if self._running:
-            self.state = self._decode_program(self.state, self._key, self._columns())
+            reach = max(int(self._length[slot]) for slot in self._running) + self.steps
+            self.state = self._decode_program(self.state, self._key, columns=self._columns(reach))
             self.decode_calls += 1
         return self._ended()
 
-    def _columns(self) -> int:
-        """The columns the next decode steps read: a power of two (or the slot's width) past
-        every sampling slot's context after those steps (a few program shapes)."""
-        reach = max(int(self._length[slot]) for slot in self._running) + self.steps
+    def _columns(self, reach: int) -> int:
+        """The columns a program reads to reach `reach` columns of a slot: a power of two, or
+        the slot's width (a few program shapes)."""
         return min(self.width, ceil_pow2(reach))
 
     def _place(self, asked: _Asked) -> int | None:
@@ -180,9 +180,8 @@ class TurnSession:
                 self.prefilled_tokens += len(tokens)
         host = Admission(slot=slot, ids=ids, **fields)
         admission = Admission(*(put_global(x.reshape(-1, *x.shape[2:]), self._lanes) for x in host))
-        reach = int((host.start + host.count).max())
-        columns = min(self.width, ceil_pow2(reach))
-        self.state = self._admit_program(self.state, admission, self._key, columns)
+        columns = self._columns(int((host.start + host.count).max()))
+        self.state = self._admit_program(self.state, admission, self._key, columns=columns)
         self.admissions += 1
 
     def _ended(self) -> list[EndedTurn]:

@@ -28,7 +28,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jrl.models import KVCache
 from jrl.models.kv_layout import KVLayout
 from jrl.parallel import batch_axes
-from jrl.rollout.sampler import SlotCache, is_eos
+from jrl.rollout.sampler import SlotCache, is_eos, put_slot_columns, slot_columns
 from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.selection import select_tokens
 from jrl.rollout.tensor_parallel import kv_layout
@@ -76,34 +76,6 @@ def turn_keys(rng: jax.Array, turn: jax.Array, row: jax.Array, step: jax.Array) 
     return jax.vmap(lambda t, r, s: fold(fold(turn_key(rng, t), r), s))(turn, row, step)
 
 
-def _slot_rows(layout: KVLayout, cache: SlotCache, slot: jax.Array, columns: int) -> KVCache:
-    """The first `columns` columns of the cache's rows `slot`."""
-    lead = layout.layer_axes
-    return KVCache(
-        *(
-            tuple(b[(slice(None),) * lead + order.first_tokens(slot, columns)] for b in part)
-            for order, part in zip(layout.orders, cache, strict=True)
-        )
-    )
-
-
-def _put_rows(
-    layout: KVLayout, cache: SlotCache, slot: jax.Array, rows: KVCache, columns: int
-) -> SlotCache:
-    """`cache` with the first `columns` columns of rows `slot` replaced by `rows` (slots past
-    the cache: not written)."""
-    lead = (slice(None),) * layout.layer_axes
-    return SlotCache(
-        *(
-            tuple(
-                b.at[lead + order.first_tokens(slot, columns)].set(r, mode="drop")
-                for b, r in zip(part, new, strict=True)
-            )
-            for order, part, new in zip(layout.orders, cache, rows, strict=True)
-        )
-    )
-
-
 def _admit_replica(
     graphdef: nnx.GraphDef,
     state: nnx.State,
@@ -121,7 +93,7 @@ def _admit_replica(
     kv_mask = jnp.arange(columns)[None, :] < ends[:, None]
     chunk = admission.ids.shape[1]
     positions = admission.start[:, None] + jnp.arange(chunk, dtype=jnp.int32)
-    history = _slot_rows(layout, session.cache, slot, columns)
+    history = slot_columns(layout, session.cache, slot, columns)
     hidden, written = model.forward_cached(
         admission.ids, positions, history, admission.start, kv_mask
     )
@@ -135,7 +107,7 @@ def _admit_replica(
         return field.at[target].set(value, mode="drop")
 
     return session._replace(
-        cache=_put_rows(layout, session.cache, target, written, columns),
+        cache=put_slot_columns(layout, session.cache, target, written, columns),
         length=put(session.length, ends),
         last=put(session.last, token),
         active=put(session.active, ~finished),
