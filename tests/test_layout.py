@@ -44,6 +44,7 @@ TRAINER_LAYERS = (
     ("jrl.trainer.update",),
     ("jrl.trainer.io", "jrl.trainer.roles"),
     ("jrl.trainer.loop",),
+    ("jrl.trainer.overlap",),
     ("jrl.trainer.ppo", "jrl.trainer.sft"),
 )
 

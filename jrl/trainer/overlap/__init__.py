@@ -1,0 +1,1 @@
+"""The rollout on devices of its own, overlapping training (``hybrid_engine=False``)."""

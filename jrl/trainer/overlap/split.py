@@ -1,0 +1,59 @@
+"""The rollout engine on its own devices, and what a row's sampling version says."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from jrl.parallel import make_mesh
+from jrl.parallel.transfer import MeshTransfer
+from jrl.rollout.build import build_rollout
+from jrl.rollout.spec import RolloutSpec
+from jrl.runspec.placement import AsyncSpec
+from jrl.trainer.overlap.weight_sync import WeightSync
+from jrl.trainer.roles.actor import Actor
+
+
+def split_rollout(
+    spec: RolloutSpec,
+    placement: AsyncSpec,
+    actor: Actor,
+    devices: Sequence[jax.Device],
+    tokenizer: Any,
+) -> tuple[Any, WeightSync]:
+    """jrl's JAX sampler on `devices` (disjoint from the actor's), started with the actor's
+    weights moved there by the sync program, and the `WeightSync` that keeps it current."""
+    if spec.engine != "jax":
+        print(
+            f"jrl: {spec.section}.name={spec.engine}: with hybrid_engine=False jrl's JAX sampler "
+            "generates on the rollout's own devices",
+            flush=True,
+        )
+    transfer = MeshTransfer(actor.mesh, devices)
+    leaves, treedef = jax.tree.flatten(actor.params)
+    params = jax.tree.unflatten(treedef, transfer.move(leaves))
+    mesh = make_mesh(len(devices), devices=list(devices))
+    engine = build_rollout(
+        spec,
+        actor.learner.graphdef,
+        params,
+        mesh,
+        tokenizer,
+        engine_name="jax",
+        lora=actor.spec.model.lora,
+    )
+    return engine, WeightSync(transfer, engine, placement.bucket_bytes)
+
+
+def staleness_metrics(versions: np.ndarray, trainer_version: int) -> dict[str, float]:
+    """How many updates older than the trainer's the weights that sampled each row were
+    (``training/staleness_*``) and how many rows were stale."""
+    lag = trainer_version - np.asarray(versions)
+    return {
+        "training/staleness_mean": float(lag.mean()),
+        "training/staleness_max": float(lag.max()),
+        "training/stale_rows": float((lag > 0).sum()),
+    }
