@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -619,23 +619,35 @@ class JaxRollout:
 
     def update_weights(self, params: nnx.State) -> None:
         """Use new parameters (same structure and shapes), cast and laid out as this engine's."""
-        new = jax.tree_util.tree_flatten_with_path(params)[0]
-        old, treedef = jax.tree_util.tree_flatten_with_path(self._state)
-        new_paths = [jax.tree_util.keystr(p) for p, _ in new]
-        old_paths = [jax.tree_util.keystr(p) for p, _ in old]
-        if new_paths != old_paths:
-            diff = sorted(set(new_paths) ^ set(old_paths))[:5]
+        paths = [
+            jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]
+        ]
+        if paths != self.weight_paths():
+            diff = sorted(set(paths) ^ set(self.weight_paths()))[:5]
             raise ValueError(f"update_weights: parameter names differ from the rollout's: {diff}")
-        leaves = []
-        for path, (_, value), (_, current) in zip(new_paths, new, old, strict=True):
+        self.replace_weights(dict(zip(paths, jax.tree.leaves(params), strict=True)))
+
+    def weight_paths(self) -> list[str]:
+        """The parameters' names (`jax.tree_util.keystr` of their paths), in tree order."""
+        flat = jax.tree_util.tree_flatten_with_path(self._state)[0]
+        return [jax.tree_util.keystr(path) for path, _ in flat]
+
+    def replace_weights(self, leaves: Mapping[str, jax.Array]) -> None:
+        """Replace the parameters named in `leaves` (`weight_paths` names), each cast and laid
+        out as this engine's, the others kept: a weight sync can go bucket by bucket."""
+        flat, treedef = jax.tree_util.tree_flatten(self._state)
+        index = {path: i for i, path in enumerate(self.weight_paths())}
+        shardings = jax.tree.leaves(self._shardings)
+        for path, value in leaves.items():
+            i = index[path]
+            current = flat[i]
             if tuple(value.shape) != tuple(current.shape):
                 raise ValueError(
                     f"update_weights: {path} has shape {tuple(value.shape)}, "
                     f"the rollout expects {tuple(current.shape)}"
                 )
-            leaves.append(value.astype(current.dtype))
-        placed = jax.tree_util.tree_unflatten(treedef, leaves)
-        self._state = place(placed, self._shardings)
+            flat[i] = jax.device_put(value.astype(current.dtype), shardings[i])
+        self._state = jax.tree_util.tree_unflatten(treedef, flat)
 
     def release(self) -> None:
         """Free the kept KV cache (with `free_cache_engine` each call frees it already) and a

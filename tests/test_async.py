@@ -1,0 +1,144 @@
+"""Split meshes (``hybrid_engine=False``): the weight-sync program, the one-step-off pipeline
+and its exact resume, on 8 CPU devices (4 for the trainer, 4 for the rollout)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from jrl import train
+from jrl.parallel import make_mesh
+from jrl.parallel.transfer import MeshTransfer, buckets, sent_bytes
+from jrl.runspec import load_config
+from jrl.trainer.ppo.trainer import PPOTrainer
+
+SPLIT = (
+    "--config=configs/digits_grpo.py",
+    "actor_rollout_ref.hybrid_engine=False",
+    "trainer.n_gpus_per_node=4",
+    "rollout.n_gpus_per_node=4",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+    "trainer.val_before_train=False",
+    "trainer.logger=['console','file']",
+)
+# Timings differ between runs, and a run's last step starts no sync; the rest must not differ.
+NOT_COMPARED = ("timing_s/", "timing_per_token_ms/", "perf/", "sync/")
+
+
+def test_buckets_hold_at_most_their_bytes_in_order():
+    assert buckets([4, 4, 4, 10, 1], 8) == [[0, 1], [2], [3], [4]]
+    assert buckets([4, 4], 0) == [[0, 1]]
+    assert buckets([], 8) == []
+
+
+def test_mesh_transfer_sends_each_shard_to_its_mirror_device():
+    devices = jax.devices()
+    source = make_mesh(4, fsdp_size=2, tensor_parallel=2, devices=devices[:4])
+    transfer = MeshTransfer(source, devices[4:])
+    rng = np.random.default_rng(0)
+    values = [rng.normal(size=(8, 6)).astype(np.float32), rng.normal(size=(6,)).astype(np.float32)]
+    specs = [P("fsdp", "tensor"), P()]
+    arrays = [
+        jax.device_put(v, NamedSharding(source, s)) for v, s in zip(values, specs, strict=True)
+    ]
+    moved = transfer.move(arrays, [jnp.bfloat16, jnp.float32])
+    for out, value, spec in zip(moved, values, specs, strict=True):
+        assert out.sharding == NamedSharding(transfer.mirror, spec)
+        assert set(out.devices()) == set(devices[4:])
+        expected = value.astype(jnp.bfloat16) if out.dtype == jnp.bfloat16 else value
+        np.testing.assert_array_equal(np.asarray(out), expected)
+    # the matrix: 4 shards of 4x3 bf16; the vector: 4 replicas of 6 fp32
+    assert sent_bytes(arrays, [jnp.bfloat16, jnp.float32]) == 4 * 12 * 2 + 4 * 6 * 4
+    hlo = transfer.lower([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays])
+    text = hlo.compile().as_text()
+    assert "collective-permute" in text and "all-gather" not in text
+
+
+def test_mesh_transfer_refuses_unequal_or_shared_devices():
+    devices = jax.devices()
+    source = make_mesh(4, devices=devices[:4])
+    with pytest.raises(ValueError, match="must equal the trainer's"):
+        MeshTransfer(source, devices[4:6])
+    with pytest.raises(ValueError, match="disjoint"):
+        MeshTransfer(source, devices[2:6])
+
+
+def _trainer(*overrides: str) -> PPOTrainer:
+    config, _ = load_config([*SPLIT, *overrides], num_devices=len(jax.devices()))
+    return PPOTrainer.from_config(config)
+
+
+def test_weight_sync_moves_the_actors_weights_bucket_by_bucket(tmp_path):
+    trainer = _trainer(f"trainer.default_local_dir={tmp_path}")
+    assert trainer.weight_sync.bucket_bytes == 512 << 20  # the key's default, in bytes
+    trainer.weight_sync.bucket_bytes = 50_000  # the digits model has 0.3 MB of weights
+    actor_devices = set(trainer.mesh.devices.flat)
+    rollout_state = jax.tree.leaves(trainer.rollout.state)
+    assert all(set(x.devices()).isdisjoint(actor_devices) for x in rollout_state)
+    prompts = next(iter(trainer.train_loader.epoch(0)))
+    greedy = trainer.val_sampling
+    key = jax.random.key(0)
+
+    def answers():
+        out = trainer.rollout.generate(trainer.tagged(prompts, 1, 0), greedy, key)
+        return np.asarray(out.tensors["responses"])
+
+    before = answers()
+    original = trainer.actor.params
+    noisy = jax.tree.map(lambda x: x + 0.5 * jax.random.normal(key, x.shape, x.dtype), original)
+    metrics = trainer.weight_sync(noisy, 1)
+    assert metrics["sync/buckets"] > 1
+    for ours, theirs in zip(jax.tree.leaves(trainer.rollout.state), jax.tree.leaves(noisy)):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs).astype(ours.dtype))
+    assert not np.array_equal(answers(), before)
+    trainer.weight_sync(original, 2)
+    np.testing.assert_array_equal(answers(), before)
+
+
+def _run(run_dir: Path, steps: int, monkeypatch, *overrides: str) -> dict[int, dict]:
+    metrics_file = run_dir / "metrics.jsonl"
+    monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(metrics_file))
+    train.main(
+        [
+            *SPLIT,
+            f"trainer.total_training_steps={steps}",
+            "trainer.test_freq=-1",
+            "trainer.save_freq=2",
+            f"trainer.default_local_dir={run_dir / 'checkpoints'}",
+            *overrides,
+        ]
+    )
+    rows = [json.loads(line) for line in metrics_file.read_text().splitlines()]
+    return {row["step"]: row["data"] for row in rows}
+
+
+def _comparable(data: dict) -> dict:
+    return {k: v for k, v in data.items() if not k.startswith(NOT_COMPARED)}
+
+
+def test_one_step_off_trains_on_rows_one_version_old_and_resumes_exactly(tmp_path, monkeypatch):
+    whole = _run(tmp_path / "whole", 4, monkeypatch)
+    assert whole[1]["training/staleness_max"] == 0
+    for step in (2, 3, 4):
+        assert whole[step]["training/staleness_mean"] == 1
+    for step in (2, 3):  # the sync before the next step's generation (none after the last)
+        assert whole[step]["sync/bytes"] > 0
+    # a run stopped after step 2 (its checkpoint holds step 3's rows, generated on version 1)
+    step_2 = tmp_path / "whole" / "checkpoints" / "global_step_2"
+    resumed = _run(
+        tmp_path / "resumed",
+        4,
+        monkeypatch,
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={step_2}",
+    )
+    assert sorted(resumed) == [3, 4]
+    for step in (3, 4):
+        assert _comparable(resumed[step]) == _comparable(whole[step])
