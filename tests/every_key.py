@@ -57,9 +57,16 @@ _CORRECTION = {
     "algorithm.rollout_correction.rollout_rs": "token_k2",
     "algorithm.rollout_correction.rollout_rs_threshold": 2.0,
 }
+# DAPO's dynamic sampling: the group filter names its metric (seq_reward: the tiny cards' naive
+# manager gives no extra-info column), and a generation batch of its own needs the filter.
+_FILTER = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "seq_reward"}
 # What a key needs to take a non-default value; the context's own keys do not count as the
 # key's effect.
 CONTEXTS = {
+    "algorithm.filter_groups.enable": {"algorithm.filter_groups.metric": "seq_reward"},
+    "algorithm.filter_groups.metric": {"algorithm.filter_groups.enable": True},
+    "algorithm.filter_groups.max_num_gen_batches": _FILTER,
+    "data.gen_batch_size": _FILTER,
     f"{ACTOR}.ppo_mini_batch_size": _SMALL_MICRO,
     "critic.ppo_mini_batch_size": _SMALL_MICRO,
     "critic.enable": _SMALL_MICRO,
@@ -123,6 +130,8 @@ CONTEXTS = {
 }
 # Valid values where the key's type does not suggest one.
 VALUES = {
+    "algorithm.filter_groups.metric": "seq_reward",
+    "data.gen_batch_size": 8,  # twice the tiny cards' train_batch_size
     "algorithm.rollout_correction.rollout_rs": "token_k2",
     f"{ACTOR}.optim.betas": [0.8, 0.99],
     "critic.optim.betas": [0.8, 0.99],

@@ -139,9 +139,9 @@ def test_with_a_card_the_card_is_the_base_and_the_name_is_checked():
 
 def test_an_unknown_config_name_lists_the_names_jrl_knows():
     with pytest.raises(ConfigError) as error:
-        read_config(["--config-path=config", "--config-name=dapo_trainer"])
+        read_config(["--config-path=config", "--config-name=spin_trainer"])
     message = str(error.value)
-    assert message.startswith("unknown --config-name=dapo_trainer")
+    assert message.startswith("unknown --config-name=spin_trainer")
     for name in ("ppo_trainer", "ppo_megatron_trainer", "sft_trainer", "--config=FILE.py"):
         assert name in message
     with pytest.raises(ConfigError, match="--config-name needs a value"):

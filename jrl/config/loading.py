@@ -49,12 +49,17 @@ def load_config_file(spec: str) -> tuple[ConfigDict, ModuleType]:
 
 def read_config(argv: Sequence[str], tree: KeyTree = PPO) -> tuple[ConfigDict, ModuleType | None]:
     """The resolved, not yet checked config of a command line (without the program name) of
-    `tree`'s program: the card of ``--config=FILE.py[:preset]`` (else the tree's defaults, and the
-    module is None), then the overrides. A ``--config-name`` must name a config of `tree`."""
+    `tree`'s program: the card of ``--config=FILE.py[:preset]`` (else the tree's defaults with
+    the layer of the ``--config-name`` config over them, and the module is None), then the
+    overrides. A ``--config-name`` must name a config of `tree`."""
     command = parse_command_line(argv)
     check_config_name(command.config_name, tree)
-    config, module = load_card(command.spec, tree) if command.spec else (tree.defaults(), None)
-    return resolve(apply_overrides(config, command.overrides, tree.templates)), module
+    if command.spec:
+        (config, module), layer = load_card(command.spec, tree), ()
+    else:
+        config, module, layer = tree.defaults(), None, tree.layer(command.config_name)
+    overrides = [*layer, *command.overrides]
+    return resolve(apply_overrides(config, overrides, tree.templates)), module
 
 
 def load_card(spec: str, tree: KeyTree = PPO) -> tuple[ConfigDict, ModuleType]:

@@ -4,41 +4,50 @@ verl's programs compose their config from YAML files that Hydra picks by name
 (``--config-path=config --config-name=ppo_megatron_trainer``). jrl reads no YAML: each program
 has its key tree in Python, and a `--config-name` only has to name a config of that program.
 `ppo_trainer` and `ppo_megatron_trainer` are the same tree here (the document's defaults, with
-Megatron's ``megatron`` sections in it); ``--config-path`` names where verl keeps its YAML and
-is not read. With ``--config=FILE.py`` as well, the card is the base and the name is only
-checked.
+Megatron's ``megatron`` sections in it); a recipe's config (`dapo_trainer`) is that tree with
+the recipe's own values over it (`layers`, from `jrl.config.recipes`). ``--config-path`` names
+where verl keeps its YAML and is not read. With ``--config=FILE.py`` as well, the card is the
+base and the name is only checked.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from ml_collections import ConfigDict
 
 from jrl.config.defaults import default_config, default_templates
 from jrl.config.errors import ConfigError
 from jrl.config.eval_defaults import evaluation_config, generation_config
+from jrl.config.recipes import DAPO_TRAINER, Layer
 from jrl.config.sft_defaults import sft_config, sft_templates
 
 
 @dataclasses.dataclass(frozen=True)
 class KeyTree:
     """The keys of `program` with their defaults (`defaults()`: linked and locked;
-    `templates()`: interpolations still ``${...}`` text) and the names of the verl configs whose
-    keys it holds (``--config-name``)."""
+    `templates()`: interpolations still ``${...}`` text), the names of the verl configs whose
+    keys it holds (``--config-name``) and, by name, the values a recipe's config sets over the
+    defaults (`layers`)."""
 
     program: str
     names: tuple[str, ...]
     defaults: Callable[[], ConfigDict]
     templates: Callable[[], ConfigDict]
+    layers: Mapping[str, Layer] = dataclasses.field(default_factory=dict)
+
+    def layer(self, name: str | None) -> Layer:
+        """The values the config `name` (``--config-name``; None: none) sets over the defaults."""
+        return self.layers.get(name or "", ())
 
 
 PPO = KeyTree(
     "python -m jrl.train",
-    ("ppo_trainer", "ppo_megatron_trainer"),
+    ("ppo_trainer", "ppo_megatron_trainer", "dapo_trainer", "dapo_megatron_trainer"),
     default_config,
     default_templates,
+    {"dapo_trainer": DAPO_TRAINER, "dapo_megatron_trainer": DAPO_TRAINER},
 )
 SFT = KeyTree("python -m jrl.sft", ("sft_trainer",), sft_config, sft_templates)
 GENERATION = KeyTree(

@@ -29,6 +29,7 @@ from jrl.algos.settings import (
     PolicyLossSettings,
     VerlSection,
 )
+from jrl.runspec.dynamic_sampling import FilterGroups, filter_groups
 from jrl.runspec.reads import KeyReads
 from jrl.runspec.rollout_correction_checks import legacy_rollout_is
 
@@ -60,8 +61,8 @@ class AlgorithmSpec:
     """What a PPO-family step computes, besides the models: the advantage `estimator` with the
     options it reads (`estimator_config`: the ``algorithm`` section, only for an estimator that
     follows verl's calling convention), KL in the reward (None: off), the actor's objective
-    (`policy_loss`, its `loss_agg_mode`, `entropy_coeff`, the KL loss or None) and rollout
-    correction."""
+    (`policy_loss`, its `loss_agg_mode`, `entropy_coeff`, the KL loss or None), rollout
+    correction and DAPO's group filter (`filter_groups`; None: off)."""
 
     estimator: Estimator
     estimator_options: EstimatorOptions
@@ -72,6 +73,7 @@ class AlgorithmSpec:
     entropy_coeff: float
     kl_loss: KLLoss | None
     rollout_correction: RolloutCorrection
+    filter_groups: FilterGroups | None = None
 
 
 def resolve_algorithm(config: ConfigDict | KeyReads) -> AlgorithmSpec:
@@ -95,6 +97,7 @@ def resolve_algorithm(config: ConfigDict | KeyReads) -> AlgorithmSpec:
         entropy_coeff=part("entropy_coeff", actor.get, "entropy_coeff"),
         kl_loss=part("kl_loss", _kl_loss, actor),
         rollout_correction=correction,
+        filter_groups=part("filter_groups", filter_groups, view),
     )
 
 

@@ -5,7 +5,9 @@
 - The rows: `RLDataSettings` (`jrl.data.settings`) of the ``data`` keys `RLDataset` reads; with
   ``data.custom_cls`` set, the user's class, which gets the whole ``data`` section (verl's
   calling convention; only then is the section read whole).
-- The batches: files, ``train_batch_size``, ``shuffle``, ``validation_shuffle`` and the row caps.
+- The batches: files, ``train_batch_size``, ``gen_batch_size`` (the loader's batch: DAPO's
+  generation batch, `jrl.runspec.dynamic_sampling`), ``shuffle``, ``validation_shuffle`` and the
+  row caps.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from ml_collections import FrozenConfigDict
 
 from jrl.data.settings import RLDataSettings, TokenizerSettings, UserDataset
 from jrl.runspec.agent import uses_agent_loops
+from jrl.runspec.dynamic_sampling import gen_batch_size
 from jrl.runspec.reads import KeyReads
 
 MODEL = "actor_rollout_ref.model"
@@ -43,11 +46,13 @@ class DataFiles:
 
 @dataclasses.dataclass(frozen=True)
 class DataSpec:
-    """A PPO-family run's data: its files and batch size, the prompts shuffled each epoch when
-    `shuffle` (the validation set when `validation_shuffle`), the tokenizer and how rows become
-    prompts (`rows`)."""
+    """A PPO-family run's data: its files and batch size, the prompts of one batch of the data
+    loader (`gen_batch_size`: ``data.gen_batch_size``, else ``train_batch_size``), the prompts
+    shuffled each epoch when `shuffle` (the validation set when `validation_shuffle`), the
+    tokenizer and how rows become prompts (`rows`)."""
 
     files: DataFiles
+    gen_batch_size: int
     shuffle: bool
     validation_shuffle: bool
     tokenizer: TokenizerSettings
@@ -152,6 +157,7 @@ def data_spec(config: KeyReads) -> DataSpec:
         data.skip("validation_shuffle", "greedy validation: the order of its rows changes nothing")
     return DataSpec(
         files=data_files(data),
+        gen_batch_size=gen_batch_size(data),
         shuffle=bool(data.shuffle),
         validation_shuffle=False if greedy else bool(data.validation_shuffle),
         tokenizer=tokenizer_settings(config),

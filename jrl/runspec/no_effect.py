@@ -87,7 +87,6 @@ UNREAD = {
     "trainer.use_legacy_worker_impl": "chooses between verl's Ray worker classes",
     **{f"reward_model.{key}": RAY for key in ("enable_resource_pool", "n_gpus_per_node", "nnodes")},
     **{f"reward_model.{key}": REWARD_LOOP for key in REWARD_LOOP_KEYS},
-    "algorithm.filter_groups.*": "read by verl's DAPO recipe only, not by the PPO trainer",
 }
 
 Applies = Callable[[ConfigDict, str], bool]  # (config, the engine that generates) -> idle

@@ -49,11 +49,6 @@ UNSUPPORTED = (
     Unsupported("critic.model.lora_rank", "LoRA on the critic is not implemented", uses_critic),
     Unsupported("actor_rollout_ref.model.hf_config_path", "jrl reads config.json from model.path"),
     Unsupported("actor_rollout_ref.model.mtp.*", "multi-token prediction is not implemented"),
-    Unsupported(
-        "data.gen_batch_size",
-        "a generation batch unlike data.train_batch_size (verl's DAPO recipe) is not implemented",
-        lambda config: config.data.gen_batch_size != config.data.train_batch_size,
-    ),
     Unsupported("data.sampler.*", "a custom (curriculum) data sampler is not implemented"),
     Unsupported("data.datagen.*", "generating data during training is not implemented"),
     Unsupported("data.tool_config_path", _MULTI_TURN),

@@ -17,6 +17,7 @@ from jrl.models.config import ATTN_IMPLEMENTATIONS
 from jrl.models.dtypes import DTYPES
 from jrl.parallel.devices import BACKENDS
 from jrl.rollout.engines import ENGINES
+from jrl.runspec.dynamic_sampling import dynamic_sampling_problems
 from jrl.runspec.models import lora_problems, lora_rank
 from jrl.runspec.optim import optimizer_problems, sft_optimizer_problems
 from jrl.runspec.reward import reward_manager_problems
@@ -360,6 +361,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     problems += _custom_dataset(config)
     problems += _response_length(config)
     problems += rollout_correction_problems(config)
+    problems += dynamic_sampling_problems(config)
     problems += rollout_problems(config)
     problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")
     if uses_critic(config):

@@ -5,7 +5,8 @@ before training (``trainer.val_before_train``) is logged at the resumed step (0 
 Each step, inside its ``timing_s/step``: the algorithm's `train_step`, the non-finite-loss check,
 validation (``testing``) and the checkpoint (``save_checkpoint``) when the `Cadence` says. SIGINT
 or SIGTERM on any process ends the run after the current step on every process, with a complete
-checkpoint of that step.
+checkpoint of that step; so does data that runs out within a step (`DataExhausted`), after the
+last complete step.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from jrl.trainer.io.checkpoint import CheckpointManager
 from jrl.trainer.io.metrics import timer
 from jrl.trainer.io.tracking import Tracking
 from jrl.trainer.loop.sanity import warn_on_garbage
-from jrl.trainer.loop.stopping import StopRequest, check_losses_finite
+from jrl.trainer.loop.stopping import DataExhausted, StopRequest, check_losses_finite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,19 +189,29 @@ def fit(algorithm: Algorithm, logging: LoggingSpec, created_at: float) -> dict[s
         if start >= cadence.total_steps:
             return last
         progress = tqdm(total=cadence.total_steps, initial=start, desc=algorithm.name, unit="step")
+        done = start
         with StopRequest() as stop:
-            for step, (epoch, batch) in enumerate(algorithm.batches(), start=start + 1):
-                last = run_step(algorithm, batch, step, epoch)
-                log(algorithm, tracking, last, step)
-                progress.update(1)
-                if step == start + 1:
-                    elapsed = time.perf_counter() - created_at
-                    print(f"jrl: time to first step: {elapsed:.1f}s", flush=True)
-                if step >= cadence.total_steps:
-                    break
-                if any_process(stop.requested):
-                    stop_after(algorithm, step, stop.signal_name or "a signal to another process")
-                    break
+            try:
+                for step, (epoch, batch) in enumerate(algorithm.batches(), start=start + 1):
+                    last = run_step(algorithm, batch, step, epoch)
+                    log(algorithm, tracking, last, step)
+                    progress.update(1)
+                    done = step
+                    if step == start + 1:
+                        elapsed = time.perf_counter() - created_at
+                        print(f"jrl: time to first step: {elapsed:.1f}s", flush=True)
+                    if step >= cadence.total_steps:
+                        break
+                    if any_process(stop.requested):
+                        stop_after(
+                            algorithm, step, stop.signal_name or "a signal to another process"
+                        )
+                        break
+            except DataExhausted as end:
+                if done > start:
+                    stop_after(algorithm, done, f"the end of the data ({end})")
+                else:
+                    print(f"jrl: {end}; no step left to train after step {start}", flush=True)
         progress.close()
         return last
     finally:

@@ -1,5 +1,6 @@
-"""Stopping a run cleanly: SIGINT/SIGTERM end it after the current step, and a non-finite loss
-ends it before anything of that step is saved."""
+"""Stopping a run cleanly: SIGINT/SIGTERM end it after the current step, a non-finite loss
+ends it before anything of that step is saved, and a step that runs out of data ends it after
+the step before (`DataExhausted`)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 class NonFiniteLossError(RuntimeError):
     """A loss metric became NaN or infinite."""
+
+
+class DataExhausted(Exception):
+    """The data ran out before a step had its batch (DAPO's dynamic sampling draws a variable
+    number of loader batches a step): the run ends after the last complete step, as verl's."""
 
 
 class StopRequest:

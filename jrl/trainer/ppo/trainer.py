@@ -53,6 +53,8 @@ from jrl.trainer.io.metrics import (
 from jrl.trainer.io.tracking import mlflow_store_uri
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
+from jrl.trainer.loop.stopping import DataExhausted
+from jrl.trainer.ppo.dynamic_sampling import GroupCollector
 from jrl.trainer.ppo.experience import compute_advantage, rollout_correction
 from jrl.trainer.ppo.validation import select_val_generations, validation_metrics
 from jrl.trainer.roles.actor import Actor
@@ -67,6 +69,7 @@ class PPOTrainer:
     loop with verl's PPO step."""
 
     name = "Training Progress"
+    prompt_stream: Iterator[tuple[int, Batch]]  # the loader's batches, with dynamic sampling
 
     @classmethod
     def from_config(cls, config: Any) -> PPOTrainer:
@@ -96,7 +99,7 @@ class PPOTrainer:
             config_key="data.val_files",
         )
         self.train_loader = DataLoader(
-            self.train_dataset, files.train_batch_size, shuffle=data.shuffle, seed=run.trainer.seed
+            self.train_dataset, data.gen_batch_size, shuffle=data.shuffle, seed=run.trainer.seed
         )
         self.cadence = Cadence.of(run.cadence, len(self.train_loader))
         total = self.cadence.total_steps
@@ -148,9 +151,12 @@ class PPOTrainer:
         )
 
     # -- one training step ------------------------------------------------------------------
-    def generate(self, prompts: Batch, step: int) -> Batch:
-        """Rollout `n` responses per prompt (interleaved), with a key derived from the step."""
+    def generate(self, prompts: Batch, step: int, draw: int = 0) -> Batch:
+        """Rollout `n` responses per prompt (interleaved), with a key derived from the step (and
+        from `draw`, the step's generation batch, after its first)."""
         key = jax.random.fold_in(jax.random.fold_in(self.rng, 0), step)
+        if draw:
+            key = jax.random.fold_in(key, draw)
         self._trace_step(step)
         return self.rollout.generate(prompts, self.sampling, key)
 
@@ -166,29 +172,18 @@ class PPOTrainer:
         verl); returns the batch and its metrics, timing each phase into `timing`."""
         spec, algorithm = self.run.trainer, self.run.algorithm
         metrics: dict[str, float] = {}
-        prompts = gather_batch(prompts)
-        uids = np.array([f"{step}-{i}" for i in range(len(prompts))], dtype=object)
-        prompts = prompts.union(Batch(meta={"uid": uids}))
-        with timer("gen", timing):
-            batch = host_batch(self.generate(prompts, step))
-        metrics.update(self.rollout.stats)
-        if algorithm.estimator.needs_greedy_baseline:
-            with timer("gen_max", timing):
-                baselines = self.greedy_baselines(prompts)
-                batch = batch.union(Batch({"reward_baselines": baselines}))
-        if spec.balance_batch:
-            dp_size = int(np.prod([self.mesh.shape[axis] for axis in batch_axes()]))
-            batch, balance = balance_batch(batch, dp_size)
-            metrics.update(balance)
-        with timer("reward", timing):
-            if self.reward_model is not None:
-                batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
-            reward = self.rewards(self.reward_fn, batch)
-            batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
-            metrics.update(fault_metrics(reward["reward_extra_info"]))
+        if algorithm.filter_groups is None:
+            batch = self.rollout_batch(prompts, step, 0, timing, metrics)
+            if spec.balance_batch:
+                batch = self.balanced(batch, metrics)
+            batch, extra_info = self.scored(batch, timing, metrics)
+        else:
+            batch, extra_info = self.filtered_batch(prompts, step, timing, metrics)
+            if spec.balance_batch:
+                batch = self.balanced(batch, metrics)
         if spec.rollout_data_dir:
             with timer("dump_rollout_generations", timing):
-                self.dump_rollout(batch, reward["reward_extra_info"], step)
+                self.dump_rollout(batch, extra_info, step)
         bypass = algorithm.rollout_correction.bypass_mode
         if bypass:  # the rollout's log-probs are the old ones; the actor's loss corrects
             batch = batch.union(Batch({"old_log_probs": batch.tensors["rollout_log_probs"]}))
@@ -209,6 +204,81 @@ class PPOTrainer:
             batch, kl_metrics = compute_advantage(batch, algorithm, self.kl_ctrl)
             metrics.update(kl_metrics)
         return batch, metrics
+
+    def rollout_batch(
+        self,
+        prompts: Batch,
+        step: int,
+        draw: int,
+        timing: dict[str, float],
+        metrics: dict[str, float],
+    ) -> Batch:
+        """The step's `draw`-th generation batch (0: its first) with its ``uid`` per prompt
+        (numbered on from the step's earlier batches) and, for ReMax, its greedy baselines."""
+        prompts = gather_batch(prompts)
+        first = draw * len(prompts)
+        uids = np.array([f"{step}-{first + i}" for i in range(len(prompts))], dtype=object)
+        prompts = prompts.union(Batch(meta={"uid": uids}))
+        with timer("gen", timing):
+            batch = host_batch(self.generate(prompts, step, draw))
+        metrics.update(self.rollout.stats)
+        if self.run.algorithm.estimator.needs_greedy_baseline:
+            with timer("gen_max", timing):
+                baselines = self.greedy_baselines(prompts)
+                batch = batch.union(Batch({"reward_baselines": baselines}))
+        return batch
+
+    def balanced(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+        """`batch`'s rows reordered for equal work per data-parallel shard
+        (``trainer.balance_batch``)."""
+        dp_size = int(np.prod([self.mesh.shape[axis] for axis in batch_axes()]))
+        batch, balance = balance_batch(batch, dp_size)
+        metrics.update(balance)
+        return batch
+
+    def scored(
+        self, batch: Batch, timing: dict[str, float], metrics: dict[str, float]
+    ) -> tuple[Batch, dict[str, list[Any]]]:
+        """`batch` with its ``token_level_scores`` (the reward model's scores first, when the
+        run has one) and the reward's extra-info columns; fault counts added to `metrics`."""
+        with timer("reward", timing):
+            if self.reward_model is not None:
+                batch = batch.union(Batch({"rm_scores": self.reward_model.rm_scores(batch)}))
+            reward = self.rewards(self.reward_fn, batch)
+            batch = batch.union(Batch({"token_level_scores": reward["reward_tensor"]}))
+        extra_info = {key: list(values) for key, values in reward["reward_extra_info"].items()}
+        for name, count in fault_metrics(extra_info).items():
+            metrics[name] = metrics.get(name, 0.0) + count
+        return batch, extra_info
+
+    def filtered_batch(
+        self, prompts: Batch, step: int, timing: dict[str, float], metrics: dict[str, float]
+    ) -> tuple[Batch, dict[str, list[Any]]]:
+        """DAPO's dynamic sampling (`dynamic_sampling.GroupCollector`): generation batches,
+        scored and filtered, drawn from the data loader until ``train_batch_size`` prompts
+        whose groups' metric varies are kept; the rows of the first ``train_batch_size``."""
+        collector = GroupCollector(self.run.algorithm.filter_groups)
+        while True:
+            batch = self.rollout_batch(prompts, step, collector.gen_batches, timing, metrics)
+            collector.add(*self.scored(batch, timing, metrics))
+            if collector.full:
+                break
+            collector.check_limit(step, self.run.data.gen_batch_size)
+            prompts = self.next_prompts(step, collector.kept)
+        metrics.update(collector.metrics())
+        return collector.batch()
+
+    def next_prompts(self, step: int, kept: int) -> Batch:
+        """The loader's next batch for a step that needs more prompts; `DataExhausted` at the
+        end of the data (the run ends after the step before, as verl's DAPO recipe)."""
+        try:
+            return next(self.prompt_stream)[1]
+        except StopIteration:
+            target = self.run.data.files.train_batch_size
+            raise DataExhausted(
+                f"step {step} kept {kept} of the {target} prompts it trains on when the data "
+                f"ran out (trainer.total_epochs={self.run.cadence.total_epochs})"
+            ) from None
 
     @staticmethod
     def rewards(reward_fn: Any, batch: Batch) -> dict[str, Any]:
@@ -418,8 +488,22 @@ class PPOTrainer:
 
     # -- the loop -------------------------------------------------------------------------------
     def batches(self) -> Iterator[tuple[int, Batch]]:
-        """(epoch, prompts) for the rest of training, from the data loader's position."""
-        return epochs_of(self.train_loader, self.run.cadence.total_epochs or 1)
+        """(epoch, prompts) for the rest of training, from the data loader's position. With
+        DAPO's dynamic sampling a step takes further batches from the same stream
+        (`next_prompts`), and data that runs out ends the run (`DataExhausted`)."""
+        stream = epochs_of(self.train_loader, self.run.cadence.total_epochs or 1)
+        if self.run.algorithm.filter_groups is None:
+            return stream
+        self.prompt_stream = stream
+        return self._step_prompts()
+
+    def _step_prompts(self) -> Iterator[tuple[int, Batch]]:
+        """(epoch, the first prompts of a step) from `prompt_stream`, until the data ends."""
+        while True:
+            try:
+                yield next(self.prompt_stream)
+            except StopIteration:
+                raise DataExhausted("the data ran out between steps") from None
 
     def fit(self) -> dict[str, float]:
         """Train to the last step (`Cadence.total_steps`); returns its metrics."""
