@@ -1,0 +1,141 @@
+"""DAPO's dynamic sampling against GRPO without filtering, at equal generated samples.
+
+On a card (default: configs/word_problems_grpo.py, SmolLM2-135M-Instruct on one-step word
+problems, 4 prompts x 4 answers a step), per seed (``data.seed``):
+
+- ``dapo``: the card with ``algorithm.filter_groups`` on (``--metric``, seq_reward by default:
+  the card's GSM8K rule score) and ``data.gen_batch_size`` = ``--gen-factor`` x the card's
+  ``train_batch_size``, for ``--steps`` steps. Each step draws generation batches until
+  train_batch_size prompts have answers that disagree; it generates
+  ``num_gen_batches x gen_batch_size x n`` samples.
+- ``grpo``: the card as it is, for as many steps as give the same number of generated samples
+  (``train_batch_size x n`` a step; rounded to the nearest step, at least one).
+
+Both validate greedily before training and after their last step. One JSON line per run: the
+steps, the generated samples, the batches-per-step figure (mean ``train/num_gen_batches``; 1 for
+grpo), the held-out reward before and after, the wall time; then one line per algorithm with the
+means over the seeds.
+
+    python bench/dapo.py                                   # 3 seeds, 12 DAPO steps each
+    python bench/dapo.py --seeds 0 --steps 1 data.val_max_samples=8     # a smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from jrl import train as jrl_train  # noqa: E402
+from jrl.config import load_config_file  # noqa: E402
+
+VAL_KEY = "val-core/jrl/word_problems/reward/mean@1"
+GEN_BATCHES = "train/num_gen_batches"
+
+
+def train(card: str, run_dir: Path, steps: int, seed: int, overrides: list[str]) -> list[dict]:
+    """Trains `card` for `steps` steps in this process (a fresh `run_dir`, its output in
+    ``run_dir/train.log``); returns the rows of its metrics file."""
+    argv = [
+        f"--config={card}",
+        f"data.seed={seed}",
+        f"trainer.total_training_steps={steps}",
+        f"trainer.test_freq={steps}",
+        "trainer.val_before_train=True",
+        "trainer.logger=['file']",
+        "trainer.resume_mode=disable",
+        f"trainer.default_local_dir={run_dir}",
+        *overrides,
+    ]
+    shutil.rmtree(run_dir, ignore_errors=True)
+    run_dir.mkdir(parents=True)
+    with open(run_dir / "train.log", "w", encoding="utf-8") as log:
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            jrl_train.main(argv)
+    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def summary(algo: str, seed: int, rows: list[dict], samples_per_batch: int, wall_s: float) -> dict:
+    """One run's line: steps, generated samples, batches per step, held-out reward."""
+    steps = {int(row["step"]): row["data"] for row in rows}
+    trained = [data for step, data in sorted(steps.items()) if step > 0]
+    batches = [float(data.get(GEN_BATCHES, 1.0)) for data in trained]
+    validated = [data[VAL_KEY] for _, data in sorted(steps.items()) if VAL_KEY in data]
+    return {
+        "algo": algo,
+        "seed": seed,
+        "steps": len(trained),
+        "generated_samples": int(sum(batches) * samples_per_batch),
+        "num_gen_batches_mean": round(statistics.fmean(batches), 3),
+        "val_before": validated[0],
+        "val_after": validated[-1],
+        "wall_s": round(wall_s, 1),
+    }
+
+
+def aggregate(lines: list[dict]) -> dict:
+    """Means over one algorithm's seeds."""
+    return {
+        "algo": lines[0]["algo"],
+        "seeds": [line["seed"] for line in lines],
+        **{
+            f"{key}_mean": round(statistics.fmean(line[key] for line in lines), 4)
+            for key in ("generated_samples", "num_gen_batches_mean", "val_before", "val_after")
+        },
+    }
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    """Command line: a dapo and a grpo run per seed; prints and returns the JSON lines."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--card", default=str(ROOT / "configs" / "word_problems_grpo.py"))
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--steps", type=int, default=12, help="DAPO's training steps per run")
+    parser.add_argument("--gen-factor", type=int, default=2, help="gen_batch_size / train's")
+    parser.add_argument("--metric", default="seq_reward", help="algorithm.filter_groups.metric")
+    parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "dapo")
+    parser.add_argument("overrides", nargs="*", help="config overrides for every run")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.gen_factor < 1:
+        parser.error(f"--steps and --gen-factor must be positive: {args.steps}, {args.gen_factor}")
+    card = load_config_file(args.card)[0]
+    prompts, n = card.data.train_batch_size, card.actor_rollout_ref.rollout.n
+    gen_batch_size = args.gen_factor * prompts
+    dapo_keys = [
+        "algorithm.filter_groups.enable=True",
+        f"algorithm.filter_groups.metric={args.metric}",
+        f"data.gen_batch_size={gen_batch_size}",
+    ]
+    lines: dict[str, list[dict]] = {"dapo": [], "grpo": []}
+    for seed in args.seeds:
+        start = time.perf_counter()
+        rows = train(
+            args.card, args.out / f"dapo_seed{seed}", args.steps, seed, dapo_keys + args.overrides
+        )
+        dapo = summary("dapo", seed, rows, gen_batch_size * n, time.perf_counter() - start)
+        steps = max(round(dapo["generated_samples"] / (prompts * n)), 1)
+        start = time.perf_counter()
+        rows = train(args.card, args.out / f"grpo_seed{seed}", steps, seed, args.overrides)
+        grpo = summary("grpo", seed, rows, prompts * n, time.perf_counter() - start)
+        for line in (dapo, grpo):
+            lines[line["algo"]].append(line)
+            print(json.dumps(line), flush=True)
+    results = [line for algo in lines.values() for line in algo]
+    for algo in lines.values():
+        results.append(aggregate(algo))
+        print(json.dumps(results[-1]), flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
