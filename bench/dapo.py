@@ -89,7 +89,9 @@ def aggregate(lines: list[dict]) -> dict:
         "algo": lines[0]["algo"],
         "seeds": [line["seed"] for line in lines],
         **{
-            f"{key}_mean": round(statistics.fmean(line[key] for line in lines), 4)
+            key.removesuffix("_mean") + "_mean": round(
+                statistics.fmean(line[key] for line in lines), 4
+            )
             for key in ("generated_samples", "num_gen_batches_mean", "val_before", "val_after")
         },
     }
