@@ -89,7 +89,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         return {}
     config, _ = load_config(argv)
     run = resolve_run(config)
-    distributed.start(run.mesh.nnodes, run.mesh.devices_per_node, run.mesh.join_timeout_s)
+    per_node = run.mesh.devices_per_node  # the rollout's own devices too, on a split run
+    if run.placement is not None:
+        per_node += run.placement.rollout_devices_per_node
+    distributed.start(run.mesh.nnodes, per_node, run.mesh.join_timeout_s)
     enable_compilation_cache()
     prepare_for(config)
 

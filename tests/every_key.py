@@ -60,9 +60,15 @@ _CORRECTION = {
 # DAPO's dynamic sampling: the group filter names its metric (seq_reward: the tiny cards' naive
 # manager gives no extra-info column), and a generation batch of its own needs the filter.
 _FILTER = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "seq_reward"}
+# A split run: one trainer device and one rollout device.
+_SPLIT = {"actor_rollout_ref.hybrid_engine": False, "rollout.n_gpus_per_node": 1}
 # What a key needs to take a non-default value; the context's own keys do not count as the
 # key's effect.
 CONTEXTS = {
+    "actor_rollout_ref.hybrid_engine": {"rollout.n_gpus_per_node": 1},
+    "rollout.n_gpus_per_node": {"actor_rollout_ref.hybrid_engine": False, **_TWO_DEVICES},
+    "rollout.nnodes": {**_SPLIT, "trainer.nnodes": 2, **_SMALL_MICRO},
+    f"{ROLLOUT}.update_weights_bucket_megabytes": _SPLIT,
     "algorithm.filter_groups.enable": {"algorithm.filter_groups.metric": "seq_reward"},
     "algorithm.filter_groups.metric": {"algorithm.filter_groups.enable": True},
     "algorithm.filter_groups.max_num_gen_batches": _FILTER,
@@ -130,6 +136,8 @@ CONTEXTS = {
 }
 # Valid values where the key's type does not suggest one.
 VALUES = {
+    "rollout.n_gpus_per_node": 2,
+    "rollout.nnodes": 2,
     "algorithm.filter_groups.metric": "seq_reward",
     "data.gen_batch_size": 8,  # twice the tiny cards' train_batch_size
     "algorithm.rollout_correction.rollout_rs": "token_k2",

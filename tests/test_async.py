@@ -56,7 +56,9 @@ def test_mesh_transfer_sends_each_shard_to_its_mirror_device():
         np.testing.assert_array_equal(np.asarray(out), expected)
     # the matrix: 4 shards of 4x3 bf16; the vector: 4 replicas of 6 fp32
     assert sent_bytes(arrays, [jnp.bfloat16, jnp.float32]) == 4 * 12 * 2 + 4 * 6 * 4
-    hlo = transfer.lower([jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays])
+    hlo = transfer.lower(
+        [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
+    )
     text = hlo.compile().as_text()
     assert "collective-permute" in text and "all-gather" not in text
 
@@ -95,7 +97,9 @@ def test_weight_sync_moves_the_actors_weights_bucket_by_bucket(tmp_path):
     noisy = jax.tree.map(lambda x: x + 0.5 * jax.random.normal(key, x.shape, x.dtype), original)
     metrics = trainer.weight_sync(noisy, 1)
     assert metrics["sync/buckets"] > 1
-    for ours, theirs in zip(jax.tree.leaves(trainer.rollout.state), jax.tree.leaves(noisy)):
+    for ours, theirs in zip(
+        jax.tree.leaves(trainer.rollout.state), jax.tree.leaves(noisy), strict=True
+    ):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs).astype(ours.dtype))
     assert not np.array_equal(answers(), before)
     trainer.weight_sync(original, 2)

@@ -31,7 +31,7 @@ TINY = "--config=configs/gsm8k_grpo.py:tiny"
 ROLLOUT = "actor_rollout_ref.rollout"
 IGNORED = [
     "actor_rollout_ref.actor.use_torch_compile=False",
-    "actor_rollout_ref.hybrid_engine=False",
+    "actor_rollout_ref.nccl_timeout=60",
     "actor_rollout_ref.actor.strategy=megatron",
     "actor_rollout_ref.actor.fsdp_config.wrap_policy.min_num_params=1000",
     "actor_rollout_ref.rollout.enforce_eager=False",

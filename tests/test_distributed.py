@@ -153,9 +153,13 @@ def _overrides(
 
 
 def _start(
-    processes: int, run_dir: Path, args: list[str], module: str = "jrl.train"
+    processes: int,
+    run_dir: Path,
+    args: list[str],
+    module: str = "jrl.train",
+    devices: int = DEVICES,
 ) -> list[subprocess.Popen]:
-    """``python -m MODULE ARGS`` in `processes` processes of ``DEVICES // processes`` CPU
+    """``python -m MODULE ARGS`` in `processes` processes of ``devices // processes`` CPU
     devices, joined by jax.distributed on a free local port; each one's standard output and error
     go to ``run_dir/{stdout,stderr}.<rank>``."""
     port = _free_port()
@@ -165,7 +169,7 @@ def _start(
         env = {
             **os.environ,
             "JAX_PLATFORMS": "cpu",
-            "XLA_FLAGS": f"--xla_force_host_platform_device_count={DEVICES // processes}",
+            "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices // processes}",
             "JRL_COORDINATOR_ADDRESS": f"127.0.0.1:{port}",
             "JRL_NUM_PROCESSES": str(processes),
             "JRL_PROCESS_ID": str(rank),
@@ -188,11 +192,11 @@ def _kill(children: list[subprocess.Popen]) -> None:
 
 
 def _launch(
-    processes: int, run_dir: Path, args: list[str], timeout: float = 900
+    processes: int, run_dir: Path, args: list[str], timeout: float = 900, devices: int = DEVICES
 ) -> list[int | None]:
     """`_start` ``python -m jrl.train ARGS`` and wait: the exit codes (`_wait`); processes still
     running then are killed."""
-    children = _start(processes, run_dir, args)
+    children = _start(processes, run_dir, args, devices=devices)
     try:
         return _wait(children, timeout)
     finally:
@@ -210,9 +214,9 @@ def _wait(children: list[subprocess.Popen], timeout: float, grace: float = 20) -
     return [child.poll() for child in children]
 
 
-def _train(processes: int, run_dir: Path, args: list[str]) -> None:
+def _train(processes: int, run_dir: Path, args: list[str], devices: int = DEVICES) -> None:
     """`_launch` a training run that must succeed, with output on process 0 only."""
-    codes = _launch(processes, run_dir, args)
+    codes = _launch(processes, run_dir, args, devices=devices)
     errors = [(run_dir / f"stderr.{rank}").read_text()[-3000:] for rank in range(processes)]
     assert codes == [0] * processes, "\n".join(errors)
     assert "step:1 - " in (run_dir / "stdout.0").read_text()
@@ -439,3 +443,38 @@ def test_two_processes_match_one_with_multi_turn_rows(tmp_path, scheduling):
     assert _metrics(tmp_path / "two")[1]["agent/tool_calls"] > 0
     slot_steps = _metrics(tmp_path / "two")[2]["agent/slot_steps"]
     assert (slot_steps > 0) == (scheduling == "slots")
+
+
+def _split_overrides(run_dir: Path, nnodes: int) -> list[str]:
+    """3 one-step-off GRPO steps of the digits card, the trainer and the rollout on 4 devices
+    each, split over `nnodes` hosts."""
+    per_node = 4 // nnodes
+    return [
+        "--config=configs/digits_grpo.py",
+        "actor_rollout_ref.hybrid_engine=False",
+        f"trainer.nnodes={nnodes}",
+        f"rollout.nnodes={nnodes}",
+        f"trainer.n_gpus_per_node={per_node}",
+        f"rollout.n_gpus_per_node={per_node}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "trainer.total_training_steps=3",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=['console','file']",
+        f"trainer.default_local_dir={run_dir}",
+    ]
+
+
+def test_one_step_off_across_two_processes_matches_one(tmp_path, monkeypatch):
+    """Each host gives 2 devices to the trainer and 2 to the rollout: every weight sync moves
+    shards between the processes, and the rows and updates match a one-process run's."""
+    single = tmp_path / "single"
+    monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(single / "metrics.jsonl"))
+    train.main(_split_overrides(single, 1))
+    two = tmp_path / "two"
+    monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(two / "metrics.jsonl"))
+    _train(2, two, _split_overrides(two, 2), devices=8)
+    got = _metrics(two, ("sync/seconds",))
+    assert got[2]["sync/bytes"] > 0 and got[3]["training/staleness_mean"] == 1
+    _assert_same_metrics(single, two, [1, 2, 3], ignored=("sync/seconds",))

@@ -433,6 +433,17 @@ def default_templates() -> ConfigDict:
             rollout=rollout_section(),
         ),
         critic=_critic(),
+        # verl's one-step-off and fully-async recipes: the rollout's own devices per host (read
+        # with actor_rollout_ref.hybrid_engine=False); the fully-async trainer's options (not
+        # implemented: jrl's split runs are one-step-off).
+        rollout=section(nnodes=1, n_gpus_per_node=8),
+        async_training=section(
+            staleness_threshold=0.1,
+            trigger_parameter_sync_step=4,
+            require_batches=1,
+            partial_rollout=True,
+            use_trainer_do_validate=False,
+        ),
         reward_model=_reward_model(),
         reward_manager=section(
             source="register",

@@ -30,13 +30,15 @@ import importlib.util
 import os
 import pickle
 import sys
-from collections.abc import Callable, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
 from jax.experimental import multihost_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jrl.batch import Batch
 
@@ -45,6 +47,7 @@ _COUNT = ("JRL_NUM_PROCESSES", "JAX_NUM_PROCESSES")
 _ID = ("JRL_PROCESS_ID", "JAX_PROCESS_ID")
 _SCHEDULERS = (("slurm", "SLURM_NTASKS"), ("openmpi", "OMPI_COMM_WORLD_SIZE"))
 _TPU_DEVICE_FILES = ("/dev/accel0", "/dev/vfio/0")
+_THREAD = threading.local()  # `exchange_on`: the devices a thread's host exchanges run on
 
 
 @dataclasses.dataclass(frozen=True)
@@ -193,17 +196,47 @@ def check_topology(nnodes: int, n_gpus_per_node: int) -> None:
         )
 
 
+def exchange_on(devices: Sequence[jax.Device] | None) -> None:
+    """Runs this thread's host exchanges between processes (`barrier`, `any_process`,
+    `allgather_objects`, `shared_token`) on `devices` (one of each process's) instead of every
+    device. A split run's trainer and rollout threads each exchange on their own devices, so
+    neither thread's exchanges wait behind the other's programs (None: every device)."""
+    _THREAD.devices = None if devices is None else tuple(devices)
+
+
+def _gathered(x: np.ndarray) -> np.ndarray:
+    """[processes, ...]: every process's `x` (same shape and dtype everywhere)."""
+    devices = getattr(_THREAD, "devices", None)
+    if devices is None:
+        return np.asarray(multihost_utils.process_allgather(x))
+    first: dict[int, jax.Device] = {}
+    for device in devices:
+        first.setdefault(device.process_index, device)
+    mesh = Mesh(np.asarray([first[p] for p in sorted(first)]), ("processes",))
+    x = np.asarray(x)
+    local = jax.device_put(x[None], first[jax.process_index()])
+    stacked = jax.make_array_from_single_device_arrays(
+        (len(first), *x.shape), NamedSharding(mesh, PartitionSpec("processes")), [local]
+    )
+    whole = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))(stacked)
+    return np.asarray(whole.addressable_data(0))
+
+
 def barrier(name: str) -> None:
     """Waits until every process reaches the barrier called `name`."""
-    if jax.process_count() > 1:
+    if jax.process_count() == 1:
+        return
+    if getattr(_THREAD, "devices", None) is None:
         multihost_utils.sync_global_devices(name)
+    else:
+        _gathered(np.int32(0))
 
 
 def any_process(flag: bool) -> bool:
     """Whether `flag` holds on any process; every process calls it and gets the same answer."""
     if jax.process_count() == 1:
         return bool(flag)
-    return bool(np.any(multihost_utils.process_allgather(np.bool_(flag))))
+    return bool(np.any(_gathered(np.bool_(flag))))
 
 
 def agreed_minimum(value: int | None) -> int | None:
@@ -245,11 +278,11 @@ def allgather_objects(obj: Any) -> list[Any]:
     if jax.process_count() == 1:
         return [obj]
     data = np.frombuffer(pickle.dumps(obj), np.uint8)
-    sizes = multihost_utils.process_allgather(np.int64(data.size))
+    sizes = _gathered(np.int64(data.size))
     # a power-of-two buffer keeps the number of compiled gathers small
     padded = np.zeros(1 << int(sizes.max() - 1).bit_length(), np.uint8)
     padded[: data.size] = data
-    everything = multihost_utils.process_allgather(padded)
+    everything = _gathered(padded)
     return [pickle.loads(row[:size].tobytes()) for row, size in zip(everything, sizes, strict=True)]
 
 
@@ -286,5 +319,5 @@ def shared_token() -> str:
     """A random hex token, the same on every process (process 0's)."""
     token = np.frombuffer(os.urandom(4), np.uint8)
     if jax.process_count() > 1:
-        token = multihost_utils.broadcast_one_to_all(token)
+        token = _gathered(token)[0]
     return bytes(np.asarray(token, np.uint8)).hex()

@@ -4,17 +4,11 @@
 devices and runs the phases in turn. False splits each host's devices: the trainer keeps
 ``trainer.n_gpus_per_node`` of them and the rollout takes the next ``rollout.n_gpus_per_node``
 (verl's one-step-off and fully-async recipes' keys; ``rollout.nnodes`` must equal
-``trainer.nnodes``: every process holds a part of both meshes and runs one program). Then:
-
-- ``async_training.mode`` (jrl's own: verl picks the recipe by its program) ``one_step_off``: the
-  rollout generates batch t + 1 while the trainer trains on batch t, with weights one version
-  old; ``fully_async``: the rollout streams finished groups into a bounded queue (verl's
-  ``async_training.*``: the trainer takes ``require_batches`` mini-batches per update and syncs
-  every ``trigger_parameter_sync_step`` updates; ``staleness_threshold`` bounds how far ahead the
-  rollout may run; ``partial_rollout`` pauses rows at a sync and continues them on the new
-  weights).
-- ``actor_rollout_ref.rollout.update_weights_bucket_megabytes``: the most each weight-sync program
-  moves at once.
+``trainer.nnodes``: every process holds a part of both meshes and runs one program). The rollout
+then generates batch t + 1 while the trainer trains on batch t, with weights one version old
+(verl's one-step-off recipe; its fully-async trainer, ``async_training.*``, is not implemented).
+``actor_rollout_ref.rollout.update_weights_bucket_megabytes`` bounds what each weight-sync
+program moves at once.
 """
 
 from __future__ import annotations
@@ -27,62 +21,48 @@ from ml_collections import ConfigDict
 
 from jrl.runspec.reads import KeyReads
 
-ASYNC_MODES = ("one_step_off", "fully_async")
 COLOCATED = "actor_rollout_ref.hybrid_engine is True: the roles share the trainer's devices"
 
 
 @dataclasses.dataclass(frozen=True)
 class AsyncSpec:
-    """A split run: the rollout on `rollout_devices_per_node` devices of each host next to the
-    trainer's; `mode` (``ASYNC_MODES``); weights synced in buckets of `bucket_bytes`; the
-    fully-async options (`staleness_threshold`, `trigger_parameter_sync_step`,
-    `require_batches`, `partial_rollout`) as verl's ``async_training`` keys say."""
+    """A split, one-step-off run: the rollout on `rollout_devices_per_node` devices of each
+    host next to the trainer's; weights synced in buckets of `bucket_bytes`."""
 
-    mode: str
     rollout_devices_per_node: int
     bucket_bytes: int
-    staleness_threshold: float
-    trigger_parameter_sync_step: int
-    require_batches: int
-    partial_rollout: bool
-
-    @property
-    def fully_async(self) -> bool:
-        return self.mode == "fully_async"
 
 
 def async_spec(config: KeyReads) -> AsyncSpec | None:
     """The split placement of a run with ``hybrid_engine=False``; None when colocated."""
     if config.actor_rollout_ref.hybrid_engine:
-        config.skip(("rollout", "async_training"), COLOCATED, given_only=True)
+        config.skip("rollout", COLOCATED, given_only=True)
         config.actor_rollout_ref.rollout.skip("update_weights_bucket_megabytes", COLOCATED)
         return None
-    sync = config.async_training
-    mode = str(sync.mode)
-    if mode != "fully_async":
-        why = "async_training.mode is one_step_off: the rollout runs one batch ahead"
-        sync.skip(("staleness_threshold", "trigger_parameter_sync_step", "require_batches"), why)
-        sync.skip("partial_rollout", why)
-    fully = mode == "fully_async"
+    config.rollout.skip("nnodes", "it equals trainer.nnodes (checked): each host holds both meshes")
     return AsyncSpec(
-        mode=mode,
         rollout_devices_per_node=int(config.rollout.n_gpus_per_node),
         bucket_bytes=int(config.actor_rollout_ref.rollout.update_weights_bucket_megabytes) << 20,
-        staleness_threshold=float(sync.staleness_threshold) if fully else 0.0,
-        trigger_parameter_sync_step=int(sync.trigger_parameter_sync_step) if fully else 1,
-        require_batches=int(sync.require_batches) if fully else 1,
-        partial_rollout=bool(sync.partial_rollout) if fully else False,
     )
 
 
 def placement_problems(config: ConfigDict, num_devices: int | None) -> Iterator[str]:
     """What a split run (``hybrid_engine=False``) needs: the same hosts for both meshes, as many
-    rollout devices as trainer devices, room for both, and sound ``async_training`` values."""
+    rollout devices as trainer devices, and room for both."""
     if config.actor_rollout_ref.hybrid_engine:
         return
-    trainer, rollout, sync = config.trainer, config.rollout, config.async_training
-    if sync.mode not in ASYNC_MODES:
-        yield f"async_training.mode={sync.mode!r} is not one of {', '.join(ASYNC_MODES)}"
+    trainer, rollout = config.trainer, config.rollout
+    if config.algorithm.filter_groups.enable:
+        yield (
+            "algorithm.filter_groups.enable with hybrid_engine=False is not implemented (a step's "
+            "further generation batches would wait on the one-step-off pipeline); set one of them "
+            "off"
+        )
+    if config.actor_rollout_ref.rollout.multi_turn.enable:
+        yield (
+            "rollout.multi_turn.enable with hybrid_engine=False is not implemented (agent loops "
+            "run on the trainer's devices); set actor_rollout_ref.hybrid_engine=True"
+        )
     if rollout.nnodes != trainer.nnodes:
         yield (
             f"rollout.nnodes={rollout.nnodes} must equal trainer.nnodes={trainer.nnodes}: jrl "
@@ -102,18 +82,6 @@ def placement_problems(config: ConfigDict, num_devices: int | None) -> Iterator[
             f"rollout.n_gpus_per_node) = {needed} devices, but {num_devices} are visible; lower "
             "trainer.n_gpus_per_node and rollout.n_gpus_per_node"
         )
-    if sync.mode == "fully_async":
-        if sync.staleness_threshold < 0:
-            yield f"async_training.staleness_threshold={sync.staleness_threshold} must be >= 0"
-        for key in ("trigger_parameter_sync_step", "require_batches"):
-            if sync[key] < 1:
-                yield f"async_training.{key}={sync[key]} must be >= 1"
-        if not config.actor_rollout_ref.rollout.calculate_log_probs:
-            yield (
-                "async_training.mode=fully_async needs the rollout's log-probs (each token keeps "
-                "those of the weights that sampled it); set "
-                "actor_rollout_ref.rollout.calculate_log_probs=True"
-            )
 
 
 def split_devices(

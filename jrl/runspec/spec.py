@@ -19,6 +19,7 @@ from jrl.rollout.spec import RolloutSpec
 from jrl.runspec.agent import agent_settings
 from jrl.runspec.algorithm import AlgorithmSpec, resolve_algorithm
 from jrl.runspec.data import DataSpec, data_spec
+from jrl.runspec.placement import AsyncSpec, async_spec
 from jrl.runspec.reads import KeyReads, KeyRecord
 from jrl.runspec.reward import reward_settings
 from jrl.runspec.roles import (
@@ -61,7 +62,8 @@ class RunSpec:
     """A PPO-family run: its mesh, data, roles (`actor`; `ref`, `critic`, `reward_model`: None
     where the run has none), algorithm (estimator, KL, the actor's objective, rollout
     correction), step options (`trainer`), cadence, checkpoints, loggers, rewards, rollout and
-    its agent loops (`agent`; None: one turn per row);
+    its agent loops (`agent`; None: one turn per row), where the rollout runs (`placement`; None:
+    on the trainer's devices);
     `keys`: each key read -> the fields it became, each key left unread -> why."""
 
     mesh: MeshSpec
@@ -78,6 +80,7 @@ class RunSpec:
     reward: RewardSettings
     rollout: RolloutSpec
     agent: AgentSettings | None
+    placement: AsyncSpec | None
     keys: KeyRecord
 
     @property
@@ -145,6 +148,7 @@ def resolve_run(config: ConfigDict) -> RunSpec:
         reward=view.resolve("reward", reward_settings, view),
         rollout=view.resolve("rollout", rollout_spec, view),
         agent=view.resolve("agent", agent_settings, view),
+        placement=view.resolve("placement", async_spec, view),
         keys=view.ledger.record(),
     )
 

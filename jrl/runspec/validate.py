@@ -20,6 +20,7 @@ from jrl.rollout.engines import ENGINES
 from jrl.runspec.dynamic_sampling import dynamic_sampling_problems
 from jrl.runspec.models import lora_problems, lora_rank
 from jrl.runspec.optim import optimizer_problems, sft_optimizer_problems
+from jrl.runspec.placement import placement_problems
 from jrl.runspec.reward import reward_manager_problems
 from jrl.runspec.rollout import rollout_problems
 from jrl.runspec.rollout_correction_checks import rollout_correction_problems
@@ -363,6 +364,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     problems += rollout_correction_problems(config)
     problems += dynamic_sampling_problems(config)
     problems += rollout_problems(config)
+    problems += placement_problems(config, num_devices)
     problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")
     if uses_critic(config):
         problems += _memory_options(config.critic.model, "critic.model")

@@ -14,10 +14,13 @@ from __future__ import annotations
 import base64
 import concurrent.futures
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
+import jax
+
 from jrl.batch import Batch
+from jrl.parallel.distributed import exchange_on
 
 
 class Generated(NamedTuple):
@@ -32,11 +35,24 @@ Generate = Callable[[Batch, int], tuple[Batch, dict[str, float]]]  # (prompts, s
 
 
 class OneStepOff:
-    """Runs `generate` (prompts, step) -> (batch, metrics) in a thread, one batch ahead."""
+    """Runs `generate` (prompts, step) -> (batch, metrics) in a thread, one batch ahead, whose
+    host exchanges between processes run on the rollout's `devices` (`exchange_on`)."""
 
-    def __init__(self, generate: Generate):
+    def __init__(self, generate: Generate, devices: Sequence[jax.Device]):
         self._generate = generate
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="jrl-rollout")
+        self._pool = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="jrl-rollout", initializer=exchange_on, initargs=(devices,)
+        )
+        # XLA:CPU's cross-process collectives (gloo) mix up two threads' collectives between
+        # the same processes, so there each generation runs in turn (same rows, no overlap).
+        self.overlaps = not (jax.process_count() > 1 and devices[0].platform == "cpu")
+        if not self.overlaps:
+            print(
+                "jrl: one-step-off on several CPU processes: the next batch is generated before "
+                "the step trains, not during it (the same rows; XLA:CPU's collectives between "
+                "processes cannot run from two threads at once)",
+                flush=True,
+            )
         self._pending: concurrent.futures.Future[Generated] | None = None
         self._pending_step = 0
 
@@ -49,7 +65,11 @@ class OneStepOff:
             batch, metrics = self._generate(prompts, step)
             return Generated(batch, metrics, version)
 
-        self._pending = self._pool.submit(run)
+        if self.overlaps:
+            self._pending = self._pool.submit(run)
+        else:
+            self._pending = concurrent.futures.Future()
+            self._pending.set_result(run())
         self._pending_step = step
 
     @property

@@ -36,10 +36,12 @@ from jrl.parallel import (
     score_per_process,
 )
 from jrl.parallel.devices import check_device
+from jrl.parallel.distributed import exchange_on
 from jrl.reward.guard import fault_metrics, finite_rewards
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
+from jrl.runspec.placement import split_devices
 from jrl.runspec.spec import RunSpec, resolve_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.io.generations import write_generations
@@ -54,6 +56,9 @@ from jrl.trainer.io.tracking import mlflow_store_uri
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
 from jrl.trainer.loop.stopping import DataExhausted
+from jrl.trainer.overlap.one_step_off import Lookahead, OneStepOff
+from jrl.trainer.overlap.split import split_rollout, staleness_metrics
+from jrl.trainer.overlap.weight_sync import WeightSync
 from jrl.trainer.ppo.dynamic_sampling import GroupCollector
 from jrl.trainer.ppo.experience import compute_advantage, rollout_correction
 from jrl.trainer.ppo.validation import select_val_generations, validation_metrics
@@ -80,11 +85,19 @@ class PPOTrainer:
         self.created_at = time.perf_counter()
         check_device(run.mesh.device)
         self.run = run
+        trainer_devices, self.rollout_devices = jax.devices(), None
+        if run.placement is not None:
+            per_node = run.mesh.devices_per_node
+            trainer_devices, self.rollout_devices = split_devices(
+                jax.devices(), per_node, run.placement.rollout_devices_per_node
+            )
+            exchange_on(trainer_devices)  # the rollout's thread exchanges on its own
         self.mesh = make_mesh(
             run.mesh.devices,
             fsdp_size=run.mesh.fsdp_size,
             sequence_parallel=run.mesh.sequence_parallel,
             tensor_parallel=run.mesh.tensor_parallel,
+            devices=trainer_devices,
         )
         data, files = run.data, run.data.files
         self.tokenizer = tokenizer_of(data.tokenizer)
@@ -111,14 +124,25 @@ class PPOTrainer:
             self.model_configs["critic"] = self.critic.learner.model().config
         self.vocab_size = int(self.model_configs["actor"].vocab_size)
         actor = self.actor
-        self.rollout = build_rollout(
-            run.rollout,
-            actor.learner.graphdef,
-            actor.params,
-            actor.mesh,
-            self.tokenizer,
-            lora=actor.spec.model.lora,
-        )
+        self.weight_sync: WeightSync | None = None
+        self.version = 0  # updates the actor has taken (the policy's version)
+        if self.rollout_devices is None:
+            self.rollout = build_rollout(
+                run.rollout,
+                actor.learner.graphdef,
+                actor.params,
+                actor.mesh,
+                self.tokenizer,
+                lora=actor.spec.model.lora,
+            )
+        else:
+            self.rollout, self.weight_sync = split_rollout(
+                run.rollout, run.placement, actor, self.rollout_devices, self.tokenizer
+            )
+        self.one_step_off = None
+        if self.rollout_devices is not None:
+            self.one_step_off = OneStepOff(self.generate_rows, self.rollout_devices)
+        self.lookahead: Lookahead | None = None
         if run.agent is not None:  # each row's trajectory runs its agent loop over the engine
             template = data.rows.apply_chat_template_kwargs
             trace = run.agent.trace
@@ -159,6 +183,47 @@ class PPOTrainer:
             key = jax.random.fold_in(key, draw)
         self._trace_step(step)
         return self.rollout.generate(prompts, self.sampling, key)
+
+    def generate_rows(self, prompts: Batch, step: int) -> tuple[Batch, dict[str, float]]:
+        """`step`'s rollout of its first `prompts` (`tagged`), whole on the host, and the
+        engine's metrics."""
+        batch = host_batch(self.generate(self.tagged(prompts, step, 0), step))
+        return batch, dict(self.rollout.stats)
+
+    def tagged(self, prompts: Batch, step: int, draw: int) -> Batch:
+        """Every process's `prompts`, each with its group's ``uid`` (numbered on from the step's
+        earlier generation batches: `draw` of them, as large)."""
+        prompts = gather_batch(prompts)
+        first = draw * len(prompts)
+        uids = np.array([f"{step}-{first + i}" for i in range(len(prompts))], dtype=object)
+        return prompts.union(Batch(meta={"uid": uids}))
+
+    def overlapped_rows(
+        self, prompts: Batch, step: int, timing: dict[str, float]
+    ) -> tuple[Batch, dict[str, float]]:
+        """One-step-off: `step`'s batch, generated while the step before trained (now, for the
+        first step after a start); then the weights sync and the next step's generation starts
+        (`OneStepOff`). Rows carry the version that sampled them (``rollout_version``)."""
+        pipeline = self.one_step_off
+        if pipeline.pending_step != step:
+            pipeline.start(prompts, step, self.weight_sync.version)
+        with timer("wait_prev_gen", timing):
+            generated = pipeline.take(step)
+        upcoming = self.lookahead.peek()
+        sync: dict[str, float] = {}
+        if upcoming is not None and step < self.cadence.total_steps:
+            with timer("update_weights", timing):
+                sync = self.sync_weights()
+            pipeline.start(upcoming[1], step + 1, self.weight_sync.version)
+        versions = np.full(len(generated.batch), generated.version, np.int64)
+        batch = generated.batch.union(Batch(meta={"rollout_version": versions}))
+        return batch, {**generated.metrics, **sync, **staleness_metrics(versions, self.version)}
+
+    def sync_weights(self) -> dict[str, float]:
+        """A split rollout's weights made the actor's (its metrics; none when they are)."""
+        if self.weight_sync.version == self.version:
+            return {}
+        return self.weight_sync(self.actor.params, self.version)
 
     def _trace_step(self, step: int, validate: bool = False) -> None:
         """Tag the agent loops' traces (``rollout.trace``) of the next rollout."""
@@ -215,13 +280,15 @@ class PPOTrainer:
     ) -> Batch:
         """The step's `draw`-th generation batch (0: its first) with its ``uid`` per prompt
         (numbered on from the step's earlier batches) and, for ReMax, its greedy baselines."""
-        prompts = gather_batch(prompts)
-        first = draw * len(prompts)
-        uids = np.array([f"{step}-{first + i}" for i in range(len(prompts))], dtype=object)
-        prompts = prompts.union(Batch(meta={"uid": uids}))
-        with timer("gen", timing):
-            batch = host_batch(self.generate(prompts, step, draw))
-        metrics.update(self.rollout.stats)
+        if self.one_step_off is not None:
+            batch, stats = self.overlapped_rows(prompts, step, timing)
+            prompts = self.tagged(prompts, step, draw)
+        else:
+            prompts = self.tagged(prompts, step, draw)
+            with timer("gen", timing):
+                batch = host_batch(self.generate(prompts, step, draw))
+            stats = self.rollout.stats
+        metrics.update(stats)
         if self.run.algorithm.estimator.needs_greedy_baseline:
             with timer("gen_max", timing):
                 baselines = self.greedy_baselines(prompts)
@@ -335,6 +402,8 @@ class PPOTrainer:
     def greedy_baselines(self, prompts: Batch) -> np.ndarray:
         """The baseline of an estimator that needs a greedy rollout (ReMax's): the score of one
         greedy answer per prompt, repeated for its n rows."""
+        if self.one_step_off is not None:  # the engine is free again
+            self.one_step_off.wait()
         greedy = dataclasses.replace(self.sampling, do_sample=False, n=1)
         batch = host_batch(self.rollout.generate(prompts, greedy, self.rng))
         reward = self.rewards(self.reward_fn, batch)
@@ -351,8 +420,10 @@ class PPOTrainer:
         if self.run.trainer.critic_warmup <= step:
             with timer("update_actor", timing):
                 metrics.update(self.actor.update(batch, step))
-            with timer("update_weights", timing):
-                self.rollout.update_weights(self.actor.params)
+            self.version += 1
+            if self.weight_sync is None:  # a split rollout syncs when it starts a generation
+                with timer("update_weights", timing):
+                    self.rollout.update_weights(self.actor.params)
         return StepOutput(metrics, batch)
 
     def step_metrics(
@@ -399,6 +470,9 @@ class PPOTrainer:
             seed=self.run.trainer.seed,
             drop_last=False,
         )
+        if self.one_step_off is not None:  # the engine is free and holds the actor's weights
+            self.one_step_off.wait()
+            self.sync_weights()
         prompts = gather_batch(next(iter(loader.epoch(0))))
         styles = {(info or {}).get("style") for info in prompts.meta.get("reward_model", [])}
         if self.reward_model is not None and "model" in styles:
@@ -440,7 +514,11 @@ class PPOTrainer:
             "rng_key": np.asarray(jax.random.key_data(self.rng)).tolist(),
             "data_loader": self.train_loader.get_state(),
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
+            "policy_version": self.version,
         }
+        if self.one_step_off is not None:  # drained: the next step's rows, already generated
+            actor_extra["data_loader"] = self.lookahead.position
+            actor_extra["pending_rollout"] = self.one_step_off.snapshot()
         roles = {
             "actor": RoleSnapshot(
                 self.actor.learner,
@@ -472,13 +550,21 @@ class PPOTrainer:
         step, folder, extra = resume(checkpoint, roles, self.train_loader)
         if folder is None:
             return 0
+        self.version = step
         if extra:
             self.rng = jax.random.wrap_key_data(jnp.asarray(extra["rng_key"], jnp.uint32))
+            self.version = int(extra.get("policy_version", step))
+            pending = extra.get("pending_rollout")
+            if pending is not None and self.one_step_off is not None:
+                self.one_step_off.restore(*OneStepOff.unpack(pending))
             if self.kl_ctrl is not None and extra.get("kl_coef") is not None:
                 self.kl_ctrl.value = float(extra["kl_coef"])
         if self.ref is not None and self.actor.spec.model.lora is not None:
             self.ref = Reference.from_actor(self.run.ref, self.actor)
-        self.rollout.update_weights(self.actor.params)
+        if self.weight_sync is None:
+            self.rollout.update_weights(self.actor.params)
+        else:
+            self.sync_weights()
         if checkpoint.delete_after_load:
             barrier("jrl.restored")
             if is_primary():
@@ -492,6 +578,9 @@ class PPOTrainer:
         DAPO's dynamic sampling a step takes further batches from the same stream
         (`next_prompts`), and data that runs out ends the run (`DataExhausted`)."""
         stream = epochs_of(self.train_loader, self.run.cadence.total_epochs or 1)
+        if self.one_step_off is not None:  # the next step's prompts start generating early
+            self.lookahead = Lookahead(stream, self.train_loader.get_state)
+            return self.lookahead
         if self.run.algorithm.filter_groups is None:
             return stream
         self.prompt_stream = stream
