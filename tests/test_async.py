@@ -10,13 +10,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from fake_vllm import prompt_batch
+from helpers import TINY_LLAMA
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jrl import train
+from jrl.models import init_random
 from jrl.parallel import make_mesh
 from jrl.parallel.transfer import MeshTransfer, buckets, sent_bytes
+from jrl.rollout import JaxRollout, SamplingParams
+from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
 from jrl.runspec import load_config
+from jrl.trainer.overlap.fully_async import VERSIONS, Rollouter, version_metrics
 from jrl.trainer.ppo.trainer import PPOTrainer
 
 SPLIT = (
@@ -145,4 +151,86 @@ def test_one_step_off_trains_on_rows_one_version_old_and_resumes_exactly(tmp_pat
     )
     assert sorted(resumed) == [3, 4]
     for step in (3, 4):
+        assert _comparable(resumed[step]) == _comparable(whole[step])
+
+
+def _partial_rollouter(engine, prompts, key, response: int):
+    greedy = SamplingParams(
+        max_new_tokens=response, pad_token_id=0, do_sample=False, ignore_eos=True,
+        calculate_log_probs=True,
+    )  # fmt: skip
+    rollouter = Rollouter(
+        lambda rows: engine.open_session(rows, prompts.tensors["input_ids"].shape[1], greedy, key),
+        iter([(0, prompts)]),
+        n=2,
+        cap=len(prompts),
+        partial=True,
+        response_length=response,
+        pad_token_id=0,
+        devices=jax.devices()[:1],
+    )
+    rollouter.overlaps = False  # the test's thread drives it, step by step
+    return rollouter
+
+
+def test_partial_rollout_rows_keep_their_tokens_and_go_on_with_new_weights():
+    response = 40
+    model = init_random(TINY_LLAMA, seed=0)
+    engine = JaxRollout(model, response_length=response, pad_token_id=0, eos_token_ids=(1,))
+    ids = np.array([[0, 0, 5, 9, 13, 7], [0, 3, 8, 2, 11, 4]], np.int32)
+    prompts = prompt_batch(ids, (ids > 0).astype(np.int32))
+    key = jax.random.key(3)
+    original = engine.state
+    whole = _partial_rollouter(engine, prompts, key, response).take(2)
+    rollouter = _partial_rollouter(engine, prompts, key, response)
+    assert rollouter.advance()  # the rows start: their first token and 16 more on version 0
+    rollouter.pause(drain=False)
+    noisy = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(key, x.shape, x.dtype), original)
+    engine.update_weights(noisy)
+    rollouter.resume(version=1)
+    partial = rollouter.take(2)
+    first = 1 + SESSION_DECODE_STEPS
+    changed = 0
+    for done, ref in zip(partial, whole, strict=True):
+        versions = done.batch.tensors[VERSIONS]
+        assert (versions[:, :first] == 0).all() and (versions[:, first:] == 1).all()
+        tokens, ref_tokens = done.batch.tensors["responses"], ref.batch.tensors["responses"]
+        np.testing.assert_array_equal(tokens[:, :first], ref_tokens[:, :first])
+        logps = done.batch.tensors["rollout_log_probs"][:, :first]
+        np.testing.assert_allclose(logps, ref.batch.tensors["rollout_log_probs"][:, :first])
+        changed += int((tokens[:, first:] != ref_tokens[:, first:]).any())
+        assert version_metrics(versions, 1)["training/partial_rows"] == 2
+    assert changed  # the rows went on with the new weights
+
+
+FULLY_ASYNC = (
+    "async_training.mode=fully_async",
+    "async_training.staleness_threshold=0",
+    "async_training.trigger_parameter_sync_step=2",
+    "async_training.require_batches=2",
+    "actor_rollout_ref.rollout.calculate_log_probs=True",
+)
+
+
+def test_fully_async_without_staleness_syncs_every_trigger_steps_and_resumes_exactly(
+    tmp_path, monkeypatch
+):
+    """staleness_threshold=0: the rollouter makes each version's 32 groups (2 updates of 2
+    mini-batches of 8 prompts), so the first update of a version trains on its own rows and
+    the second on rows one version old; a checkpoint in the middle drains and resumes exactly."""
+    whole = _run(tmp_path / "whole", 4, monkeypatch, *FULLY_ASYNC, "trainer.save_freq=1")
+    assert [whole[s]["training/staleness_mean"] for s in (1, 2, 3, 4)] == [0, 1, 0, 1]
+    assert [("sync/bytes" in whole[s]) for s in (1, 2, 3, 4)] == [False, True, False, True]
+    step_1 = tmp_path / "whole" / "checkpoints" / "global_step_1"
+    resumed = _run(
+        tmp_path / "resumed",
+        4,
+        monkeypatch,
+        *FULLY_ASYNC,
+        "trainer.save_freq=1",
+        "trainer.resume_mode=resume_path",
+        f"trainer.resume_from_path={step_1}",
+    )
+    assert sorted(resumed) == [2, 3, 4]
+    for step in (2, 3, 4):
         assert _comparable(resumed[step]) == _comparable(whole[step])

@@ -433,11 +433,11 @@ def default_templates() -> ConfigDict:
             rollout=rollout_section(),
         ),
         critic=_critic(),
-        # verl's one-step-off and fully-async recipes: the rollout's own devices per host (read
-        # with actor_rollout_ref.hybrid_engine=False); the fully-async trainer's options (not
-        # implemented: jrl's split runs are one-step-off).
+        # verl's one-step-off and fully-async recipes: the rollout's own devices per host and
+        # the fully-async trainer's options (read with actor_rollout_ref.hybrid_engine=False).
         rollout=section(nnodes=1, n_gpus_per_node=8),
         async_training=section(
+            mode="one_step_off",  # jrl's own (verl picks its recipe by program): or fully_async
             staleness_threshold=0.1,
             trigger_parameter_sync_step=4,
             require_batches=1,

@@ -227,12 +227,10 @@ class JaxRollout:
         lanes = batch_sharding(self.mesh, 1)
         return TurnSession(
             admit=functools.partial(
-                admit_turns, self._graphdef, self._state, params=sampling, mesh=self.mesh
+                self._on_current_weights(admit_turns), params=sampling, mesh=self.mesh
             ),
             decode=functools.partial(
-                decode_turns,
-                self._graphdef,
-                self._state,
+                self._on_current_weights(decode_turns),
                 params=sampling,
                 mesh=self.mesh,
                 steps=steps,
@@ -248,6 +246,15 @@ class JaxRollout:
             held=held,
             turns=dict.fromkeys(range(rows), first_turn),
         )
+
+    def _on_current_weights(self, program: Callable[..., Any]) -> Callable[..., Any]:
+        """`program` (graphdef, weights, ...) run on the weights the engine holds at each call:
+        a session's rows go on with new weights after `update_weights` (partial rollouts)."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            return program(self._graphdef, self._state, *args, **kwargs)
+
+        return run
 
     def _session_width(self, prompt_width: int) -> int:
         """Columns of a session's slot: the first prompts' width and the response length."""

@@ -121,6 +121,16 @@ class TurnSession:
             self.decode_calls += 1
         return self._ended()
 
+    def sampled(self) -> dict[int, int]:
+        """Tokens each running turn has sampled so far, by row (read from the devices)."""
+        steps = host_array(self.state.step)
+        return {row: int(steps[slot]) for slot, (row, _) in self._running.items()}
+
+    @property
+    def running(self) -> int:
+        """Turns being sampled."""
+        return len(self._running)
+
     def _columns(self, reach: int) -> int:
         """The columns a program reads to reach `reach` columns of a slot: a power of two, or
         the slot's width (a few program shapes)."""

@@ -41,7 +41,6 @@ UNREAD = {
     **dict.fromkeys(("data.image_patch_size", "data.video_key"), TEXT_ONLY),
     "data.return_multi_modal_inputs": TEXT_ONLY,
     "async_training.use_trainer_do_validate": "jrl validates on the rollout's devices",
-    "async_training.*": "verl's fully-async trainer is not implemented (split runs: one-step-off)",
     f"{ARR}.nccl_timeout": "NCCL's timeout: jrl's collectives are XLA's",
     f"{ARR}.actor.freeze_vision_tower": TEXT_ONLY,
     f"{ARR}.actor.use_remove_padding": "jrl packs rows as model.use_remove_padding says",

@@ -6,7 +6,11 @@ devices and runs the phases in turn. False splits each host's devices: the train
 (verl's one-step-off and fully-async recipes' keys; ``rollout.nnodes`` must equal
 ``trainer.nnodes``: every process holds a part of both meshes and runs one program). The rollout
 then generates batch t + 1 while the trainer trains on batch t, with weights one version old
-(verl's one-step-off recipe; its fully-async trainer, ``async_training.*``, is not implemented).
+(``async_training.mode=one_step_off``, jrl's own key, as verl picks its recipe by program), or
+streams finished groups to the trainer as they end (``fully_async``: verl's fully-async trainer,
+its ``async_training.*`` keys: the trainer takes ``require_batches`` mini-batches per update and
+syncs every ``trigger_parameter_sync_step`` updates; ``staleness_threshold`` bounds how far
+ahead the rollout runs; ``partial_rollout`` lets running rows go on with new weights).
 ``actor_rollout_ref.rollout.update_weights_bucket_megabytes`` bounds what each weight-sync
 program moves at once.
 """
@@ -19,30 +23,52 @@ from typing import Any
 
 from ml_collections import ConfigDict
 
+from jrl.algos.estimator import ADV_ESTIMATORS
 from jrl.runspec.reads import KeyReads
 
+ASYNC_MODES = ("one_step_off", "fully_async")
 COLOCATED = "actor_rollout_ref.hybrid_engine is True: the roles share the trainer's devices"
 
 
 @dataclasses.dataclass(frozen=True)
 class AsyncSpec:
-    """A split, one-step-off run: the rollout on `rollout_devices_per_node` devices of each
-    host next to the trainer's; weights synced in buckets of `bucket_bytes`."""
+    """A split run: the rollout on `rollout_devices_per_node` devices of each host next to the
+    trainer's; weights synced in buckets of `bucket_bytes`; one-step-off, or `fully_async` with
+    verl's ``async_training`` options."""
 
     rollout_devices_per_node: int
     bucket_bytes: int
+    fully_async: bool = False
+    staleness_threshold: float = 0.0
+    trigger_parameter_sync_step: int = 1
+    require_batches: int = 1
+    partial_rollout: bool = False
 
 
 def async_spec(config: KeyReads) -> AsyncSpec | None:
     """The split placement of a run with ``hybrid_engine=False``; None when colocated."""
     if config.actor_rollout_ref.hybrid_engine:
-        config.skip("rollout", COLOCATED, given_only=True)
+        config.skip(("rollout", "async_training"), COLOCATED, given_only=True)
         config.actor_rollout_ref.rollout.skip("update_weights_bucket_megabytes", COLOCATED)
         return None
     config.rollout.skip("nnodes", "it equals trainer.nnodes (checked): each host holds both meshes")
-    return AsyncSpec(
+    placed = AsyncSpec(
         rollout_devices_per_node=int(config.rollout.n_gpus_per_node),
         bucket_bytes=int(config.actor_rollout_ref.rollout.update_weights_bucket_megabytes) << 20,
+    )
+    sync = config.async_training
+    if sync.mode != "fully_async":
+        why = "async_training.mode is one_step_off: the rollout runs one batch ahead"
+        sync.skip(("staleness_threshold", "trigger_parameter_sync_step", "require_batches"), why)
+        sync.skip("partial_rollout", why)
+        return placed
+    return dataclasses.replace(
+        placed,
+        fully_async=True,
+        staleness_threshold=float(sync.staleness_threshold),
+        trigger_parameter_sync_step=int(sync.trigger_parameter_sync_step),
+        require_batches=int(sync.require_batches),
+        partial_rollout=bool(sync.partial_rollout),
     )
 
 
@@ -52,6 +78,11 @@ def placement_problems(config: ConfigDict, num_devices: int | None) -> Iterator[
     if config.actor_rollout_ref.hybrid_engine:
         return
     trainer, rollout = config.trainer, config.rollout
+    sync = config.async_training
+    if sync.mode not in ASYNC_MODES:
+        yield f"async_training.mode={sync.mode!r} is not one of {', '.join(ASYNC_MODES)}"
+    if sync.mode == "fully_async":
+        yield from _fully_async_problems(config)
     if config.algorithm.filter_groups.enable:
         yield (
             "algorithm.filter_groups.enable with hybrid_engine=False is not implemented (a step's "
@@ -81,6 +112,35 @@ def placement_problems(config: ConfigDict, num_devices: int | None) -> Iterator[
             f"hybrid_engine=False needs trainer.nnodes * (trainer.n_gpus_per_node + "
             f"rollout.n_gpus_per_node) = {needed} devices, but {num_devices} are visible; lower "
             "trainer.n_gpus_per_node and rollout.n_gpus_per_node"
+        )
+
+
+def _fully_async_problems(config: ConfigDict) -> Iterator[str]:
+    sync, arr = config.async_training, config.actor_rollout_ref
+    if sync.staleness_threshold < 0:
+        yield f"async_training.staleness_threshold={sync.staleness_threshold} must be >= 0"
+    for key in ("trigger_parameter_sync_step", "require_batches"):
+        if sync[key] < 1:
+            yield f"async_training.{key}={sync[key]} must be >= 1"
+    if not arr.rollout.calculate_log_probs:
+        yield (
+            "async_training.mode=fully_async needs the rollout's log-probs (each token keeps "
+            "those of the weights that sampled it); set "
+            "actor_rollout_ref.rollout.calculate_log_probs=True"
+        )
+    step = sync.require_batches * arr.actor.ppo_mini_batch_size
+    if config.data.train_batch_size != step:
+        yield (
+            f"data.train_batch_size={config.data.train_batch_size} must equal "
+            f"async_training.require_batches * actor_rollout_ref.actor.ppo_mini_batch_size = "
+            f"{step}: a fully-async step trains on the groups of one update; set "
+            f"data.train_batch_size={step}"
+        )
+    estimator = ADV_ESTIMATORS.find(config.algorithm.adv_estimator)
+    if estimator is not None and estimator.needs_greedy_baseline:
+        yield (
+            f"algorithm.adv_estimator={config.algorithm.adv_estimator} (a greedy answer per "
+            "prompt) with async_training.mode=fully_async is not implemented"
         )
 
 

@@ -11,9 +11,7 @@ the sampler's).
 
 from __future__ import annotations
 
-import base64
 import concurrent.futures
-import pickle
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NamedTuple
 
@@ -21,6 +19,7 @@ import jax
 
 from jrl.batch import Batch
 from jrl.parallel.distributed import exchange_on
+from jrl.trainer.overlap.snapshots import packed, unpacked
 
 
 class Generated(NamedTuple):
@@ -94,14 +93,12 @@ class OneStepOff:
         """The pending generation, waited for, as JSON-ready data (None: none pending)."""
         if self._pending is None:
             return None
-        generated = self._pending.result()
-        data = base64.b64encode(pickle.dumps(tuple(generated))).decode("ascii")
-        return {"step": self._pending_step, "generated": data}
+        return {"step": self._pending_step, "generated": packed(tuple(self._pending.result()))}
 
     @staticmethod
     def unpack(snapshot: dict[str, Any]) -> tuple[int, Generated]:
         """(step, generated) of a `snapshot`."""
-        batch, metrics, version = pickle.loads(base64.b64decode(snapshot["generated"]))
+        batch, metrics, version = unpacked(snapshot["generated"])
         return int(snapshot["step"]), Generated(batch, metrics, version)
 
     def wait(self) -> None:

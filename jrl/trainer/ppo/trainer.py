@@ -56,7 +56,14 @@ from jrl.trainer.io.tracking import mlflow_store_uri
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
 from jrl.trainer.loop.stopping import DataExhausted
+from jrl.trainer.overlap.fully_async import (
+    VERSIONS,
+    Rollouter,
+    group_cap,
+    version_metrics,
+)
 from jrl.trainer.overlap.one_step_off import Lookahead, OneStepOff
+from jrl.trainer.overlap.snapshots import packed, unpacked
 from jrl.trainer.overlap.split import split_rollout, staleness_metrics
 from jrl.trainer.overlap.weight_sync import WeightSync
 from jrl.trainer.ppo.dynamic_sampling import GroupCollector
@@ -139,8 +146,10 @@ class PPOTrainer:
             self.rollout, self.weight_sync = split_rollout(
                 run.rollout, run.placement, actor, self.rollout_devices, self.tokenizer
             )
-        self.one_step_off = None
-        if self.rollout_devices is not None:
+        self.one_step_off: OneStepOff | None = None
+        self.rollouter: Rollouter | None = None
+        self.rollouter_state: dict[str, Any] | None = None  # a checkpoint's, until `batches`
+        if self.rollout_devices is not None and not run.placement.fully_async:
             self.one_step_off = OneStepOff(self.generate_rows, self.rollout_devices)
         self.lookahead: Lookahead | None = None
         if run.agent is not None:  # each row's trajectory runs its agent loop over the engine
@@ -219,6 +228,28 @@ class PPOTrainer:
         batch = generated.batch.union(Batch(meta={"rollout_version": versions}))
         return batch, {**generated.metrics, **sync, **staleness_metrics(versions, self.version)}
 
+    def streamed_rows(self, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
+        """Fully async: the next update's groups (``require_batches`` mini-batches of them),
+        in the order they finished, with their tokens' versions' metrics."""
+        mini = self.run.actor.update.mini_rows // self.sampling.n
+        prompts = self.run.placement.require_batches * mini
+        with timer("wait_rollout", timing):
+            groups = self.rollouter.take(prompts)
+        batch = Batch.concat([group.batch for group in groups])
+        metrics = version_metrics(batch.tensors[VERSIONS], self.version)
+        metrics["rollouter/queued_groups"] = float(self.rollouter.queued)
+        return batch, metrics
+
+    def sync_rollouter(self, timing: dict[str, float]) -> dict[str, float]:
+        """Fully async: the rollouter paused between two session steps (its running rows kept
+        with ``partial_rollout``, else finished first), the weights synced, a new version's cap
+        started."""
+        with timer("update_weights", timing):
+            self.rollouter.pause(drain=False)
+            sync = self.sync_weights()
+            self.rollouter.resume(self.weight_sync.version)
+        return sync
+
     def sync_weights(self) -> dict[str, float]:
         """A split rollout's weights made the actor's (its metrics; none when they are)."""
         if self.weight_sync.version == self.version:
@@ -280,7 +311,9 @@ class PPOTrainer:
     ) -> Batch:
         """The step's `draw`-th generation batch (0: its first) with its ``uid`` per prompt
         (numbered on from the step's earlier batches) and, for ReMax, its greedy baselines."""
-        if self.one_step_off is not None:
+        if self.rollouter is not None:
+            batch, stats = self.streamed_rows(timing)
+        elif self.one_step_off is not None:
             batch, stats = self.overlapped_rows(prompts, step, timing)
             prompts = self.tagged(prompts, step, draw)
         else:
@@ -424,6 +457,9 @@ class PPOTrainer:
             if self.weight_sync is None:  # a split rollout syncs when it starts a generation
                 with timer("update_weights", timing):
                     self.rollout.update_weights(self.actor.params)
+            elif self.rollouter is not None:
+                if self.version % self.run.placement.trigger_parameter_sync_step == 0:
+                    metrics.update(self.sync_rollouter(timing))
         return StepOutput(metrics, batch)
 
     def step_metrics(
@@ -473,6 +509,16 @@ class PPOTrainer:
         if self.one_step_off is not None:  # the engine is free and holds the actor's weights
             self.one_step_off.wait()
             self.sync_weights()
+        if self.rollouter is None:
+            return self._validate(loader, step)
+        self.rollouter.pause(drain=False)  # its rows go on with the synced weights
+        try:
+            self.sync_weights()
+            return self._validate(loader, step)
+        finally:
+            self.rollouter.resume(self.weight_sync.version)
+
+    def _validate(self, loader: DataLoader, step: int) -> dict[str, float]:
         prompts = gather_batch(next(iter(loader.epoch(0))))
         styles = {(info or {}).get("style") for info in prompts.meta.get("reward_model", [])}
         if self.reward_model is not None and "model" in styles:
@@ -519,6 +565,11 @@ class PPOTrainer:
         if self.one_step_off is not None:  # drained: the next step's rows, already generated
             actor_extra["data_loader"] = self.lookahead.position
             actor_extra["pending_rollout"] = self.one_step_off.snapshot()
+        if self.rollouter is not None:  # drained: its queue and the prompts it holds
+            self.rollouter.pause(drain=True)
+            actor_extra["data_loader"] = self.train_loader.get_state()
+            actor_extra["rollouter"] = packed(self.rollouter.snapshot())
+            self.rollouter.resume()
         roles = {
             "actor": RoleSnapshot(
                 self.actor.learner,
@@ -557,6 +608,8 @@ class PPOTrainer:
             pending = extra.get("pending_rollout")
             if pending is not None and self.one_step_off is not None:
                 self.one_step_off.restore(*OneStepOff.unpack(pending))
+            if extra.get("rollouter") is not None:
+                self.rollouter_state = unpacked(extra["rollouter"])
             if self.kl_ctrl is not None and extra.get("kl_coef") is not None:
                 self.kl_ctrl.value = float(extra["kl_coef"])
         if self.ref is not None and self.actor.spec.model.lora is not None:
@@ -578,6 +631,9 @@ class PPOTrainer:
         DAPO's dynamic sampling a step takes further batches from the same stream
         (`next_prompts`), and data that runs out ends the run (`DataExhausted`)."""
         stream = epochs_of(self.train_loader, self.run.cadence.total_epochs or 1)
+        if self.rollout_devices is not None and self.run.placement.fully_async:
+            self.rollouter = self.start_rollouter(stream)
+            return self._streamed_steps()
         if self.one_step_off is not None:  # the next step's prompts start generating early
             self.lookahead = Lookahead(stream, self.train_loader.get_state)
             return self.lookahead
@@ -585,6 +641,44 @@ class PPOTrainer:
             return stream
         self.prompt_stream = stream
         return self._step_prompts()
+
+    def start_rollouter(self, stream: Iterator[tuple[int, Batch]]) -> Rollouter:
+        """The fully-async rollouter over the prompts of `stream`, from a checkpoint's state
+        when the run resumed, started."""
+        placement, rollout = self.run.placement, self.run.rollout
+        mini = self.run.actor.update.mini_rows // self.sampling.n
+        cap = group_cap(
+            placement.staleness_threshold,
+            placement.trigger_parameter_sync_step,
+            placement.require_batches,
+            mini,
+        )
+        key = jax.random.fold_in(self.rng, 2)
+        width = self.run.data.rows.max_prompt_length
+
+        def open_session(rows: int) -> Any:
+            return self.rollout.open_session(rows, width, self.sampling, key)
+
+        rollouter = Rollouter(
+            open_session,
+            stream,
+            n=self.sampling.n,
+            cap=cap,
+            partial=placement.partial_rollout,
+            response_length=rollout.response_length,
+            pad_token_id=self.sampling.pad_token_id,
+            devices=self.rollout_devices,
+        )
+        if self.rollouter_state is not None:
+            rollouter.restore(self.rollouter_state)
+        rollouter.version = self.weight_sync.version
+        rollouter.start()
+        return rollouter
+
+    def _streamed_steps(self) -> Iterator[tuple[int, Batch]]:
+        """(the rollouter's epoch, no prompts) per step: the rollouter takes the prompts."""
+        while True:
+            yield self.rollouter.epoch, Batch({})
 
     def _step_prompts(self) -> Iterator[tuple[int, Batch]]:
         """(epoch, the first prompts of a step) from `prompt_stream`, until the data ends."""
@@ -596,7 +690,11 @@ class PPOTrainer:
 
     def fit(self) -> dict[str, float]:
         """Train to the last step (`Cadence.total_steps`); returns its metrics."""
-        return fit(self, self.run.logging, self.created_at)
+        try:
+            return fit(self, self.run.logging, self.created_at)
+        finally:
+            if self.rollouter is not None:
+                self.rollouter.close()
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""

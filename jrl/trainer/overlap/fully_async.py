@@ -1,0 +1,336 @@
+"""Fully-async training (verl's ``async_training.*``): a rollouter streams finished prompt groups
+into a bounded queue while the trainer takes them.
+
+The rollouter is a host thread that owns a turn session of the JAX sampler
+(`jrl.rollout.session.TurnSession`): every response row gets a slot as slots free, decodes 16
+tokens per session step, and leaves as soon as it ends, so a group (a prompt's n rows) is queued
+the moment its last row ends, while the other rows go on. Freshness is bounded in groups per
+weight version: between two syncs the rollouter starts at most
+
+    cap = floor((1 + staleness_threshold) * trigger_parameter_sync_step * require_batches
+                * ppo_mini_batch_size)
+
+groups, the groups still queued or running at a sync counting against the next version's cap
+(verl's ``num_staleness_sample``). ``staleness_threshold=0`` makes it produce exactly what the
+trainer takes before its next sync, so the run does not depend on timing.
+
+At a sync the trainer asks the rollouter to pause between two session steps: with
+``partial_rollout`` at once, its running rows keeping their tokens and keys and values and going
+on with the new weights (each token records the version that sampled it,
+``rollout_token_versions``); without, after its running rows end (no new row starts meanwhile).
+A checkpoint drains the rollouter the same way (no running rows) and holds the queue, the next
+group's number, the prompts the rollouter took but did not start and its counters, so that a
+resumed run goes on from the same state.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import numpy as np
+
+from jrl.batch import Batch
+from jrl.parallel.distributed import exchange_on, gather_batch
+from jrl.rollout.layout import rollout_batch
+from jrl.rollout.session import EndedTurn, TurnSession
+from jrl.trainer.loop.stopping import DataExhausted
+
+VERSIONS = "rollout_token_versions"  # [rows, R]: the version that sampled each token, -1: pad
+
+
+class Group(NamedTuple):
+    """One prompt's n finished rows (verl's rollout layout, with ``uid`` and per-token
+    versions) and the prompt's number in the stream."""
+
+    batch: Batch
+    index: int
+
+
+class _Row(NamedTuple):
+    group: int
+    prompt: Batch  # the prompt's row (one row, meta included)
+
+
+def group_cap(staleness: float, trigger: int, require_batches: int, mini_batch: int) -> int:
+    """Groups the rollouter may start per weight version (module docstring)."""
+    return math.floor((1 + staleness) * trigger * require_batches * mini_batch)
+
+
+class Rollouter:
+    """Streams groups of `n` rows for the prompts of `prompts` ((epoch, batch) items) from
+    `open_session(rows)`'s session, at most `cap` groups per weight version; `pad_token_id` pads
+    responses to `response_length`; host exchanges run on `devices`."""
+
+    def __init__(
+        self,
+        open_session: Callable[[int], TurnSession],
+        prompts: Iterator[tuple[int, Batch]],
+        *,
+        n: int,
+        cap: int,
+        partial: bool,
+        response_length: int,
+        pad_token_id: int,
+        devices: Sequence[jax.Device],
+    ):
+        self._open_session, self._prompts = open_session, prompts
+        self.n, self.cap, self.partial = n, cap, partial
+        self.response_length, self.pad_token_id = response_length, pad_token_id
+        self._devices = devices
+        self._cond = threading.Condition()
+        self._queue: collections.deque[Group] = collections.deque()
+        self._waiting: collections.deque[tuple[int, Batch]] = (
+            collections.deque()
+        )  # taken, unstarted
+        self._rows: dict[int, _Row] = {}
+        self._tokens: dict[int, tuple[list[int], list[float], list[int]]] = {}
+        self._done: dict[int, list[int]] = collections.defaultdict(list)  # group -> ended rows
+        self.version = 0
+        self.started = 0  # groups started in this version (stale ones carried over included)
+        self.next_group = 0
+        self.epoch = 0
+        self._exhausted = False
+        self._pause_wanted = False
+        self._drain = False
+        self._paused = False
+        self._stop = False
+        self._error: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._session: TurnSession | None = None
+        # XLA:CPU's collectives between processes (gloo) mix up two threads' collectives, so
+        # there the trainer's thread drives the rollouter between its steps (no overlap).
+        self.overlaps = not (jax.process_count() > 1 and devices[0].platform == "cpu")
+
+    # -- the trainer's side ---------------------------------------------------------------------
+    def start(self) -> None:
+        """Starts the rollouter's thread (where it `overlaps`)."""
+        if self.overlaps:
+            self._thread = threading.Thread(target=self._run, name="jrl-rollouter", daemon=True)
+            self._thread.start()
+
+    def take(self, groups: int) -> list[Group]:
+        """The next `groups` finished groups (waits for them); DataExhausted when the data ends
+        first."""
+        with self._cond:
+            while len(self._queue) < groups:
+                self._raise_error()
+                if self._exhausted and not self._rows and not self._waiting:
+                    raise DataExhausted(
+                        f"the rollouter has {len(self._queue)} finished groups left, fewer "
+                        f"than the {groups} of a step"
+                    )
+                if self.overlaps:
+                    self._cond.wait(0.05)
+                elif not self._turn():
+                    raise RuntimeError(
+                        f"the rollouter may start no group before the next sync, and the step "
+                        f"needs {groups - len(self._queue)} more"
+                    )
+            taken = [self._queue.popleft() for _ in range(groups)]
+            self._cond.notify_all()
+            return taken
+
+    def pause(self, drain: bool) -> None:
+        """Waits until the rollouter stops between two session steps: at once (`drain` False
+        and partial rollouts), else once every row it started has ended."""
+        with self._cond:
+            self._pause_wanted, self._drain = True, drain or not self.partial
+            self._cond.notify_all()
+            while not self.overlaps and self._drain and self._rows:
+                self._step(self.session)
+            self._paused = self._paused or not self.overlaps
+            while not self._paused:
+                self._raise_error()
+                self._cond.wait(0.05)
+
+    def resume(self, version: int | None = None) -> None:
+        """Goes on after `pause`; with `version`, the weights were synced to it: a new version's
+        cap starts, the groups still queued or running counting against it."""
+        with self._cond:
+            if version is not None:
+                self.version = version
+                self.started = len(self._queue) + len({r.group for r in self._rows.values()})
+            self._pause_wanted = self._paused = False
+            self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join()
+
+    def snapshot(self) -> dict[str, Any]:
+        """The paused, drained rollouter's state: the queue, the prompts taken but not started,
+        its counters."""
+        if self._rows:
+            raise RuntimeError("the rollouter must be drained before a snapshot")
+        return {
+            "queue": list(self._queue),
+            "waiting": list(self._waiting),
+            "version": self.version,
+            "started": self.started,
+            "next_group": self.next_group,
+            "epoch": self.epoch,
+        }
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """The state of a `snapshot` (before `start`)."""
+        self._queue.extend(Group(*g) for g in state["queue"])
+        self._waiting.extend(state["waiting"])
+        self.version, self.started = state["version"], state["started"]
+        self.next_group, self.epoch = state["next_group"], state["epoch"]
+
+    @property
+    def queued(self) -> int:
+        """Finished groups waiting for the trainer."""
+        return len(self._queue)
+
+    def advance(self) -> bool:
+        """One round of the rollouter's loop in the caller's thread (one that does not
+        `overlaps`): start groups the cap allows, then one session step; False: nothing to do."""
+        with self._cond:
+            return self._turn()
+
+    def _raise_error(self) -> None:
+        if self._error is not None:
+            raise RuntimeError("the rollouter failed") from self._error
+
+    # -- the rollouter's thread -----------------------------------------------------------------
+    @property
+    def session(self) -> TurnSession:
+        """The sampler's session, opened on first use (by the thread that steps it)."""
+        if self._session is None:
+            self._session = self._open_session(self.cap * self.n)
+        return self._session
+
+    def _run(self) -> None:
+        exchange_on(self._devices)
+        try:
+            while self._turn():
+                pass
+        except BaseException as error:  # noqa: BLE001 - handed to the trainer's thread
+            with self._cond:
+                self._error = error
+                self._cond.notify_all()
+
+    def _turn(self) -> bool:
+        """One round of the loop: pause, start groups, or run a session step. False: the thread
+        ends (stopped), or, driven by the trainer, nothing was left to do."""
+        session = self.session
+        with self._cond:
+            if self._stop:
+                return False
+            if self.overlaps and self._pause_wanted and not (self._drain and self._rows):
+                self._paused = True
+                self._cond.notify_all()
+                while self._paused and not self._stop:
+                    self._cond.wait()
+                return not self._stop
+            if not self._pause_wanted:
+                self._start_groups(session)
+            if not session.ready:
+                if self.overlaps:
+                    self._cond.wait(0.05)
+                return self.overlaps
+        self._step(session)
+        return True
+
+    def _start_groups(self, session: TurnSession) -> None:
+        """Starts groups while the version's cap allows (called holding the lock)."""
+        while self.started < self.cap:
+            prompt = self._next_prompt()
+            if prompt is None:
+                return
+            epoch, row = prompt
+            self.epoch = epoch
+            group = self.next_group
+            self.next_group += 1
+            self.started += 1
+            mask = np.asarray(row.tensors["attention_mask"][0]).astype(bool)
+            ids = np.asarray(row.tensors["input_ids"][0])[mask]
+            for j in range(self.n):
+                row_id = group * self.n + j
+                self._rows[row_id] = _Row(group, row)
+                self._tokens[row_id] = ([], [], [])
+                session.ask(row_id, ids, self.response_length)
+
+    def _next_prompt(self) -> tuple[int, Batch] | None:
+        if not self._waiting and not self._exhausted:
+            item = next(self._prompts, None)
+            if item is None:
+                self._exhausted = True
+            else:
+                epoch, local = item
+                batch = gather_batch(local)  # every process's rows
+                self._waiting.extend((epoch, batch.take([i])) for i in range(len(batch)))
+        return self._waiting.popleft() if self._waiting else None
+
+    def _step(self, session: TurnSession) -> None:
+        version = self.version  # fixed while the thread steps: a sync pauses it first
+        ended = session.step()
+        counts = session.sampled()
+        counts.update({turn.row: len(turn.token_ids) for turn in ended})
+        for row, count in counts.items():
+            versions = self._tokens[row][2]
+            versions.extend([version] * (count - len(versions)))
+        finished = []
+        for turn in ended:
+            session.release(turn.row)
+            self._finish(turn)
+            group = self._rows[turn.row].group
+            self._done[group].append(turn.row)
+            if len(self._done[group]) == self.n:
+                finished.append(group)
+        if finished:
+            groups = [self._group(g) for g in sorted(finished)]
+            with self._cond:
+                self._queue.extend(groups)
+                self._cond.notify_all()
+
+    def _finish(self, turn: EndedTurn) -> None:
+        tokens, log_probs, versions = self._tokens[turn.row]
+        tokens.extend(turn.token_ids)
+        log_probs.extend(turn.log_probs)
+        del versions[len(turn.token_ids) :]
+
+    def _group(self, group: int) -> Group:
+        rows = sorted(self._done.pop(group))
+        prompt = self._rows[rows[0]].prompt
+        width = self.response_length
+        responses = np.full((len(rows), width), self.pad_token_id, np.int32)
+        mask = np.zeros((len(rows), width), np.int32)
+        log_probs = np.zeros((len(rows), width), np.float32)
+        versions = np.full((len(rows), width), -1, np.int32)
+        for i, row in enumerate(rows):
+            tokens, logps, vs = self._tokens.pop(row)
+            del self._rows[row]
+            responses[i, : len(tokens)], mask[i, : len(tokens)] = tokens, 1
+            log_probs[i, : len(tokens)], versions[i, : len(tokens)] = logps, vs
+        repeated = prompt.repeat(len(rows))
+        batch = rollout_batch(repeated, responses, mask, log_probs).to_numpy()
+        uids = np.full(len(rows), f"g{group}", dtype=object)
+        extra = Batch({VERSIONS: versions}, {"uid": uids})
+        return Group(batch.union(extra), group)
+
+
+def version_metrics(versions: np.ndarray, trainer_version: int) -> dict[str, float]:
+    """verl's off-policy figures of rows whose tokens carry `versions` ([rows, R], -1: pad):
+    a row's staleness is the trainer's version minus the oldest version that sampled it, its
+    span the number of versions it was sampled with."""
+    real = versions >= 0
+    oldest = np.where(real, versions, np.iinfo(np.int32).max).min(-1)
+    newest = np.where(real, versions, -1).max(-1)
+    lag = trainer_version - oldest
+    return {
+        "training/staleness_mean": float(lag.mean()),
+        "training/staleness_max": float(lag.max()),
+        "training/stale_rows": float((lag > 0).sum()),
+        "training/partial_rows": float((newest > oldest).sum()),
+        "training/version_span_max": float((newest - oldest + 1).max()),
+    }
