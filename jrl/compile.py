@@ -13,6 +13,13 @@ a data file; ``trainer.nnodes`` and ``trainer.n_gpus_per_node`` default to the s
 chips. Every program the trainer would compile for a step of full-length rows is compiled:
 rollout (each prompt bucket), old log-prob, reference, critic values and update, actor update.
 
+A split card (``actor_rollout_ref.hybrid_engine=False``) gets half of each host's chips for the
+trainer and half for the rollout by default (``trainer.*`` and ``rollout.*`` ``nnodes`` and
+``n_gpus_per_node``); the training programs are compiled on the trainer's chips, the rollout's
+on the rollout's, and the weight-sync program of the largest bucket
+(``update_weights_bucket_megabytes``) over both. The plan names each host's chips of either
+mesh, each mesh's per-chip memory and the sync's bytes, buckets and estimated time.
+
 The plan: each role's resident states per chip, each phase's compiled peak plus the states the
 other roles keep, against the chip's HBM; analytic FLOPs and a roofline estimate of each phase's
 time (peak figures named in the output); collective counts. When the run does not fit, each memory
@@ -36,6 +43,7 @@ from typing import Any
 
 from jrl.assets import prepare_for
 from jrl.config import ConfigError
+from jrl.config.loading import read_config
 from jrl.parallel.topology import open_slice
 from jrl.plan.advice import advice_lines, advise
 from jrl.plan.extrapolate import deep_plan
@@ -76,12 +84,28 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _config(args: argparse.Namespace, overrides: list[str], where: Any) -> Any:
-    slice_devices = [
-        f"trainer.nnodes={where.hosts}",
-        f"trainer.n_gpus_per_node={where.chips // where.hosts}",
+def slice_devices(card: list[str], where: Any) -> list[str]:
+    """Overrides that give the run of `card` (its --config and overrides) every chip of each
+    host: all to the trainer, or with ``hybrid_engine=False`` half each to the trainer and the
+    rollout. The card's own overrides come after them and win."""
+    per_host = where.chips // where.hosts
+    if read_config(card)[0].actor_rollout_ref.hybrid_engine:
+        return [f"trainer.nnodes={where.hosts}", f"trainer.n_gpus_per_node={per_host}"]
+    if per_host < 2:
+        raise ValueError(
+            f"actor_rollout_ref.hybrid_engine=False splits each host's chips between the trainer "
+            f"and the rollout, but {where.name} has {per_host} chip per host"
+        )
+    return [
+        f"{section}.{key}"
+        for section in ("trainer", "rollout")
+        for key in (f"nnodes={where.hosts}", f"n_gpus_per_node={per_host // 2}")
     ]
-    return load_config([f"--config={args.config}", *slice_devices, *overrides])[0]
+
+
+def _config(args: argparse.Namespace, overrides: list[str], where: Any) -> Any:
+    card = [f"--config={args.config}", *overrides]
+    return load_config([card[0], *slice_devices(card, where), *overrides])[0]
 
 
 def _layers(text: str | None) -> tuple[int, int] | None:

@@ -3,6 +3,7 @@ no TPU needed), the plan's figures, the verdict and the measured advice, and the
 extrapolation against a full-depth compile."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -40,8 +41,11 @@ def test_out_of_memory_messages_and_collectives_parse():
     assert needed_bytes(used, arguments=0) == int(20.5 * (1 << 30))
     assert needed_bytes("INTERNAL: something else", arguments=0) is None
     hlo = "%a = f32[8] all-gather-start(x)\n%b = f32[8] all-reduce(y)\n%c = f32[8] all-reduce(z)"
+    hlo += "\n%d = (f32[1,8]{1,0:T(1,128)}, u32[]) collective-permute-start(%p)"
+    hlo += "\n%e = f32[1,8] copy(%collective-permute-done)"
     counts = count_collectives(hlo)
     assert counts["all-gather"] == 1 and counts["all-reduce"] == 2 and counts["all-to-all"] == 0
+    assert counts["collective-permute"] == 1  # a tuple result; the -done half is not counted
 
 
 def _plan(*argv: str) -> tuple[int, dict]:
@@ -207,3 +211,69 @@ def test_multi_turn_rollouts_plan_their_later_turns(capsys, scheduling):
     later = LATER_TURNS[scheduling]
     assert names[-len(later) :] == later
     assert all(program["out_of_memory"] is None for program in rollout["programs"])
+
+
+def _tiny_weight_bytes(trainer_chips: int) -> int:
+    """The bytes one weight sync of the tiny model moves (float32, as its rollout holds them):
+    every matrix element once (FSDP splits each over the trainer's chips) and every vector
+    (norm scales, biases: not split) once per trainer chip."""
+    from jrl.assets import TINY_MODEL, tiny_paths
+
+    config = json.loads(Path(tiny_paths()["model_path"], "config.json").read_text())
+    shape = TINY_MODEL
+    d, f, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_layers"]
+    q, kv = (shape[heads] * shape["head_dim"] for heads in ("num_heads", "num_kv_heads"))
+    matrices = config["vocab_size"] * d + layers * (3 * d * f + 2 * d * q + 2 * d * kv)
+    vectors = layers * (2 * d + q + 2 * kv) + d  # norms and q/k/v biases; the final norm
+    return 4 * (matrices + trainer_chips * vectors)
+
+
+@needs_libtpu
+def test_a_split_card_plans_both_meshes_and_the_weight_sync(capsys):
+    """hybrid_engine=False on v5p:2x2x2 (2 hosts of 4 chips): the trainer on 2 chips of each host,
+    the rollout on the other 2, each mesh's memory on its own chips, and the sync program over
+    both compiled for the TPU: shards sent chip to chip, nothing gathered."""
+    from jrl.parallel.topology import open_slice
+
+    status, report = _plan(
+        f"--config={GRPO}",
+        "--topology=v5p:2x2x2",
+        "actor_rollout_ref.hybrid_engine=False",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=1",
+    )
+    printed = capsys.readouterr().out
+    assert status == 0 and report["fits"]
+    split = report["split"]
+    host_of = {d.id: d.process_index for d in open_slice("v5p:2x2x2").devices}
+    assert [h["host"] for h in split["hosts"]] == [0, 1]
+    for host in split["hosts"]:
+        trainer, rollout = host["trainer"], host["rollout"]
+        assert len(trainer) == len(rollout) == 2 and not set(trainer) & set(rollout)
+        assert {host_of[i] for i in trainer + rollout} == {host["host"]}
+    assert "host 0: trainer 0-1; rollout 2-3" in printed
+    assert "host 1: trainer 4-5; rollout 6-7" in printed
+
+    resident = report["resident"]
+    assert resident["actor params"]["mesh"] == "trainer"
+    assert resident["rollout weights"]["mesh"] == resident["rollout KV cache"]["mesh"] == "rollout"
+    phases = {p["phase"]: p for p in report["phases"]}
+    assert phases["rollout"]["other_resident_bytes"] == 0  # no trainer state on its chips
+    # The actor's update keeps the reference's parameters beside its own, not the rollout's.
+    assert phases["update_actor"]["other_resident_bytes"] == resident["reference params"]["device"]
+    meshes = split["meshes"]
+    assert meshes["trainer"]["worst_phase"] == "update_actor"
+    assert meshes["rollout"]["worst_phase"] == "rollout"
+    for mesh in ("trainer", "rollout"):
+        assert 0 < meshes[mesh]["total_bytes"] <= report["hbm_bytes"]
+        assert f"{mesh} mesh per chip: " in printed
+
+    (sync,) = phases["update_weights"]["programs"]
+    assert sync["out_of_memory"] is None and sync["peak_bytes"] > 0
+    collectives = sync["collectives"]
+    assert collectives["collective-permute"] > 0
+    assert collectives["all-gather"] == collectives["all-reduce"] == collectives["all-to-all"] == 0
+    figures = split["sync"]
+    assert figures["sent_bytes"] == _tiny_weight_bytes(trainer_chips=4)
+    assert figures["buckets"] == 1 and figures["per_chip_bytes"] * 4 == figures["sent_bytes"]
+    assert figures["seconds_estimate"] == pytest.approx(figures["per_chip_bytes"] / 600e9)
+    assert "weight sync: " in printed and "at 600 GB/s per chip" in printed

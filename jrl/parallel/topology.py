@@ -7,8 +7,8 @@ the slice's chips, all hosts included, and `jax.jit(...).lower(...).compile()` o
 the TPU compiler (Mosaic for Pallas kernels) here.
 
 Chip figures (`CHIPS`) are the usable HBM the TPU compiler reports when a program does not fit,
-and the peak dense bf16 FLOP/s and HBM bandwidth per chip from Google Cloud's TPU system
-architecture pages (v5e, v5p, v6e); they feed estimates only.
+and the peak dense bf16 FLOP/s, HBM bandwidth and inter-chip interconnect (ICI) bandwidth per
+chip from Google Cloud's TPU system architecture pages (v5e, v5p, v6e); they feed estimates only.
 """
 
 from __future__ import annotations
@@ -25,20 +25,25 @@ GIB = 1 << 30
 
 @dataclasses.dataclass(frozen=True)
 class Chip:
-    """One accelerator chip: usable HBM bytes, peak bf16 FLOP/s, HBM bytes/s."""
+    """One accelerator chip: usable HBM bytes, peak bf16 FLOP/s, HBM bytes/s and the bytes/s it
+    can send over its ICI links at once (half the bidirectional figure the pages give)."""
 
     generation: str
     hbm_bytes: int
     peak_flops: float
     hbm_bandwidth: float
+    ici_send_bandwidth: float
 
 
 CHIPS = {
-    "v5e": Chip("v5e", int(15.75 * GIB), 197e12, 819e9),
-    "v5p": Chip("v5p", int(95.74 * GIB), 459e12, 2765e9),
-    "v6e": Chip("v6e", int(31.25 * GIB), 918e12, 1640e9),
+    "v5e": Chip("v5e", int(15.75 * GIB), 197e12, 819e9, 400e9 / 2),
+    "v5p": Chip("v5p", int(95.74 * GIB), 459e12, 2765e9, 1200e9 / 2),
+    "v6e": Chip("v6e", int(31.25 * GIB), 918e12, 1640e9, 800e9 / 2),
 }
 PEAK_SOURCE = "Google Cloud TPU system architecture pages (v5e, v5p, v6e), dense bf16 per chip"
+ICI_SOURCE = (
+    "Google Cloud TPU system architecture pages: half the bidirectional ICI bandwidth per chip"
+)
 # The grids JAX's topology names accept, by chip count (2D for v5e/v6e, 3D for v5p).
 _GRIDS_2D = {4: "2x2", 8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 _GRIDS_3D = {

@@ -20,6 +20,7 @@ dtype before they move (`dtypes`), which halves the bytes for a bfloat16 rollout
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,6 +47,17 @@ def buckets(sizes: Sequence[int], bucket_bytes: int) -> list[list[int]]:
             groups.append([index])
             total = size
     return groups
+
+
+def leaf_bytes(leaf: Any) -> int:
+    """Bytes of an array or shape struct, whole (not per device)."""
+    return math.prod(leaf.shape) * jnp.dtype(leaf.dtype).itemsize
+
+
+def weight_buckets(targets: Sequence[Any], bucket_bytes: int) -> list[list[int]]:
+    """`buckets` of a weight sync: `targets` are the weights as the receiver holds them (arrays
+    or shape structs, in the order they move), each bucket at most `bucket_bytes` of them."""
+    return buckets([leaf_bytes(t) for t in targets], bucket_bytes)
 
 
 class MeshTransfer:

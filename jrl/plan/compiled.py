@@ -59,10 +59,11 @@ def needed_bytes(message: str, arguments: int) -> int | None:
 
 
 def count_collectives(hlo: str) -> dict[str, int]:
-    """How many of each collective op the optimized HLO text holds (async pairs once)."""
+    """How many of each collective op the optimized HLO text holds (async pairs once; an op's
+    result type may be a tuple, which holds spaces)."""
     counts = {}
     for name in COLLECTIVES:
-        found = len(re.findall(rf"= \S+ {name}(?:-start)?\(", hlo))
+        found = len(re.findall(rf" {name}(?:-start)?\(", hlo))
         counts[name] = found
     return counts
 

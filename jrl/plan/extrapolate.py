@@ -17,6 +17,7 @@ from typing import Any
 from jrl.parallel.topology import Slice
 from jrl.plan.memory import Plan, make_plan, plan_kv_cache, rollout_slots
 from jrl.plan.roles import build_roles
+from jrl.plan.sync import plan_sync
 
 LAYER_KEYS = (
     "actor_rollout_ref.model.override_config.model_config.num_hidden_layers",
@@ -79,7 +80,8 @@ def deep_plan(
 ) -> Plan:
     """The plan of the run `config_of([])` from compiles at `layers` = (a, b) decoder layers
     (`config_of(overrides)` builds the run's config with extra overrides). The rollout's slots are
-    those the full-depth model gets (its states are built as shapes, which compiles nothing)."""
+    those the full-depth model gets (its states are built as shapes, which compiles nothing), and
+    so are a split run's sync figures (bytes, buckets)."""
     full = config_of([])
     roles = build_roles(full, where)
     depths = {roles.actor.learner.model().config.num_layers}
@@ -99,4 +101,5 @@ def deep_plan(
         make_plan(config_of(layer_overrides(full, n)), where, largest_bucket_only, progress, slots)
         for n in (a, b)
     )
-    return extrapolate(low, high, a, b, depth)
+    plan = extrapolate(low, high, a, b, depth)
+    return plan if roles.transfer is None else dataclasses.replace(plan, sync=plan_sync(roles)[0])

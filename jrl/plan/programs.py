@@ -5,7 +5,8 @@ step can hold), through the roles' own batching (micro-batches, dynamic batch si
 
 Phases, in verl's order: ``rollout`` (one program per prompt bucket the engine may use; with
 agent loops, also a later turn's widest call), ``old_log_prob``, ``ref``, ``values``,
-``update_critic``, ``update_actor``.
+``update_critic``, ``update_actor``; a split run adds ``update_weights``, the weight sync
+(`jrl.plan.sync`).
 
 Each program carries analytic FLOPs (verl's count, `jrl.trainer.io.flops`: the compiler counts
 a loop body once and a Pallas kernel as zero) and the HBM bytes it must at least move per chip
@@ -37,14 +38,23 @@ from jrl.trainer.roles.log_probs import FORWARD_KEYS
 from jrl.trainer.update.batching import forward_inputs
 from jrl.trainer.update.learner import Learner, normalisers
 
-PHASES = ("rollout", "old_log_prob", "ref", "values", "update_critic", "update_actor")
+PHASES = (
+    "rollout",
+    "old_log_prob",
+    "ref",
+    "values",
+    "update_critic",
+    "update_actor",
+    "update_weights",
+)
 
 
 @dataclasses.dataclass(frozen=True)
 class Program:
     """One program of a phase: `lower()` gives its `jax.stages.Lowered`; `flops` (analytic, the
-    phase's whole work on the slice) and `weight_reads` (HBM bytes per chip the phase reads at
-    least) feed the estimate; `arguments` are its input bytes per chip."""
+    phase's whole work on the slice), `weight_reads` (HBM bytes per chip the phase reads at
+    least) and `ici_sends` (bytes per chip the phase sends to other chips) feed the estimate;
+    `arguments` are its input bytes per chip."""
 
     phase: str
     label: str
@@ -52,6 +62,7 @@ class Program:
     flops: float
     weight_reads: float
     arguments: int = 0
+    ici_sends: float = 0.0
 
 
 def per_chip_bytes(tree: Any, memory_kind: str | None = "device") -> int:

@@ -6,7 +6,8 @@ from typing import Any
 
 from jrl.parallel.topology import GIB
 from jrl.plan.compiled import COLLECTIVES
-from jrl.plan.memory import Plan
+from jrl.plan.memory import ROLLOUT, TRAINER, Plan
+from jrl.plan.sync import id_ranges
 
 
 def gib(n: float) -> str:
@@ -29,7 +30,8 @@ def as_table(plan: Plan) -> str:
         "resident per chip (GiB)   device   (all memory)",
     ]
     for s in plan.states:
-        lines.append(f"  {s.name:<22}{gib(s.device):>8}   ({gib(s.total)})")
+        mesh = f"   on the {s.mesh}'s chips" if plan.sync else ""
+        lines.append(f"  {s.name:<22}{gib(s.device):>8}   ({gib(s.total)}){mesh}")
     lines += [
         "",
         f"{'phase':<14}{'programs':>9}{'peak':>9}{'+others':>9}{'total':>9}{'of HBM':>8}"
@@ -44,6 +46,7 @@ def as_table(plan: Plan) -> str:
             f"{gib(p.total):>9}{share:>8}{p.flops / 1e12:>10.2f}{_seconds(p.seconds):>12}"
             f"  {p.bound:<8} {calls or '-'}{refused}"
         )
+    lines += split_lines(plan)
     lines += [
         "",
         f"step time, estimated (roofline lower bound): {_seconds(plan.step_seconds)}; FLOPs are "
@@ -53,6 +56,37 @@ def as_table(plan: Plan) -> str:
         verdict(plan),
     ]
     return "\n".join(lines)
+
+
+def split_lines(plan: Plan) -> list[str]:
+    """A split run's meshes: each host's chips, each mesh's largest phase per chip, the sync."""
+    sync, phase = plan.sync, plan.sync_phase
+    if sync is None or phase is None:
+        return []
+    lines = ["", "split meshes (actor_rollout_ref.hybrid_engine=False), chips by id:"]
+    for host, (trainer, rollout) in sync.hosts.items():
+        lines.append(f"  host {host}: trainer {id_ranges(trainer)}; rollout {id_ranges(rollout)}")
+    for mesh in (TRAINER, ROLLOUT):
+        worst = plan.mesh_worst(mesh)
+        share = f", {worst.total / plan.hbm:.0%} of HBM" if plan.hbm else ""
+        lines.append(
+            f"  {mesh} mesh per chip: {gib(worst.total)} GiB at most ({worst.phase}{share})"
+        )
+    lines.append(
+        f"  weight sync: {_size(sync.sent)} per sync ({_size(sync.per_chip)} from each trainer "
+        f"chip) in {sync.buckets} bucket(s), the largest {_size(sync.largest)}; "
+        f"est. {_seconds(phase.seconds)} at {_ici(plan)} per chip (lower bound)"
+    )
+    return lines
+
+
+def _size(n: int) -> str:
+    return f"{gib(n)} GiB" if n >= GIB else f"{n / 2**20:.2f} MiB"
+
+
+def _ici(plan: Plan) -> str:
+    chip = plan.where.chip
+    return "unknown ICI bandwidth" if chip is None else f"{chip.ici_send_bandwidth / 1e9:.0f} GB/s"
 
 
 def _memory(plan: Plan) -> str:
@@ -90,7 +124,9 @@ def as_json(plan: Plan, advice: list[dict[str, Any]] | None = None) -> dict[str,
         "worst_phase": plan.worst.phase,
         "step_seconds_estimate": plan.step_seconds,
         "peak_flops_per_chip": plan.peak_flops,
-        "resident": {s.name: {"device": s.device, "total": s.total} for s in plan.states},
+        "resident": {
+            s.name: {"device": s.device, "total": s.total, "mesh": s.mesh} for s in plan.states
+        },
         "phases": [
             {
                 "phase": p.phase,
@@ -118,4 +154,35 @@ def as_json(plan: Plan, advice: list[dict[str, Any]] | None = None) -> dict[str,
         ],
         "notes": list(plan.notes),
         "advice": advice or [],
+        "split": split_json(plan),
+    }
+
+
+def split_json(plan: Plan) -> dict[str, Any] | None:
+    """A split run's hosts, each mesh's largest phase per chip and the sync; None when
+    colocated."""
+    sync, phase = plan.sync, plan.sync_phase
+    if sync is None or phase is None:
+        return None
+    chip = plan.where.chip
+    meshes = {}
+    for mesh in (TRAINER, ROLLOUT):
+        worst = plan.mesh_worst(mesh)
+        meshes[mesh] = {"worst_phase": worst.phase, "total_bytes": worst.total}
+    return {
+        "hosts": [
+            {"host": host, "trainer": list(trainer), "rollout": list(rollout)}
+            for host, (trainer, rollout) in sync.hosts.items()
+        ],
+        "meshes": meshes,
+        "sync": {
+            "sent_bytes": sync.sent,
+            "per_chip_bytes": sync.per_chip,
+            "buckets": sync.buckets,
+            "largest_bucket_bytes": sync.largest,
+            "peak_bytes": phase.peak,
+            "total_bytes": phase.total,
+            "seconds_estimate": phase.seconds,
+            "ici_send_bandwidth": None if chip is None else chip.ici_send_bandwidth,
+        },
     }
