@@ -7,10 +7,14 @@ decoder layers and extrapolated to the model's depth (`jrl.compile --layers=1,2`
 the extrapolation against a full-depth compile), the rollout at its widest prompt bucket. Times
 are jrl.compile's roofline estimates. A run whose resident states alone (parameters, optimizer
 states, reference and rollout weights, per chip as the trainer shards them: exact bytes of the
-sharded shapes) exceed the chip's HBM is not compiled: its line says `"by": "resident states"`.
+sharded shapes; a split run's larger mesh) exceed the chip's HBM is not compiled: its line says
+`"by": "resident states"`.
 Each plan runs in its own process (results are appended to --out as they come, and a rerun skips
-the lines already there). A first pass finds each run's smallest slice that fits (slices in
-order of total HBM); a second fills in the other slices.
+the lines already there). The `grpo_split` card is the GRPO card with
+``actor_rollout_ref.hybrid_engine=False``: half of each host's chips train, half generate, and its
+line adds each mesh's per-chip GiB and the weight sync's GiB, buckets and estimated seconds. A
+first pass finds each run's smallest slice that fits (slices in order of total HBM); a second
+fills in the other slices.
 
     python bench/tpu_plan.py --out bench/results/tpu_plan.jsonl
     python bench/tpu_plan.py --table bench/results/tpu_plan.jsonl
@@ -39,7 +43,11 @@ MODELS = (
     "llama-3.1-8b",
     "llama-3.1-70b",
 )
-CARDS = {"grpo": "configs/gsm8k_grpo.py", "ppo": "configs/gsm8k_ppo.py"}
+CARDS = {
+    "grpo": ("configs/gsm8k_grpo.py",),
+    "ppo": ("configs/gsm8k_ppo.py",),
+    "grpo_split": ("configs/gsm8k_grpo.py", "actor_rollout_ref.hybrid_engine=False"),
+}
 SLICES = (
     "v5litepod-8",
     "v5litepod-16",
@@ -67,8 +75,10 @@ OVERRIDES = (
 
 
 def _arguments(card: str, folder: Path) -> list[str]:
+    path, *extra = CARDS[card]
     return [
-        f"--config={CARDS[card]}",
+        f"--config={path}",
+        *extra,
         f"actor_rollout_ref.model.path={folder}",
         f"critic.model.path={folder}",
         *OVERRIDES,
@@ -78,18 +88,17 @@ def _arguments(card: str, folder: Path) -> list[str]:
 def resident_only(card: str, model: str, topology: str, folder: Path) -> dict | None:
     """The line of a run whose resident states alone exceed the chip's HBM (no compile), else
     None."""
+    from jrl.compile import slice_devices
     from jrl.parallel.topology import open_slice
     from jrl.plan.memory import resident_states
     from jrl.plan.roles import build_roles
     from jrl.runspec import load_config
 
     where = open_slice(topology)
-    devices = [
-        f"trainer.nnodes={where.hosts}",
-        f"trainer.n_gpus_per_node={where.chips // where.hosts}",
-    ]
-    config = load_config([*_arguments(card, folder), *devices])[0]
-    states = sum(s.device for s in resident_states(build_roles(config, where)))
+    arguments = _arguments(card, folder)
+    config = load_config([*slice_devices(arguments, where), *arguments])[0]
+    resident = resident_states(build_roles(config, where))
+    states = max(sum(s.device for s in resident if s.mesh == m) for m in {s.mesh for s in resident})
     if states <= where.hbm_bytes:
         return None
     return {
@@ -135,6 +144,21 @@ def plan_one(card: str, model: str, topology: str, folder: Path, timeout: int) -
         "hbm_gib": round(plan["hbm_bytes"] / 2**30, 2),
         "worst_phase": plan["worst_phase"],
         "step_s_estimate": round(plan["step_seconds_estimate"], 2),
+        **_split_figures(plan["split"]),
+    }
+
+
+def _split_figures(split: dict | None) -> dict:
+    """A split run's figures: each mesh's chips and per-chip GiB, and the weight sync."""
+    if split is None:
+        return {}
+    meshes, sync = split["meshes"], split["sync"]
+    return {
+        **{f"{m}_chips": sum(len(h[m]) for h in split["hosts"]) for m in meshes},
+        **{f"{m}_gib_per_chip": round(v["total_bytes"] / 2**30, 2) for m, v in meshes.items()},
+        "sync_gib": round(sync["sent_bytes"] / 2**30, 2),
+        "sync_buckets": sync["buckets"],
+        "sync_s_estimate": round(sync["seconds_estimate"], 4),
     }
 
 
@@ -146,8 +170,9 @@ def _total_hbm(topology: str) -> float:
 
 
 def table(rows: list[dict]) -> str:
-    """Markdown: per card and model, each slice's per-chip GiB (fits or not) and the estimated
-    step time; the smallest slice that fits (least HBM in all, as the first pass orders them)."""
+    """Markdown: per card and model planned on any of `SLICES`, each slice's per-chip GiB (fits
+    or not) and the estimated step time; the smallest slice that fits (least HBM in all, as the
+    first pass orders them)."""
     lines = [
         "| card | model | " + " | ".join(SLICES) + " | smallest that fits |",
         "|---" * (len(SLICES) + 3) + "|",
@@ -155,6 +180,8 @@ def table(rows: list[dict]) -> str:
     found = {(r["card"], r["model"], r["topology"]): r for r in rows}
     for card in CARDS:
         for model in MODELS:
+            if not any((card, model, name) in found for name in SLICES):
+                continue
             cells, smallest = [], None
             for name in SLICES:
                 r = found.get((card, model, name))
@@ -178,7 +205,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results/tpu_plan.jsonl")
     parser.add_argument("--table", help="print the Markdown table of a results file and stop")
-    parser.add_argument("--cards", default=",".join(CARDS))
+    parser.add_argument("--cards", default="grpo,ppo", help=f"of {', '.join(CARDS)}")
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--slices", default=",".join(SLICES))
     parser.add_argument("--timeout", type=int, default=3600, help="seconds per plan")
