@@ -62,6 +62,14 @@ _CORRECTION = {
 _FILTER = {"algorithm.filter_groups.enable": True, "algorithm.filter_groups.metric": "seq_reward"}
 # A split run: one trainer device and one rollout device.
 _SPLIT = {"actor_rollout_ref.hybrid_engine": False, "rollout.n_gpus_per_node": 1}
+# Fully-async training on it: its log-probs, and one update's prompts per step.
+_FULLY_ASYNC = {
+    **_SPLIT,
+    "async_training.mode": "fully_async",
+    f"{ROLLOUT}.calculate_log_probs": True,
+    "data.train_batch_size": 4,
+    f"{ACTOR}.ppo_mini_batch_size": 4,
+}
 # What a key needs to take a non-default value; the context's own keys do not count as the
 # key's effect.
 CONTEXTS = {
@@ -69,6 +77,12 @@ CONTEXTS = {
     "rollout.n_gpus_per_node": {"actor_rollout_ref.hybrid_engine": False, **_TWO_DEVICES},
     "rollout.nnodes": {**_SPLIT, "trainer.nnodes": 2, **_SMALL_MICRO},
     f"{ROLLOUT}.update_weights_bucket_megabytes": _SPLIT,
+    "async_training.mode": {k: v for k, v in _FULLY_ASYNC.items() if k != "async_training.mode"},
+    **{
+        f"async_training.{key}": _FULLY_ASYNC
+        for key in ("staleness_threshold", "trigger_parameter_sync_step", "partial_rollout")
+    },
+    "async_training.require_batches": {**_FULLY_ASYNC, "data.train_batch_size": 8},
     "algorithm.filter_groups.enable": {"algorithm.filter_groups.metric": "seq_reward"},
     "algorithm.filter_groups.metric": {"algorithm.filter_groups.enable": True},
     "algorithm.filter_groups.max_num_gen_batches": _FILTER,
@@ -138,6 +152,8 @@ CONTEXTS = {
 VALUES = {
     "rollout.n_gpus_per_node": 2,
     "rollout.nnodes": 2,
+    "async_training.mode": "fully_async",
+    "async_training.require_batches": 2,
     "algorithm.filter_groups.metric": "seq_reward",
     "data.gen_batch_size": 8,  # twice the tiny cards' train_batch_size
     "algorithm.rollout_correction.rollout_rs": "token_k2",

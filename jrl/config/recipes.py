@@ -6,6 +6,16 @@ tree of its program (its YAML's own layer; the YAML's ``defaults`` list names th
 ``python -m recipe.dapo.main_dapo`` composes: DAPO's reward manager, its overlong buffer off, the
 generation batch following the training batch and the group filter off, until the command line
 turns them on. (``algorithm.filter_groups._target_`` names verl's dataclass and has no key here.)
+
+`ONE_STEP_OFF_TRAINER` and `FULLY_ASYNC_TRAINER`: current verl's
+``verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml`` and
+``verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml``: the rollout on
+devices of its own (their ``rollout`` section; ``hybrid_engine`` off, as their launch scripts set
+it), the rollout's log-probs as the old ones, and for the fully-async trainer its
+``async_training`` section (``async_training.mode`` is jrl's name for the choice of program).
+Their Ray, NCCL and vLLM-server keys (``checkpoint_engine``, ``free_cache_engine``,
+``standalone_gpu_memory_utilization``, ``total_rollout_steps``, ``concurrent_samples_per_replica``,
+the dynamic-schedule options) have no key here.
 """
 
 from __future__ import annotations
@@ -25,4 +35,23 @@ DAPO_TRAINER: Layer = (
     ("algorithm.filter_groups.metric", None),
     ("algorithm.filter_groups.max_num_gen_batches", 0),
     ("trainer.project_name", "verl-dapo"),
+)
+
+ONE_STEP_OFF_TRAINER: Layer = (
+    ("actor_rollout_ref.hybrid_engine", False),
+    ("rollout.nnodes", 1),
+    ("rollout.n_gpus_per_node", 8),
+    ("actor_rollout_ref.rollout.calculate_log_probs", True),
+    ("algorithm.rollout_correction.bypass_mode", True),
+)
+
+FULLY_ASYNC_TRAINER: Layer = (
+    *ONE_STEP_OFF_TRAINER,
+    ("async_training.mode", "fully_async"),
+    ("async_training.staleness_threshold", 0.1),
+    ("async_training.trigger_parameter_sync_step", 4),
+    ("async_training.require_batches", 1),
+    ("async_training.partial_rollout", True),
+    ("async_training.use_trainer_do_validate", False),
+    ("actor_rollout_ref.model.use_remove_padding", True),
 )

@@ -20,7 +20,7 @@ from ml_collections import ConfigDict
 from jrl.config.defaults import default_config, default_templates
 from jrl.config.errors import ConfigError
 from jrl.config.eval_defaults import evaluation_config, generation_config
-from jrl.config.recipes import DAPO_TRAINER, Layer
+from jrl.config.recipes import DAPO_TRAINER, FULLY_ASYNC_TRAINER, ONE_STEP_OFF_TRAINER, Layer
 from jrl.config.sft_defaults import sft_config, sft_templates
 
 
@@ -44,10 +44,22 @@ class KeyTree:
 
 PPO = KeyTree(
     "python -m jrl.train",
-    ("ppo_trainer", "ppo_megatron_trainer", "dapo_trainer", "dapo_megatron_trainer"),
+    (
+        "ppo_trainer",
+        "ppo_megatron_trainer",
+        "dapo_trainer",
+        "dapo_megatron_trainer",
+        "one_step_off_ppo_trainer",
+        "fully_async_ppo_trainer",
+    ),
     default_config,
     default_templates,
-    {"dapo_trainer": DAPO_TRAINER, "dapo_megatron_trainer": DAPO_TRAINER},
+    {
+        "dapo_trainer": DAPO_TRAINER,
+        "dapo_megatron_trainer": DAPO_TRAINER,
+        "one_step_off_ppo_trainer": ONE_STEP_OFF_TRAINER,
+        "fully_async_ppo_trainer": FULLY_ASYNC_TRAINER,
+    },
 )
 SFT = KeyTree("python -m jrl.sft", ("sft_trainer",), sft_config, sft_templates)
 GENERATION = KeyTree(

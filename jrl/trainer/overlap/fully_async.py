@@ -39,6 +39,7 @@ from jrl.parallel.distributed import exchange_on, gather_batch
 from jrl.rollout.layout import rollout_batch
 from jrl.rollout.session import EndedTurn, TurnSession
 from jrl.trainer.loop.stopping import DataExhausted
+from jrl.trainer.overlap.activity import Activity
 
 VERSIONS = "rollout_token_versions"  # [rows, R]: the version that sampled each token, -1: pad
 
@@ -101,6 +102,7 @@ class Rollouter:
         self._stop = False
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self.activity = Activity()
         self._session: TurnSession | None = None
         # XLA:CPU's collectives between processes (gloo) mix up two threads' collectives, so
         # there the trainer's thread drives the rollouter between its steps (no overlap).
@@ -273,7 +275,8 @@ class Rollouter:
 
     def _step(self, session: TurnSession) -> None:
         version = self.version  # fixed while the thread steps: a sync pauses it first
-        ended = session.step()
+        with self.activity.generating():
+            ended = session.step()
         counts = session.sampled()
         counts.update({turn.row: len(turn.token_ids) for turn in ended})
         for row, count in counts.items():

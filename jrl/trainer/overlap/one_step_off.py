@@ -19,6 +19,7 @@ import jax
 
 from jrl.batch import Batch
 from jrl.parallel.distributed import exchange_on
+from jrl.trainer.overlap.activity import Activity
 from jrl.trainer.overlap.snapshots import packed, unpacked
 
 
@@ -39,6 +40,7 @@ class OneStepOff:
 
     def __init__(self, generate: Generate, devices: Sequence[jax.Device]):
         self._generate = generate
+        self.activity = Activity()
         self._pool = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="jrl-rollout", initializer=exchange_on, initargs=(devices,)
         )
@@ -61,7 +63,8 @@ class OneStepOff:
             raise RuntimeError("one-step-off: a generation is already running")
 
         def run() -> Generated:
-            batch, metrics = self._generate(prompts, step)
+            with self.activity.generating():
+                batch, metrics = self._generate(prompts, step)
             return Generated(batch, metrics, version)
 
         if self.overlaps:

@@ -14,7 +14,7 @@ from typing import Protocol
 import jax
 from flax import nnx
 
-from jrl.parallel.transfer import MeshTransfer, buckets, sent_bytes
+from jrl.parallel.transfer import MeshTransfer, sent_bytes, weight_buckets
 
 
 class BucketedEngine(Protocol):
@@ -49,8 +49,7 @@ class WeightSync:
             )
         targets = jax.tree.leaves(self.engine.state)
         dtypes = [t.dtype for t in targets]
-        sizes = [t.nbytes for t in targets]
-        groups = buckets(sizes, self.bucket_bytes)
+        groups = weight_buckets(targets, self.bucket_bytes)
         for group in groups:
             moved = self.transfer.move([sources[i] for i in group], [dtypes[i] for i in group])
             self.engine.replace_weights(

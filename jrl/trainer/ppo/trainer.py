@@ -56,6 +56,7 @@ from jrl.trainer.io.tracking import mlflow_store_uri
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
 from jrl.trainer.loop.stopping import DataExhausted
+from jrl.trainer.overlap.activity import overlap_metrics
 from jrl.trainer.overlap.fully_async import (
     VERSIONS,
     Rollouter,
@@ -152,6 +153,7 @@ class PPOTrainer:
         if self.rollout_devices is not None and not run.placement.fully_async:
             self.one_step_off = OneStepOff(self.generate_rows, self.rollout_devices)
         self.lookahead: Lookahead | None = None
+        self.busy_from = 0.0  # when the step's rows arrived (split runs)
         if run.agent is not None:  # each row's trajectory runs its agent loop over the engine
             template = data.rows.apply_chat_template_kwargs
             trace = run.agent.trace
@@ -218,6 +220,7 @@ class PPOTrainer:
             pipeline.start(prompts, step, self.weight_sync.version)
         with timer("wait_prev_gen", timing):
             generated = pipeline.take(step)
+        self.busy_from = time.perf_counter()
         upcoming = self.lookahead.peek()
         sync: dict[str, float] = {}
         if upcoming is not None and step < self.cadence.total_steps:
@@ -235,6 +238,7 @@ class PPOTrainer:
         prompts = self.run.placement.require_batches * mini
         with timer("wait_rollout", timing):
             groups = self.rollouter.take(prompts)
+        self.busy_from = time.perf_counter()
         batch = Batch.concat([group.batch for group in groups])
         metrics = version_metrics(batch.tensors[VERSIONS], self.version)
         metrics["rollouter/queued_groups"] = float(self.rollouter.queued)
@@ -460,6 +464,9 @@ class PPOTrainer:
             elif self.rollouter is not None:
                 if self.version % self.run.placement.trigger_parameter_sync_step == 0:
                     metrics.update(self.sync_rollouter(timing))
+        overlap = self.one_step_off or self.rollouter
+        if overlap is not None:
+            metrics.update(overlap_metrics(overlap.activity, self.busy_from))
         return StepOutput(metrics, batch)
 
     def step_metrics(
