@@ -18,7 +18,7 @@ from jax.sharding import PartitionSpec as P
 from jrl import train
 from jrl.models import init_random
 from jrl.parallel import make_mesh
-from jrl.parallel.transfer import MeshTransfer, buckets, sent_bytes
+from jrl.parallel.transfer import MeshTransfer, buckets
 from jrl.rollout import JaxRollout, SamplingParams
 from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
 from jrl.runspec import load_config
@@ -61,7 +61,7 @@ def test_mesh_transfer_sends_each_shard_to_its_mirror_device():
         expected = value.astype(jnp.bfloat16) if out.dtype == jnp.bfloat16 else value
         np.testing.assert_array_equal(np.asarray(out), expected)
     # the matrix: 4 shards of 4x3 bf16; the vector: 4 replicas of 6 fp32
-    assert sent_bytes(arrays, [jnp.bfloat16, jnp.float32]) == 4 * 12 * 2 + 4 * 6 * 4
+    assert transfer.sent_bytes(arrays, [jnp.bfloat16, jnp.float32]) == 4 * 12 * 2 + 4 * 6 * 4
     hlo = transfer.lower(
         [jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=a.sharding) for a in arrays]
     )
@@ -69,11 +69,35 @@ def test_mesh_transfer_sends_each_shard_to_its_mirror_device():
     assert "collective-permute" in text and "all-gather" not in text
 
 
-def test_mesh_transfer_refuses_unequal_or_shared_devices():
+def test_mesh_transfer_to_fewer_devices_sends_from_one_copy():
+    """6 trainer devices, 2 rollout devices: the trainer lays each array out split in 2 and
+    repeated 3 times, and devices 0 and 3 send one half each."""
+    devices = jax.devices()
+    source = make_mesh(6, fsdp_size=3, tensor_parallel=2, devices=devices[:6])
+    transfer = MeshTransfer(source, devices[6:])
+    rng = np.random.default_rng(1)
+    values = [rng.normal(size=(6, 4)), rng.normal(size=(3, 5)), rng.normal(size=())]
+    specs = [P("fsdp", "tensor"), P("fsdp"), P()]
+    arrays = [
+        jax.device_put(v.astype(np.float32), NamedSharding(source, s))
+        for v, s in zip(values, specs, strict=True)
+    ]
+    moved = transfer.move(arrays)
+    assert transfer.senders == 2
+    expected_specs = [P("shard"), P(), P()]  # (3, 5): no dimension splits in 2
+    for out, value, spec in zip(moved, values, expected_specs, strict=True):
+        assert set(out.devices()) == set(devices[6:])
+        assert out.sharding.spec == spec
+        np.testing.assert_array_equal(np.asarray(out), value.astype(np.float32))
+    # the matrix: 2 halves; the rest: 2 whole copies
+    assert transfer.sent_bytes(arrays, [jnp.float32] * 3) == (24 + 2 * 15 + 2 * 1) * 4
+
+
+def test_mesh_transfer_refuses_other_splits_or_shared_devices():
     devices = jax.devices()
     source = make_mesh(4, devices=devices[:4])
-    with pytest.raises(ValueError, match="must equal the trainer's"):
-        MeshTransfer(source, devices[4:6])
+    with pytest.raises(ValueError, match="must divide the trainer's"):
+        MeshTransfer(source, devices[4:7])
     with pytest.raises(ValueError, match="disjoint"):
         MeshTransfer(source, devices[2:6])
 
@@ -83,8 +107,12 @@ def _trainer(*overrides: str) -> PPOTrainer:
     return PPOTrainer.from_config(config)
 
 
-def test_weight_sync_moves_the_actors_weights_bucket_by_bucket(tmp_path):
-    trainer = _trainer(f"trainer.default_local_dir={tmp_path}")
+@pytest.mark.parametrize("rollout_devices", [4, 2])
+def test_weight_sync_moves_the_actors_weights_bucket_by_bucket(tmp_path, rollout_devices):
+    trainer = _trainer(
+        f"trainer.default_local_dir={tmp_path}", f"rollout.n_gpus_per_node={rollout_devices}"
+    )
+    assert trainer.weight_sync.transfer.senders == rollout_devices
     assert trainer.weight_sync.bucket_bytes == 512 << 20  # the key's default, in bytes
     trainer.weight_sync.bucket_bytes = 50_000  # the digits model has 0.3 MB of weights
     actor_devices = set(trainer.mesh.devices.flat)

@@ -17,7 +17,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding
 
-from jrl.parallel.transfer import leaf_bytes, sent_bytes, weight_buckets
+from jrl.parallel.transfer import leaf_bytes, weight_buckets
 from jrl.plan.programs import Program, per_chip_bytes
 from jrl.plan.roles import Roles
 
@@ -72,10 +72,11 @@ def plan_sync(roles: Roles) -> tuple[SyncPlan, Program]:
     groups = weight_buckets(targets, roles.bucket_bytes)
     largest = max(groups, key=lambda group: sum(leaf_bytes(targets[i]) for i in group))
     bucket = [moving[i] for i in largest]
-    per_chip = per_chip_bytes(moving, None)
+    sent = transfer.sent_bytes(moving, [m.dtype for m in moving])
+    per_chip = sent // transfer.senders
     sync = SyncPlan(
         hosts=host_split(roles.mesh, roles.rollout.mesh),
-        sent=sent_bytes(moving, [m.dtype for m in moving]),
+        sent=sent,
         buckets=len(groups),
         largest=sum(leaf_bytes(targets[i]) for i in largest),
         per_chip=per_chip,

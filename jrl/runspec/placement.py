@@ -100,11 +100,12 @@ def placement_problems(config: ConfigDict, num_devices: int | None) -> Iterator[
             "splits each host's devices between the trainer and the rollout (one program on "
             "every host); set rollout.nnodes to trainer.nnodes"
         )
-    if rollout.n_gpus_per_node != trainer.n_gpus_per_node:
+    if rollout.n_gpus_per_node <= 0 or trainer.n_gpus_per_node % rollout.n_gpus_per_node:
         yield (
-            f"rollout.n_gpus_per_node={rollout.n_gpus_per_node} must equal "
-            f"trainer.n_gpus_per_node={trainer.n_gpus_per_node}: each trainer device sends its "
-            "shard of the weights to one rollout device; split each host's devices in halves"
+            f"rollout.n_gpus_per_node={rollout.n_gpus_per_node} must divide "
+            f"trainer.n_gpus_per_node={trainer.n_gpus_per_node}: each rollout device receives "
+            "its shard of the weights from one trainer device; give the rollout a divisor of "
+            "the trainer's devices per host"
         )
     needed = trainer.nnodes * (trainer.n_gpus_per_node + rollout.n_gpus_per_node)
     if num_devices is not None and needed > num_devices:

@@ -14,7 +14,7 @@ from typing import Protocol
 import jax
 from flax import nnx
 
-from jrl.parallel.transfer import MeshTransfer, sent_bytes, weight_buckets
+from jrl.parallel.transfer import MeshTransfer, weight_buckets
 
 
 class BucketedEngine(Protocol):
@@ -58,7 +58,7 @@ class WeightSync:
         jax.block_until_ready(self.engine.state)
         self.version = version
         return {
-            "sync/bytes": float(sent_bytes(sources, dtypes)),
+            "sync/bytes": float(self.transfer.sent_bytes(sources, dtypes)),
             "sync/buckets": float(len(groups)),
             "sync/seconds": time.perf_counter() - start,
         }
