@@ -136,11 +136,34 @@ def test_slurm_dry_run_prints_the_sbatch_command():
     assert _commands(out) == [
         ["mkdir", "-p", "logs"],
         ["sbatch", "--nodes=4", "--gpus-per-node=8", "--time=24:00:00", "--job-name=jrl",
-         "--output=logs/%x-%j.out", "--export=ALL,JRL_GPUS_PER_NODE=8", "--partition=gpu",
+         "--output=logs/%x-%j.out",
+         "--export=ALL,JRL_GPUS_PER_NODE=8,JRL_ROLLOUT_GPUS_PER_NODE=0", "--partition=gpu",
          "launch/slurm_job.sbatch", *TRAIN],
     ]  # fmt: skip
     job = (REPO / "launch" / "slurm_job.sbatch").read_text()
     assert '"trainer.nnodes=${SLURM_JOB_NUM_NODES}"' in job and "python3 -m jrl.train" in job
+
+
+def test_slurm_job_splits_each_node_for_a_rollout_of_its_own(tmp_path):
+    """The batch script's arguments with 2 of 8 GPUs per node for the rollout: srun stubbed."""
+    (tmp_path / "srun").write_text('#!/usr/bin/env bash\nshift; printf "%s\\n" "$@"\n')
+    (tmp_path / "srun").chmod(0o755)
+    env = {
+        **os.environ,
+        "PATH": f"{tmp_path}:{os.environ['PATH']}",
+        "SLURM_JOB_NUM_NODES": "2",
+        "JRL_GPUS_PER_NODE": "8",
+        "JRL_ROLLOUT_GPUS_PER_NODE": "2",
+    }
+    done = subprocess.run(
+        ["bash", str(REPO / "launch" / "slurm_job.sbatch"), "x=1"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert done.stdout.split() == [
+        "python3", "-m", "jrl.train", "trainer.nnodes=2", "trainer.n_gpus_per_node=6",
+        "actor_rollout_ref.hybrid_engine=False", "rollout.nnodes=2", "rollout.n_gpus_per_node=2",
+        "x=1",
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -156,6 +179,8 @@ def test_slurm_dry_run_prints_the_sbatch_command():
         (["gke_jobset.sh", "check", "--tpu-type", "tpu-v4-podslice"], "check knows --tpu-type"),
         (["gke_jobset.sh", "check", "--num-slices", "0"], "--num-slices must be a positive"),
         (["slurm_gpu.sh", "--nodes", "zero"], "--nodes must be a positive integer"),
+        (["slurm_gpu.sh", "--gpus-per-node", "8", "--rollout-gpus-per-node", "3"],
+         "must divide the 8 - 3 GPUs left"),
     ],
 )  # fmt: skip
 def test_bad_flags_fail_clearly(args, message):
