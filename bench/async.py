@@ -17,7 +17,8 @@ and after, the mean staleness of the trained rows, and the measured overlap: the
 trainer's busy time (after its rows arrived) during which the rollout was generating.
 
     XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/async.py
-    XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/async.py --cards digits --steps 3
+    XLA_FLAGS=--xla_force_host_platform_device_count=8 python bench/async.py --cards digits \
+        --steps 3
 """
 
 from __future__ import annotations
