@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from jrl.assets import digits_paths
 from jrl.batch import Batch
 from jrl.config import default_config, resolve
 from jrl.models import LoRAParam, ModelConfig, default_position_ids
@@ -368,3 +369,29 @@ def build_actor(config: Any, mesh: Any, total_training_steps: int = 1) -> Any:
 
     run = resolve_run(config)
     return Actor.create(run.actor, run.algorithm, mesh, total_training_steps)
+
+
+def digits_scale(run_dir: Path) -> list[str]:
+    """The digits task's files, tiny random model and one-CPU settings (configs/digits_ppo.py)."""
+    paths = digits_paths()
+    return [
+        f"data.train_files={paths['train_files']}",
+        f"data.val_files={paths['val_files']}",
+        f"actor_rollout_ref.model.path={paths['model_path']}",
+        "data.max_prompt_length=8",
+        "data.val_max_samples=32",
+        "trainer.device=cpu",
+        "trainer.n_gpus_per_node=1",
+        "actor_rollout_ref.rollout.name=jax",
+        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
+        "actor_rollout_ref.rollout.dtype=float32",
+        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
+        "actor_rollout_ref.actor.optim.lr=1e-3",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=2",
+        "trainer.logger=['console']",
+        f"trainer.default_local_dir={run_dir}",
+    ]

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fake_vllm import prompt_batch
-from helpers import TINY_LLAMA
+from helpers import TINY_LLAMA, digits_scale
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -22,6 +22,7 @@ from jrl.parallel.transfer import MeshTransfer, buckets
 from jrl.rollout import JaxRollout, SamplingParams
 from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
 from jrl.runspec import load_config
+from jrl.runspec.spec import resolve_run
 from jrl.trainer.overlap.fully_async import VERSIONS, Rollouter, version_metrics
 from jrl.trainer.ppo.trainer import PPOTrainer
 
@@ -262,3 +263,44 @@ def test_fully_async_without_staleness_syncs_every_trigger_steps_and_resumes_exa
     assert sorted(resumed) == [2, 3, 4]
     for step in (2, 3, 4):
         assert _comparable(resumed[step]) == _comparable(whole[step])
+
+
+# verl's experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_4_12.sh, its keys scaled to the
+# digits task on 8 CPU devices (4 train, 2 generate: its 12 + 4 split), with the batch sizes jrl
+# needs: data.train_batch_size = require_batches x ppo_mini_batch_size (the script's 0 is "not
+# effective" in verl) and data.gen_batch_size following it (the script's 1).
+FULLY_ASYNC_SCRIPT = (
+    "algorithm.adv_estimator=grpo",
+    "actor_rollout_ref.rollout.n=4",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=8",
+    "actor_rollout_ref.hybrid_engine=False",
+    "trainer.nnodes=1",
+    "trainer.n_gpus_per_node=4",
+    "rollout.nnodes=1",
+    "rollout.n_gpus_per_node=2",
+    "rollout.total_rollout_steps=48",
+    "async_training.staleness_threshold=0.5",
+    "async_training.trigger_parameter_sync_step=2",
+    "async_training.require_batches=2",
+    "async_training.partial_rollout=True",
+    "actor_rollout_ref.actor.use_rollout_log_probs=True",
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+    "data.train_batch_size=16",
+    "trainer.total_training_steps=3",
+    "trainer.test_freq=-1",
+    "trainer.logger=['console','file']",
+)
+
+
+def test_verls_fully_async_script_runs_under_its_config_name(tmp_path, monkeypatch):
+    argv = ["--config-name=fully_async_ppo_trainer", *digits_scale(tmp_path), *FULLY_ASYNC_SCRIPT]
+    config, _ = load_config(argv, num_devices=len(jax.devices()))
+    run = resolve_run(config)
+    assert run.placement.fully_async and run.placement.partial_rollout
+    assert run.algorithm.rollout_correction.bypass_mode  # the recipe's rollout log-probs
+    metrics_file = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(metrics_file))
+    train.main(argv)
+    rows = [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
+    assert len(rows) == 3 and all("training/staleness_mean" in row for row in rows)
+    assert rows[1]["sync/bytes"] > 0  # after 2 updates

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import digits_scale
 
 from jrl import train
-from jrl.assets import digits_paths
 from jrl.batch import Batch
 from jrl.config import ConfigError
 from jrl.runspec import load_config
@@ -185,34 +185,8 @@ DAPO_SCRIPT = [
 ]
 
 
-def _digits_scale(run_dir: Path) -> list[str]:
-    """The digits task's files, tiny random model and one-CPU settings (configs/digits_ppo.py)."""
-    paths = digits_paths()
-    return [
-        f"data.train_files={paths['train_files']}",
-        f"data.val_files={paths['val_files']}",
-        f"actor_rollout_ref.model.path={paths['model_path']}",
-        "data.max_prompt_length=8",
-        "data.val_max_samples=32",
-        "trainer.device=cpu",
-        "trainer.n_gpus_per_node=1",
-        "actor_rollout_ref.rollout.name=jax",
-        "actor_rollout_ref.rollout.tensor_model_parallel_size=1",
-        "actor_rollout_ref.rollout.dtype=float32",
-        "actor_rollout_ref.actor.fsdp_config.dtype=float32",
-        "actor_rollout_ref.actor.optim.lr=1e-3",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=64",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=128",
-        "trainer.total_training_steps=2",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=2",
-        "trainer.logger=['console']",
-        f"trainer.default_local_dir={run_dir}",
-    ]
-
-
 def test_verl_dapo_recipe_config_runs_two_steps(tmp_path):
-    argv = ["--config-name=dapo_trainer", *DAPO_SCRIPT, *_digits_scale(tmp_path / "run")]
+    argv = ["--config-name=dapo_trainer", *DAPO_SCRIPT, *digits_scale(tmp_path / "run")]
     config, _ = load_config(argv)
     assert config.trainer.project_name == "verl-dapo"  # the recipe's own layer
     assert config.reward_model.overlong_buffer.penalty_factor == 1.0

@@ -207,6 +207,7 @@ def _actor() -> ConfigDict:
         ppo_micro_batch_size_per_gpu=8,
         use_dynamic_bsz=False,
         ppo_max_token_len_per_gpu=16384,
+        use_rollout_log_probs=False,  # current verl's (its fully-async recipe sets it)
         grad_clip=1.0,
         clip_ratio=0.2,
         clip_ratio_low=0.2,
@@ -435,7 +436,9 @@ def default_templates() -> ConfigDict:
         critic=_critic(),
         # verl's one-step-off and fully-async recipes: the rollout's own devices per host and
         # the fully-async trainer's options (read with actor_rollout_ref.hybrid_engine=False).
-        rollout=section(nnodes=1, n_gpus_per_node=8),
+        rollout=section(
+            nnodes=1, n_gpus_per_node=8, total_rollout_steps=placeholder(int), test_freq=-1
+        ),
         async_training=section(
             mode="one_step_off",  # jrl's own (verl picks its recipe by program): or fully_async
             staleness_threshold=0.1,

@@ -53,5 +53,6 @@ FULLY_ASYNC_TRAINER: Layer = (
     ("async_training.require_batches", 1),
     ("async_training.partial_rollout", True),
     ("async_training.use_trainer_do_validate", False),
+    ("actor_rollout_ref.actor.use_rollout_log_probs", True),
     ("actor_rollout_ref.model.use_remove_padding", True),
 )

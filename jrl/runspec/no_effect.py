@@ -41,10 +41,16 @@ UNREAD = {
     **dict.fromkeys(("data.image_patch_size", "data.video_key"), TEXT_ONLY),
     "data.return_multi_modal_inputs": TEXT_ONLY,
     "async_training.use_trainer_do_validate": "jrl validates on the rollout's devices",
+    "rollout.total_rollout_steps": "jrl counts steps: trainer.total_training_steps (or epochs)",
+    "rollout.test_freq": "jrl validates every trainer.test_freq steps",
     f"{ARR}.nccl_timeout": "NCCL's timeout: jrl's collectives are XLA's",
     f"{ARR}.actor.freeze_vision_tower": TEXT_ONLY,
     f"{ARR}.actor.use_remove_padding": "jrl packs rows as model.use_remove_padding says",
     f"{ARR}.actor.calculate_entropy": "jrl always computes the entropy (actor/entropy)",
+    f"{ARR}.actor.use_rollout_log_probs": (
+        "current verl's workers read it nowhere; algorithm.rollout_correction.bypass_mode makes "
+        "the rollout's log-probs the old ones"
+    ),
     f"{ARR}.ref.fsdp_config.optimizer_offload": "the reference has no optimizer",
     "reward_model.model.fsdp_config.optimizer_offload": "the reward model has no optimizer",
     "critic.model.tokenizer_path": "the critic reads the actor's tokens (model.path's)",
