@@ -23,7 +23,8 @@ from jrl.rollout import JaxRollout, SamplingParams
 from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
 from jrl.runspec import load_config
 from jrl.runspec.spec import resolve_run
-from jrl.trainer.overlap.fully_async import VERSIONS, Rollouter, version_metrics
+from jrl.trainer.overlap.fully_async import Rollouter
+from jrl.trainer.overlap.versions import VERSIONS, version_metrics
 from jrl.trainer.ppo.trainer import PPOTrainer
 
 SPLIT = (
@@ -113,9 +114,9 @@ def test_weight_sync_moves_the_actors_weights_bucket_by_bucket(tmp_path, rollout
     trainer = _trainer(
         f"trainer.default_local_dir={tmp_path}", f"rollout.n_gpus_per_node={rollout_devices}"
     )
-    assert trainer.weight_sync.transfer.senders == rollout_devices
-    assert trainer.weight_sync.bucket_bytes == 512 << 20  # the key's default, in bytes
-    trainer.weight_sync.bucket_bytes = 50_000  # the digits model has 0.3 MB of weights
+    assert trainer.split.weight_sync.transfer.senders == rollout_devices
+    assert trainer.split.weight_sync.bucket_bytes == 512 << 20  # the key's default, in bytes
+    trainer.split.weight_sync.bucket_bytes = 50_000  # the digits model has 0.3 MB of weights
     actor_devices = set(trainer.mesh.devices.flat)
     rollout_state = jax.tree.leaves(trainer.rollout.state)
     assert all(set(x.devices()).isdisjoint(actor_devices) for x in rollout_state)
@@ -130,14 +131,14 @@ def test_weight_sync_moves_the_actors_weights_bucket_by_bucket(tmp_path, rollout
     before = answers()
     original = trainer.actor.params
     noisy = jax.tree.map(lambda x: x + 0.5 * jax.random.normal(key, x.shape, x.dtype), original)
-    metrics = trainer.weight_sync(noisy, 1)
+    metrics = trainer.split.weight_sync(noisy, 1)
     assert metrics["sync/buckets"] > 1
     for ours, theirs in zip(
         jax.tree.leaves(trainer.rollout.state), jax.tree.leaves(noisy), strict=True
     ):
         np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs).astype(ours.dtype))
     assert not np.array_equal(answers(), before)
-    trainer.weight_sync(original, 2)
+    trainer.split.weight_sync(original, 2)
     np.testing.assert_array_equal(answers(), before)
 
 

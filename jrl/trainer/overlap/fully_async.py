@@ -40,8 +40,7 @@ from jrl.rollout.layout import rollout_batch
 from jrl.rollout.session import EndedTurn, TurnSession
 from jrl.trainer.loop.stopping import DataExhausted
 from jrl.trainer.overlap.activity import Activity
-
-VERSIONS = "rollout_token_versions"  # [rows, R]: the version that sampled each token, -1: pad
+from jrl.trainer.overlap.versions import VERSIONS
 
 
 class Group(NamedTuple):
@@ -57,9 +56,10 @@ class _Row(NamedTuple):
     prompt: Batch  # the prompt's row (one row, meta included)
 
 
-def group_cap(staleness: float, trigger: int, require_batches: int, mini_batch: int) -> int:
-    """Groups the rollouter may start per weight version (module docstring)."""
-    return math.floor((1 + staleness) * trigger * require_batches * mini_batch)
+def group_cap(staleness: float, trigger: int, step_prompts: int) -> int:
+    """Groups the rollouter may start per weight version (module docstring; `step_prompts`:
+    ``require_batches * ppo_mini_batch_size``)."""
+    return math.floor((1 + staleness) * trigger * step_prompts)
 
 
 class Rollouter:
@@ -320,20 +320,3 @@ class Rollouter:
         uids = np.full(len(rows), f"g{group}", dtype=object)
         extra = Batch({VERSIONS: versions}, {"uid": uids})
         return Group(batch.union(extra), group)
-
-
-def version_metrics(versions: np.ndarray, trainer_version: int) -> dict[str, float]:
-    """verl's off-policy figures of rows whose tokens carry `versions` ([rows, R], -1: pad):
-    a row's staleness is the trainer's version minus the oldest version that sampled it, its
-    span the number of versions it was sampled with."""
-    real = versions >= 0
-    oldest = np.where(real, versions, np.iinfo(np.int32).max).min(-1)
-    newest = np.where(real, versions, -1).max(-1)
-    lag = trainer_version - oldest
-    return {
-        "training/staleness_mean": float(lag.mean()),
-        "training/staleness_max": float(lag.max()),
-        "training/stale_rows": float((lag > 0).sum()),
-        "training/partial_rows": float((newest > oldest).sum()),
-        "training/version_span_max": float((newest - oldest + 1).max()),
-    }

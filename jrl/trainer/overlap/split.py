@@ -1,4 +1,4 @@
-"""The rollout engine on its own devices, and what a row's sampling version says."""
+"""The rollout engine on its own devices, started with the actor's weights."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from jrl.parallel import make_mesh
 from jrl.parallel.transfer import MeshTransfer
@@ -46,14 +45,3 @@ def split_rollout(
         lora=actor.spec.model.lora,
     )
     return engine, WeightSync(transfer, engine, placement.bucket_bytes)
-
-
-def staleness_metrics(versions: np.ndarray, trainer_version: int) -> dict[str, float]:
-    """How many updates older than the trainer's the weights that sampled each row were
-    (``training/staleness_*``) and how many rows were stale."""
-    lag = trainer_version - np.asarray(versions)
-    return {
-        "training/staleness_mean": float(lag.mean()),
-        "training/staleness_max": float(lag.max()),
-        "training/stale_rows": float((lag > 0).sum()),
-    }

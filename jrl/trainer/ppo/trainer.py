@@ -7,6 +7,7 @@ runs the steps, validates (``test_freq``) and saves (``save_freq``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import shutil
@@ -56,17 +57,8 @@ from jrl.trainer.io.tracking import mlflow_store_uri
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
 from jrl.trainer.loop.stopping import DataExhausted
-from jrl.trainer.overlap.activity import overlap_metrics
-from jrl.trainer.overlap.fully_async import (
-    VERSIONS,
-    Rollouter,
-    group_cap,
-    version_metrics,
-)
-from jrl.trainer.overlap.one_step_off import Lookahead, OneStepOff
-from jrl.trainer.overlap.snapshots import packed, unpacked
-from jrl.trainer.overlap.split import split_rollout, staleness_metrics
-from jrl.trainer.overlap.weight_sync import WeightSync
+from jrl.trainer.overlap.split import split_rollout
+from jrl.trainer.overlap.split_run import SplitRun
 from jrl.trainer.ppo.dynamic_sampling import GroupCollector
 from jrl.trainer.ppo.experience import compute_advantage, rollout_correction
 from jrl.trainer.ppo.validation import select_val_generations, validation_metrics
@@ -132,8 +124,7 @@ class PPOTrainer:
             self.model_configs["critic"] = self.critic.learner.model().config
         self.vocab_size = int(self.model_configs["actor"].vocab_size)
         actor = self.actor
-        self.weight_sync: WeightSync | None = None
-        self.version = 0  # updates the actor has taken (the policy's version)
+        self.split: SplitRun | None = None
         if self.rollout_devices is None:
             self.rollout = build_rollout(
                 run.rollout,
@@ -144,16 +135,9 @@ class PPOTrainer:
                 lora=actor.spec.model.lora,
             )
         else:
-            self.rollout, self.weight_sync = split_rollout(
+            self.rollout, weight_sync = split_rollout(
                 run.rollout, run.placement, actor, self.rollout_devices, self.tokenizer
             )
-        self.one_step_off: OneStepOff | None = None
-        self.rollouter: Rollouter | None = None
-        self.rollouter_state: dict[str, Any] | None = None  # a checkpoint's, until `batches`
-        if self.rollout_devices is not None and not run.placement.fully_async:
-            self.one_step_off = OneStepOff(self.generate_rows, self.rollout_devices)
-        self.lookahead: Lookahead | None = None
-        self.busy_from = 0.0  # when the step's rows arrived (split runs)
         if run.agent is not None:  # each row's trajectory runs its agent loop over the engine
             template = data.rows.apply_chat_template_kwargs
             trace = run.agent.trace
@@ -169,6 +153,21 @@ class PPOTrainer:
             self.rollout = AgentRollout(self.rollout, context, run.logging.tree)
         self.sampling = sampling_params(run.rollout.sampling, self.rollout)
         self.val_sampling = sampling_params(run.rollout.validation, self.rollout)
+        self.rng = jax.random.key(run.trainer.seed)
+        if self.rollout_devices is not None:
+            self.split = SplitRun(
+                run.placement,
+                self.rollout,
+                weight_sync,
+                self.rollout_devices,
+                lambda: self.actor.params,
+                generate=self.generate_rows,
+                sampling=self.sampling,
+                key=jax.random.fold_in(self.rng, 2),
+                prompt_width=data.rows.max_prompt_length,
+                response_length=run.rollout.response_length,
+                mini_prompts=run.actor.update.mini_rows // self.sampling.n,
+            )
         self.reward_model = (
             None if run.reward_model is None else RewardModel(run.reward_model, self.mesh)
         )
@@ -176,7 +175,6 @@ class PPOTrainer:
         self.val_reward_fn = load_reward_manager(run.reward, self.tokenizer, num_examine=1)
         in_reward = run.algorithm.kl_in_reward
         self.kl_ctrl = None if in_reward is None else algos.get_kl_controller(in_reward.kl_ctrl)
-        self.rng = jax.random.key(run.trainer.seed)
         self.val_generations: list[dict[str, Any]] = []
         self.checkpoints = CheckpointManager(
             run.checkpoint.local_dir,
@@ -208,57 +206,6 @@ class PPOTrainer:
         first = draw * len(prompts)
         uids = np.array([f"{step}-{first + i}" for i in range(len(prompts))], dtype=object)
         return prompts.union(Batch(meta={"uid": uids}))
-
-    def overlapped_rows(
-        self, prompts: Batch, step: int, timing: dict[str, float]
-    ) -> tuple[Batch, dict[str, float]]:
-        """One-step-off: `step`'s batch, generated while the step before trained (now, for the
-        first step after a start); then the weights sync and the next step's generation starts
-        (`OneStepOff`). Rows carry the version that sampled them (``rollout_version``)."""
-        pipeline = self.one_step_off
-        if pipeline.pending_step != step:
-            pipeline.start(prompts, step, self.weight_sync.version)
-        with timer("wait_prev_gen", timing):
-            generated = pipeline.take(step)
-        self.busy_from = time.perf_counter()
-        upcoming = self.lookahead.peek()
-        sync: dict[str, float] = {}
-        if upcoming is not None and step < self.cadence.total_steps:
-            with timer("update_weights", timing):
-                sync = self.sync_weights()
-            pipeline.start(upcoming[1], step + 1, self.weight_sync.version)
-        versions = np.full(len(generated.batch), generated.version, np.int64)
-        batch = generated.batch.union(Batch(meta={"rollout_version": versions}))
-        return batch, {**generated.metrics, **sync, **staleness_metrics(versions, self.version)}
-
-    def streamed_rows(self, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """Fully async: the next update's groups (``require_batches`` mini-batches of them),
-        in the order they finished, with their tokens' versions' metrics."""
-        mini = self.run.actor.update.mini_rows // self.sampling.n
-        prompts = self.run.placement.require_batches * mini
-        with timer("wait_rollout", timing):
-            groups = self.rollouter.take(prompts)
-        self.busy_from = time.perf_counter()
-        batch = Batch.concat([group.batch for group in groups])
-        metrics = version_metrics(batch.tensors[VERSIONS], self.version)
-        metrics["rollouter/queued_groups"] = float(self.rollouter.queued)
-        return batch, metrics
-
-    def sync_rollouter(self, timing: dict[str, float]) -> dict[str, float]:
-        """Fully async: the rollouter paused between two session steps (its running rows kept
-        with ``partial_rollout``, else finished first), the weights synced, a new version's cap
-        started."""
-        with timer("update_weights", timing):
-            self.rollouter.pause(drain=False)
-            sync = self.sync_weights()
-            self.rollouter.resume(self.weight_sync.version)
-        return sync
-
-    def sync_weights(self) -> dict[str, float]:
-        """A split rollout's weights made the actor's (its metrics; none when they are)."""
-        if self.weight_sync.version == self.version:
-            return {}
-        return self.weight_sync(self.actor.params, self.version)
 
     def _trace_step(self, step: int, validate: bool = False) -> None:
         """Tag the agent loops' traces (``rollout.trace``) of the next rollout."""
@@ -315,20 +262,16 @@ class PPOTrainer:
     ) -> Batch:
         """The step's `draw`-th generation batch (0: its first) with its ``uid`` per prompt
         (numbered on from the step's earlier batches) and, for ReMax, its greedy baselines."""
-        if self.rollouter is not None:
-            batch, stats = self.streamed_rows(timing)
-        elif self.one_step_off is not None:
-            batch, stats = self.overlapped_rows(prompts, step, timing)
-            prompts = self.tagged(prompts, step, draw)
+        if self.split is not None:  # fully async: the rollouter took the prompts itself
+            batch, stats = self.split.rows(prompts, step, self.cadence.total_steps, timing)
         else:
-            prompts = self.tagged(prompts, step, draw)
             with timer("gen", timing):
-                batch = host_batch(self.generate(prompts, step, draw))
+                batch = host_batch(self.generate(self.tagged(prompts, step, draw), step, draw))
             stats = self.rollout.stats
         metrics.update(stats)
         if self.run.algorithm.estimator.needs_greedy_baseline:
             with timer("gen_max", timing):
-                baselines = self.greedy_baselines(prompts)
+                baselines = self.greedy_baselines(self.tagged(prompts, step, draw))
                 batch = batch.union(Batch({"reward_baselines": baselines}))
         return batch
 
@@ -439,10 +382,9 @@ class PPOTrainer:
     def greedy_baselines(self, prompts: Batch) -> np.ndarray:
         """The baseline of an estimator that needs a greedy rollout (ReMax's): the score of one
         greedy answer per prompt, repeated for its n rows."""
-        if self.one_step_off is not None:  # the engine is free again
-            self.one_step_off.wait()
         greedy = dataclasses.replace(self.sampling, do_sample=False, n=1)
-        batch = host_batch(self.rollout.generate(prompts, greedy, self.rng))
+        with self.split.idle(synced=False) if self.split else contextlib.nullcontext():
+            batch = host_batch(self.rollout.generate(prompts, greedy, self.rng))
         reward = self.rewards(self.reward_fn, batch)
         return np.repeat(reward["reward_tensor"].sum(-1), self.sampling.n)
 
@@ -457,16 +399,13 @@ class PPOTrainer:
         if self.run.trainer.critic_warmup <= step:
             with timer("update_actor", timing):
                 metrics.update(self.actor.update(batch, step))
-            self.version += 1
-            if self.weight_sync is None:  # a split rollout syncs when it starts a generation
+            if self.split is None:
                 with timer("update_weights", timing):
                     self.rollout.update_weights(self.actor.params)
-            elif self.rollouter is not None:
-                if self.version % self.run.placement.trigger_parameter_sync_step == 0:
-                    metrics.update(self.sync_rollouter(timing))
-        overlap = self.one_step_off or self.rollouter
-        if overlap is not None:
-            metrics.update(overlap_metrics(overlap.activity, self.busy_from))
+            else:  # one-step-off syncs as it starts a generation, fully async on its trigger
+                metrics.update(self.split.updated(timing))
+        if self.split is not None:
+            metrics.update(self.split.step_metrics())
         return StepOutput(metrics, batch)
 
     def step_metrics(
@@ -513,17 +452,8 @@ class PPOTrainer:
             seed=self.run.trainer.seed,
             drop_last=False,
         )
-        if self.one_step_off is not None:  # the engine is free and holds the actor's weights
-            self.one_step_off.wait()
-            self.sync_weights()
-        if self.rollouter is None:
+        with self.split.idle() if self.split else contextlib.nullcontext():
             return self._validate(loader, step)
-        self.rollouter.pause(drain=False)  # its rows go on with the synced weights
-        try:
-            self.sync_weights()
-            return self._validate(loader, step)
-        finally:
-            self.rollouter.resume(self.weight_sync.version)
 
     def _validate(self, loader: DataLoader, step: int) -> dict[str, float]:
         prompts = gather_batch(next(iter(loader.epoch(0))))
@@ -567,16 +497,9 @@ class PPOTrainer:
             "rng_key": np.asarray(jax.random.key_data(self.rng)).tolist(),
             "data_loader": self.train_loader.get_state(),
             "kl_coef": None if self.kl_ctrl is None else self.kl_ctrl.value,
-            "policy_version": self.version,
         }
-        if self.one_step_off is not None:  # drained: the next step's rows, already generated
-            actor_extra["data_loader"] = self.lookahead.position
-            actor_extra["pending_rollout"] = self.one_step_off.snapshot()
-        if self.rollouter is not None:  # drained: its queue and the prompts it holds
-            self.rollouter.pause(drain=True)
-            actor_extra["data_loader"] = self.train_loader.get_state()
-            actor_extra["rollouter"] = packed(self.rollouter.snapshot())
-            self.rollouter.resume()
+        if self.split is not None:  # drained: the generated rows not trained on yet
+            actor_extra.update(self.split.checkpoint(self.train_loader.get_state()))
         roles = {
             "actor": RoleSnapshot(
                 self.actor.learner,
@@ -608,23 +531,17 @@ class PPOTrainer:
         step, folder, extra = resume(checkpoint, roles, self.train_loader)
         if folder is None:
             return 0
-        self.version = step
         if extra:
             self.rng = jax.random.wrap_key_data(jnp.asarray(extra["rng_key"], jnp.uint32))
-            self.version = int(extra.get("policy_version", step))
-            pending = extra.get("pending_rollout")
-            if pending is not None and self.one_step_off is not None:
-                self.one_step_off.restore(*OneStepOff.unpack(pending))
-            if extra.get("rollouter") is not None:
-                self.rollouter_state = unpacked(extra["rollouter"])
             if self.kl_ctrl is not None and extra.get("kl_coef") is not None:
                 self.kl_ctrl.value = float(extra["kl_coef"])
         if self.ref is not None and self.actor.spec.model.lora is not None:
             self.ref = Reference.from_actor(self.run.ref, self.actor)
-        if self.weight_sync is None:
+        if self.split is None:
             self.rollout.update_weights(self.actor.params)
         else:
-            self.sync_weights()
+            self.split.restore(extra or {}, step)
+            self.split.sync()
         if checkpoint.delete_after_load:
             barrier("jrl.restored")
             if is_primary():
@@ -638,54 +555,12 @@ class PPOTrainer:
         DAPO's dynamic sampling a step takes further batches from the same stream
         (`next_prompts`), and data that runs out ends the run (`DataExhausted`)."""
         stream = epochs_of(self.train_loader, self.run.cadence.total_epochs or 1)
-        if self.rollout_devices is not None and self.run.placement.fully_async:
-            self.rollouter = self.start_rollouter(stream)
-            return self._streamed_steps()
-        if self.one_step_off is not None:  # the next step's prompts start generating early
-            self.lookahead = Lookahead(stream, self.train_loader.get_state)
-            return self.lookahead
+        if self.split is not None:  # the rollout side takes the prompts ahead of the steps
+            return self.split.batches(stream, self.train_loader.get_state)
         if self.run.algorithm.filter_groups is None:
             return stream
         self.prompt_stream = stream
         return self._step_prompts()
-
-    def start_rollouter(self, stream: Iterator[tuple[int, Batch]]) -> Rollouter:
-        """The fully-async rollouter over the prompts of `stream`, from a checkpoint's state
-        when the run resumed, started."""
-        placement, rollout = self.run.placement, self.run.rollout
-        mini = self.run.actor.update.mini_rows // self.sampling.n
-        cap = group_cap(
-            placement.staleness_threshold,
-            placement.trigger_parameter_sync_step,
-            placement.require_batches,
-            mini,
-        )
-        key = jax.random.fold_in(self.rng, 2)
-        width = self.run.data.rows.max_prompt_length
-
-        def open_session(rows: int) -> Any:
-            return self.rollout.open_session(rows, width, self.sampling, key)
-
-        rollouter = Rollouter(
-            open_session,
-            stream,
-            n=self.sampling.n,
-            cap=cap,
-            partial=placement.partial_rollout,
-            response_length=rollout.response_length,
-            pad_token_id=self.sampling.pad_token_id,
-            devices=self.rollout_devices,
-        )
-        if self.rollouter_state is not None:
-            rollouter.restore(self.rollouter_state)
-        rollouter.version = self.weight_sync.version
-        rollouter.start()
-        return rollouter
-
-    def _streamed_steps(self) -> Iterator[tuple[int, Batch]]:
-        """(the rollouter's epoch, no prompts) per step: the rollouter takes the prompts."""
-        while True:
-            yield self.rollouter.epoch, Batch({})
 
     def _step_prompts(self) -> Iterator[tuple[int, Batch]]:
         """(epoch, the first prompts of a step) from `prompt_stream`, until the data ends."""
@@ -700,8 +575,8 @@ class PPOTrainer:
         try:
             return fit(self, self.run.logging, self.created_at)
         finally:
-            if self.rollouter is not None:
-                self.rollouter.close()
+            if self.split is not None:
+                self.split.close()
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""
