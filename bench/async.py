@@ -24,9 +24,7 @@ trainer's busy time (after its rows arrived) during which the rollout was genera
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import shutil
 import statistics
 import sys
 import time
@@ -36,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jrl import train as jrl_train  # noqa: E402
+from runs import train_quietly  # noqa: E402
+
 from jrl.config import load_config_file  # noqa: E402
 
 CARDS = {
@@ -73,28 +72,6 @@ def mode_overrides(mode: str, devices: int, card, args: argparse.Namespace) -> l
         f"async_training.require_batches={card.data.train_batch_size // mini}",
         "async_training.partial_rollout=True",
     ]
-
-
-def train(card: Path, run_dir: Path, steps: int, overrides: list[str]) -> list[dict]:
-    """`steps` steps of `card` in this process (output in ``run_dir/train.log``); its metrics."""
-    argv = [
-        f"--config={card}",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={steps}",
-        "trainer.val_before_train=True",
-        "trainer.save_freq=-1",
-        "trainer.logger=['file']",
-        "trainer.resume_mode=disable",
-        f"trainer.default_local_dir={run_dir}",
-        *overrides,
-    ]
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    with open(run_dir / "train.log", "w", encoding="utf-8") as log:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            jrl_train.main(argv)
-    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
 
 
 def summary(card: str, mode: str, rows: list[dict], val_key: str, wall_s: float) -> dict:
@@ -142,7 +119,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for mode in args.modes:
             keys = [*mode_overrides(mode, args.devices, card, args), *args.overrides]
             start = time.perf_counter()
-            rows = train(path, args.out / f"{name}_{mode}", args.steps, keys)
+            rows = train_quietly(path, args.out / f"{name}_{mode}", args.steps, keys)
             line = summary(name, mode, rows, val_key, time.perf_counter() - start)
             results.append(line)
             print(json.dumps(line), flush=True)

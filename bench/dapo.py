@@ -23,9 +23,7 @@ means over the seeds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import shutil
 import statistics
 import sys
 import time
@@ -35,34 +33,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from jrl import train as jrl_train  # noqa: E402
+from runs import train_quietly  # noqa: E402
+
 from jrl.config import load_config_file  # noqa: E402
 
 VAL_KEY = "val-core/jrl/word_problems/reward/mean@1"
 GEN_BATCHES = "train/num_gen_batches"
-
-
-def train(card: str, run_dir: Path, steps: int, seed: int, overrides: list[str]) -> list[dict]:
-    """Trains `card` for `steps` steps in this process (a fresh `run_dir`, its output in
-    ``run_dir/train.log``); returns the rows of its metrics file."""
-    argv = [
-        f"--config={card}",
-        f"data.seed={seed}",
-        f"trainer.total_training_steps={steps}",
-        f"trainer.test_freq={steps}",
-        "trainer.val_before_train=True",
-        "trainer.logger=['file']",
-        "trainer.resume_mode=disable",
-        f"trainer.default_local_dir={run_dir}",
-        *overrides,
-    ]
-    shutil.rmtree(run_dir, ignore_errors=True)
-    run_dir.mkdir(parents=True)
-    with open(run_dir / "train.log", "w", encoding="utf-8") as log:
-        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
-            jrl_train.main(argv)
-    lines = (run_dir / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
-    return [json.loads(line) for line in lines]
 
 
 def summary(algo: str, seed: int, rows: list[dict], samples_per_batch: int, wall_s: float) -> dict:
@@ -121,13 +97,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     lines: dict[str, list[dict]] = {"dapo": [], "grpo": []}
     for seed in args.seeds:
         start = time.perf_counter()
-        rows = train(
-            args.card, args.out / f"dapo_seed{seed}", args.steps, seed, dapo_keys + args.overrides
+        seeded = [f"data.seed={seed}", *args.overrides]
+        rows = train_quietly(
+            args.card, args.out / f"dapo_seed{seed}", args.steps, dapo_keys + seeded
         )
         dapo = summary("dapo", seed, rows, gen_batch_size * n, time.perf_counter() - start)
         steps = max(round(dapo["generated_samples"] / (prompts * n)), 1)
         start = time.perf_counter()
-        rows = train(args.card, args.out / f"grpo_seed{seed}", steps, seed, args.overrides)
+        rows = train_quietly(args.card, args.out / f"grpo_seed{seed}", steps, seeded)
         grpo = summary("grpo", seed, rows, prompts * n, time.perf_counter() - start)
         for line in (dapo, grpo):
             lines[line["algo"]].append(line)

@@ -395,3 +395,14 @@ def digits_scale(run_dir: Path) -> list[str]:
         "trainer.logger=['console']",
         f"trainer.default_local_dir={run_dir}",
     ]
+
+
+# Fully-async training that does not depend on timing (staleness_threshold=0) on the digits card:
+# each weight version's 32 groups are 2 updates of 2 mini-batches of 8 prompts.
+FULLY_ASYNC_KEYS = (
+    "async_training.mode=fully_async",
+    "async_training.staleness_threshold=0",
+    "async_training.trigger_parameter_sync_step=2",
+    "async_training.require_batches=2",
+    "actor_rollout_ref.rollout.calculate_log_probs=True",
+)

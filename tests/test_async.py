@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from fake_vllm import prompt_batch
-from helpers import TINY_LLAMA, digits_scale
+from helpers import FULLY_ASYNC_KEYS, TINY_LLAMA, digits_scale
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
@@ -233,22 +233,13 @@ def test_partial_rollout_rows_keep_their_tokens_and_go_on_with_new_weights():
     assert changed  # the rows went on with the new weights
 
 
-FULLY_ASYNC = (
-    "async_training.mode=fully_async",
-    "async_training.staleness_threshold=0",
-    "async_training.trigger_parameter_sync_step=2",
-    "async_training.require_batches=2",
-    "actor_rollout_ref.rollout.calculate_log_probs=True",
-)
-
-
 def test_fully_async_without_staleness_syncs_every_trigger_steps_and_resumes_exactly(
     tmp_path, monkeypatch
 ):
     """staleness_threshold=0: the rollouter makes each version's 32 groups (2 updates of 2
     mini-batches of 8 prompts), so the first update of a version trains on its own rows and
     the second on rows one version old; a checkpoint in the middle drains and resumes exactly."""
-    whole = _run(tmp_path / "whole", 4, monkeypatch, *FULLY_ASYNC, "trainer.save_freq=1")
+    whole = _run(tmp_path / "whole", 4, monkeypatch, *FULLY_ASYNC_KEYS, "trainer.save_freq=1")
     assert [whole[s]["training/staleness_mean"] for s in (1, 2, 3, 4)] == [0, 1, 0, 1]
     assert [("sync/bytes" in whole[s]) for s in (1, 2, 3, 4)] == [False, True, False, True]
     step_1 = tmp_path / "whole" / "checkpoints" / "global_step_1"
@@ -256,7 +247,7 @@ def test_fully_async_without_staleness_syncs_every_trigger_steps_and_resumes_exa
         tmp_path / "resumed",
         4,
         monkeypatch,
-        *FULLY_ASYNC,
+        *FULLY_ASYNC_KEYS,
         "trainer.save_freq=1",
         "trainer.resume_mode=resume_path",
         f"trainer.resume_from_path={step_1}",

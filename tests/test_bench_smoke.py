@@ -2,6 +2,7 @@
 
 import json
 import math
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -119,3 +120,20 @@ def test_actor_update_memory_drops_with_fused_kernels():
         peaks[fused] = update_memory(config, model, micro_batches=1)["peak_bytes"]
     logits_bytes = 4 * 64 * 65536 * 4  # rows x response tokens x vocab x float32
     assert peaks[True] < peaks[False] - logits_bytes, peaks
+
+
+def test_async_bench_reports_each_mode_on_digits(tmp_path):
+    cmd = [sys.executable, "bench/async.py", "--cards", "digits", "--steps", "2"]
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=8"}
+    proc = subprocess.run(
+        [*cmd, "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = {line["mode"]: line for line in map(json.loads, proc.stdout.splitlines())}
+    assert list(lines) == ["sync", "one_step_off", "fully_async"]
+    assert lines["sync"]["staleness_mean"] == 0 and lines["sync"]["overlap_fraction"] == 0
+    assert lines["one_step_off"]["staleness_mean"] == 1  # step 2 trains on version-0 rows
+    for line in lines.values():
+        assert line["steps"] == 2 and 0 <= line["val_after"] <= 1
+        assert 0 <= line["overlap_fraction"] <= 1

@@ -16,6 +16,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from helpers import FULLY_ASYNC_KEYS
 from sft_digits import digits_sft_args
 
 from jrl import train
@@ -466,16 +467,7 @@ def _split_overrides(run_dir: Path, nnodes: int) -> list[str]:
     ]
 
 
-FULLY_ASYNC = (
-    "async_training.mode=fully_async",
-    "async_training.staleness_threshold=0",
-    "async_training.trigger_parameter_sync_step=2",
-    "async_training.require_batches=2",
-    "actor_rollout_ref.rollout.calculate_log_probs=True",
-)
-
-
-@pytest.mark.parametrize("mode", [(), FULLY_ASYNC], ids=["one_step_off", "fully_async"])
+@pytest.mark.parametrize("mode", [(), FULLY_ASYNC_KEYS], ids=["one_step_off", "fully_async"])
 def test_split_runs_across_two_processes_match_one(tmp_path, monkeypatch, mode):
     """Each host gives 2 devices to the trainer and 2 to the rollout: every weight sync moves
     shards between the processes, and the rows and updates match a one-process run's."""

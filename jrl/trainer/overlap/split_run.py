@@ -114,8 +114,9 @@ class SplitRun:
     def idle(self, synced: bool = True) -> Iterator[None]:
         """The engine free for another call (validation, a greedy baseline), with the actor's
         weights where `synced`: the pending generation waited for, or the rollouter paused."""
-        if self.one_step_off is not None:
-            self.one_step_off.wait()
+        if self.rollouter is None:  # one-step-off, or a rollouter not started yet
+            if self.one_step_off is not None:
+                self.one_step_off.wait()
             if synced:
                 self.sync()
             yield
