@@ -480,3 +480,36 @@ def test_split_runs_across_two_processes_match_one(tmp_path, monkeypatch, mode):
     got = _metrics(two, ("sync/seconds", "overlap/"))
     assert got[2]["sync/bytes"] > 0 and got[2]["training/staleness_mean"] == 1
     _assert_same_metrics(single, two, [1, 2, 3], ignored=("sync/seconds", "overlap/"))
+
+
+def _filtered_overrides(run_dir: Path, nnodes: int) -> list[str]:
+    """2 GRPO steps of the digits card with DAPO's group filter, on 4 devices over `nnodes`
+    hosts."""
+    return [
+        "--config=configs/digits_grpo.py",
+        "algorithm.filter_groups.enable=True",
+        "algorithm.filter_groups.metric=seq_reward",
+        f"trainer.nnodes={nnodes}",
+        f"trainer.n_gpus_per_node={4 // nnodes}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16",
+        "trainer.total_training_steps=2",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+        "trainer.logger=['console','file']",
+        f"trainer.default_local_dir={run_dir}",
+    ]
+
+
+def test_dynamic_sampling_across_two_processes_matches_one(tmp_path, monkeypatch):
+    """Each process scores its share of every generation batch; both filter the same groups
+    and draw the same further batches as one process does."""
+    single = tmp_path / "single"
+    monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(single / "metrics.jsonl"))
+    train.main(_filtered_overrides(single, 1))
+    two = tmp_path / "two"
+    monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(two / "metrics.jsonl"))
+    _train(2, two, _filtered_overrides(two, 2))
+    got = _metrics(two)
+    assert got[1]["train/num_gen_batches"] > 1  # further batches were drawn
+    _assert_same_metrics(single, two, [1, 2])
