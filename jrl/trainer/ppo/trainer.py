@@ -577,6 +577,7 @@ class PPOTrainer:
         finally:
             if self.split is not None:
                 self.split.close()
+                exchange_on(None)
 
     def describe(self) -> str:
         """The resolved configuration, as printed at start-up."""
