@@ -296,3 +296,23 @@ def test_verls_fully_async_script_runs_under_its_config_name(tmp_path, monkeypat
     rows = [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
     assert len(rows) == 3 and all("training/staleness_mean" in row for row in rows)
     assert rows[1]["sync/bytes"] > 0  # after 2 updates
+
+
+def test_one_step_off_runs_agent_loops_in_the_rollouts_thread(tmp_path, monkeypatch):
+    """The lookup card's tool agent loop (multi-turn rows, tool calls) on the rollout's own
+    devices, one batch ahead."""
+    metrics_file = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(metrics_file))
+    train.main(
+        [
+            "--config=configs/lookup_tool_grpo.py",
+            *SPLIT[1:],
+            "trainer.total_training_steps=2",
+            "trainer.test_freq=-1",
+            f"trainer.default_local_dir={tmp_path}",
+        ]
+    )
+    rows = [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
+    assert [row["training/staleness_mean"] for row in rows] == [0, 1]
+    for row in rows:
+        assert row["agent/num_turns/max"] > 1 and row["agent/rounds"] >= 1

@@ -89,10 +89,10 @@ def placement_problems(config: ConfigDict, num_devices: int | None) -> Iterator[
             "further generation batches would wait on the one-step-off pipeline); set one of them "
             "off"
         )
-    if config.actor_rollout_ref.rollout.multi_turn.enable:
+    if config.actor_rollout_ref.rollout.multi_turn.enable and sync.mode == "fully_async":
         yield (
-            "rollout.multi_turn.enable with hybrid_engine=False is not implemented (agent loops "
-            "run on the trainer's devices); set actor_rollout_ref.hybrid_engine=True"
+            "rollout.multi_turn.enable with async_training.mode=fully_async is not implemented "
+            "(the rollouter streams single-turn rows); use async_training.mode=one_step_off"
         )
     if rollout.nnodes != trainer.nnodes:
         yield (

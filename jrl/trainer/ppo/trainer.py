@@ -135,9 +135,10 @@ class PPOTrainer:
                 lora=actor.spec.model.lora,
             )
         else:
-            self.rollout, weight_sync = split_rollout(
+            engine, weight_sync = split_rollout(
                 run.rollout, run.placement, actor, self.rollout_devices, self.tokenizer
             )
+            self.rollout = engine
         if run.agent is not None:  # each row's trajectory runs its agent loop over the engine
             template = data.rows.apply_chat_template_kwargs
             trace = run.agent.trace
@@ -157,7 +158,7 @@ class PPOTrainer:
         if self.rollout_devices is not None:
             self.split = SplitRun(
                 run.placement,
-                self.rollout,
+                engine,
                 weight_sync,
                 self.rollout_devices,
                 lambda: self.actor.params,
