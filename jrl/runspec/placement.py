@@ -2,9 +2,10 @@
 
 ``actor_rollout_ref.hybrid_engine`` (True, verl's default) colocates every role on the trainer's
 devices and runs the phases in turn. False splits each host's devices: the trainer keeps
-``trainer.n_gpus_per_node`` of them and the rollout takes the next ``rollout.n_gpus_per_node``
-(verl's one-step-off and fully-async recipes' keys; ``rollout.nnodes`` must equal
-``trainer.nnodes``: every process holds a part of both meshes and runs one program). The rollout
+``trainer.n_gpus_per_node`` of them and the rollout takes the next ``rollout.n_gpus_per_node``,
+a divisor of the trainer's (verl's one-step-off and fully-async recipes' keys;
+``rollout.nnodes`` must equal ``trainer.nnodes``: every process holds a part of both meshes and
+runs one program). The rollout
 then generates batch t + 1 while the trainer trains on batch t, with weights one version old
 (``async_training.mode=one_step_off``, jrl's own key, as verl picks its recipe by program), or
 streams finished groups to the trainer as they end (``fully_async``: verl's fully-async trainer,

@@ -130,8 +130,11 @@ class SplitRun:
             self.rollouter.resume(self.weight_sync.version)
 
     def close(self) -> None:
+        """Stops the rollout side's thread (the rollouter's, or one-step-off's pool)."""
         if self.rollouter is not None:
             self.rollouter.close()
+        if self.one_step_off is not None:
+            self.one_step_off.close()
 
     # -- checkpoints ----------------------------------------------------------------------------
     def checkpoint(self, loader_state: Any) -> dict[str, Any]:
