@@ -222,12 +222,12 @@ def test_partial_rollout_rows_keep_their_tokens_and_go_on_with_new_weights():
     first = 1 + SESSION_DECODE_STEPS
     changed = 0
     for done, ref in zip(partial, whole, strict=True):
-        versions = done.batch.tensors[VERSIONS]
+        versions = done.tensors[VERSIONS]
         assert (versions[:, :first] == 0).all() and (versions[:, first:] == 1).all()
-        tokens, ref_tokens = done.batch.tensors["responses"], ref.batch.tensors["responses"]
+        tokens, ref_tokens = done.tensors["responses"], ref.tensors["responses"]
         np.testing.assert_array_equal(tokens[:, :first], ref_tokens[:, :first])
-        logps = done.batch.tensors["rollout_log_probs"][:, :first]
-        np.testing.assert_allclose(logps, ref.batch.tensors["rollout_log_probs"][:, :first])
+        logps = done.tensors["rollout_log_probs"][:, :first]
+        np.testing.assert_allclose(logps, ref.tensors["rollout_log_probs"][:, :first])
         changed += int((tokens[:, first:] != ref_tokens[:, first:]).any())
         assert version_metrics(versions, 1)["training/partial_rows"] == 2
     assert changed  # the rows went on with the new weights

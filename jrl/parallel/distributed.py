@@ -26,6 +26,7 @@ by each process on its own rows and combined (`score_per_process`).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import os
 import pickle
@@ -204,22 +205,36 @@ def exchange_on(devices: Sequence[jax.Device] | None) -> None:
     _THREAD.devices = None if devices is None else tuple(devices)
 
 
+def threads_overlap(devices: Sequence[jax.Device]) -> bool:
+    """Whether a thread of programs on `devices` may run beside this thread's. Not on several
+    CPU processes: XLA:CPU's collectives between processes (gloo) mix up two threads'
+    collectives between the same processes, so there the two must take turns."""
+    return not (jax.process_count() > 1 and devices[0].platform == "cpu")
+
+
+@functools.cache
+def _exchange(devices: tuple[jax.Device, ...]) -> tuple[jax.Device, NamedSharding, Any]:
+    """For `exchange_on`'s `devices`: this process's device among the first of each process,
+    their [processes, ...] layout and the program that replicates it on each of them."""
+    first: dict[int, jax.Device] = {}
+    for device in devices:
+        first.setdefault(device.process_index, device)
+    mesh = Mesh(np.asarray([first[p] for p in sorted(first)]), ("processes",))
+    whole = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))
+    return first[jax.process_index()], NamedSharding(mesh, PartitionSpec("processes")), whole
+
+
 def _gathered(x: np.ndarray) -> np.ndarray:
     """[processes, ...]: every process's `x` (same shape and dtype everywhere)."""
     devices = getattr(_THREAD, "devices", None)
     if devices is None:
         return np.asarray(multihost_utils.process_allgather(x))
-    first: dict[int, jax.Device] = {}
-    for device in devices:
-        first.setdefault(device.process_index, device)
-    mesh = Mesh(np.asarray([first[p] for p in sorted(first)]), ("processes",))
+    local, stacked, whole = _exchange(devices)
     x = np.asarray(x)
-    local = jax.device_put(x[None], first[jax.process_index()])
-    stacked = jax.make_array_from_single_device_arrays(
-        (len(first), *x.shape), NamedSharding(mesh, PartitionSpec("processes")), [local]
-    )
-    whole = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, PartitionSpec()))(stacked)
-    return np.asarray(whole.addressable_data(0))
+    mine = jax.device_put(x[None], local)
+    shape = (stacked.mesh.size, *x.shape)
+    gathered = whole(jax.make_array_from_single_device_arrays(shape, stacked, [mine]))
+    return np.asarray(gathered.addressable_data(0))
 
 
 def barrier(name: str) -> None:

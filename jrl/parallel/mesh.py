@@ -61,6 +61,22 @@ def make_mesh(
     return Mesh(devices, MESH_AXES)
 
 
+def split_devices(
+    devices: Sequence[Any], trainer_per_node: int, rollout_per_node: int
+) -> tuple[list[Any], list[Any]]:
+    """(the trainer's devices, the rollout's): of each process's devices in id order, the first
+    `trainer_per_node` and the next `rollout_per_node`."""
+    hosts: dict[int, list[Any]] = {}
+    for device in sorted(devices, key=lambda d: (d.process_index, d.id)):
+        hosts.setdefault(device.process_index, []).append(device)
+    trainer: list[Any] = []
+    rollout: list[Any] = []
+    for local in hosts.values():
+        trainer += local[:trainer_per_node]
+        rollout += local[trainer_per_node : trainer_per_node + rollout_per_node]
+    return trainer, rollout
+
+
 def batch_axes() -> tuple[str, str]:
     """Mesh axes that split the batch rows."""
     return ("data", "fsdp")

@@ -18,13 +18,13 @@ from jax.sharding import Mesh
 
 from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import make_mesh
+from jrl.parallel.mesh import split_devices
 from jrl.parallel.topology import Slice
 from jrl.parallel.transfer import MeshTransfer
 from jrl.rollout.build import build_rollout, sampling_params
 from jrl.rollout.engines import FALLBACK
 from jrl.rollout.jax_rollout import JaxRollout
 from jrl.rollout.sampling import SamplingParams
-from jrl.runspec.placement import split_devices
 from jrl.runspec.spec import RunSpec, resolve_run
 from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.critic import Critic

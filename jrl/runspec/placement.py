@@ -19,8 +19,7 @@ program moves at once.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
-from typing import Any
+from collections.abc import Iterator
 
 from ml_collections import ConfigDict
 
@@ -144,19 +143,3 @@ def _fully_async_problems(config: ConfigDict) -> Iterator[str]:
             f"algorithm.adv_estimator={config.algorithm.adv_estimator} (a greedy answer per "
             "prompt) with async_training.mode=fully_async is not implemented"
         )
-
-
-def split_devices(
-    devices: Sequence[Any], trainer_per_node: int, rollout_per_node: int
-) -> tuple[list[Any], list[Any]]:
-    """(the trainer's devices, the rollout's): of each process's devices in id order, the first
-    `trainer_per_node` and the next `rollout_per_node`."""
-    hosts: dict[int, list[Any]] = {}
-    for device in sorted(devices, key=lambda d: (d.process_index, d.id)):
-        hosts.setdefault(device.process_index, []).append(device)
-    trainer: list[Any] = []
-    rollout: list[Any] = []
-    for local in hosts.values():
-        trainer += local[:trainer_per_node]
-        rollout += local[trainer_per_node : trainer_per_node + rollout_per_node]
-    return trainer, rollout

@@ -35,20 +35,12 @@ import jax
 import numpy as np
 
 from jrl.batch import Batch
-from jrl.parallel.distributed import exchange_on, gather_batch
+from jrl.parallel.distributed import exchange_on, gather_batch, threads_overlap
 from jrl.rollout.layout import rollout_batch
 from jrl.rollout.session import EndedTurn, TurnSession
 from jrl.trainer.loop.stopping import DataExhausted
 from jrl.trainer.overlap.activity import Activity
 from jrl.trainer.overlap.versions import VERSIONS
-
-
-class Group(NamedTuple):
-    """One prompt's n finished rows (verl's rollout layout, with ``uid`` and per-token
-    versions) and the prompt's number in the stream."""
-
-    batch: Batch
-    index: int
 
 
 class _Row(NamedTuple):
@@ -84,10 +76,9 @@ class Rollouter:
         self.response_length, self.pad_token_id = response_length, pad_token_id
         self._devices = devices
         self._cond = threading.Condition()
-        self._queue: collections.deque[Group] = collections.deque()
-        self._waiting: collections.deque[tuple[int, Batch]] = (
-            collections.deque()
-        )  # taken, unstarted
+        self._queue: collections.deque[Batch] = collections.deque()  # finished groups
+        # prompts taken from the stream and not started yet, with their epochs
+        self._waiting: collections.deque[tuple[int, Batch]] = collections.deque()
         self._rows: dict[int, _Row] = {}
         self._tokens: dict[int, tuple[list[int], list[float], list[int]]] = {}
         self._done: dict[int, list[int]] = collections.defaultdict(list)  # group -> ended rows
@@ -104,9 +95,8 @@ class Rollouter:
         self._thread: threading.Thread | None = None
         self.activity = Activity()
         self._session: TurnSession | None = None
-        # XLA:CPU's collectives between processes (gloo) mix up two threads' collectives, so
-        # there the trainer's thread drives the rollouter between its steps (no overlap).
-        self.overlaps = not (jax.process_count() > 1 and devices[0].platform == "cpu")
+        # where threads cannot overlap, the trainer's thread drives the rollouter between steps
+        self.overlaps = threads_overlap(devices)
 
     # -- the trainer's side ---------------------------------------------------------------------
     def start(self) -> None:
@@ -115,8 +105,9 @@ class Rollouter:
             self._thread = threading.Thread(target=self._run, name="jrl-rollouter", daemon=True)
             self._thread.start()
 
-    def take(self, groups: int) -> list[Group]:
-        """The next `groups` finished groups (waits for them); DataExhausted when the data ends
+    def take(self, groups: int) -> list[Batch]:
+        """The next `groups` finished groups, each a prompt's n rows in verl's rollout layout
+        with ``uid`` and per-token versions (waits for them); DataExhausted when the data ends
         first."""
         with self._cond:
             while len(self._queue) < groups:
@@ -183,7 +174,7 @@ class Rollouter:
 
     def restore(self, state: dict[str, Any]) -> None:
         """The state of a `snapshot` (before `start`)."""
-        self._queue.extend(Group(*g) for g in state["queue"])
+        self._queue.extend(state["queue"])
         self._waiting.extend(state["waiting"])
         self.version, self.started = state["version"], state["started"]
         self.next_group, self.epoch = state["next_group"], state["epoch"]
@@ -302,7 +293,7 @@ class Rollouter:
         log_probs.extend(turn.log_probs)
         del versions[len(turn.token_ids) :]
 
-    def _group(self, group: int) -> Group:
+    def _group(self, group: int) -> Batch:
         rows = sorted(self._done.pop(group))
         prompt = self._rows[rows[0]].prompt
         width = self.response_length
@@ -319,4 +310,4 @@ class Rollouter:
         batch = rollout_batch(repeated, responses, mask, log_probs).to_numpy()
         uids = np.full(len(rows), f"g{group}", dtype=object)
         extra = Batch({VERSIONS: versions}, {"uid": uids})
-        return Group(batch.union(extra), group)
+        return batch.union(extra)

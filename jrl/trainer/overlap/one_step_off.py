@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 import jax
 
 from jrl.batch import Batch
-from jrl.parallel.distributed import exchange_on
+from jrl.parallel.distributed import exchange_on, threads_overlap
 from jrl.trainer.overlap.activity import Activity
 from jrl.trainer.overlap.snapshots import packed, unpacked
 
@@ -44,9 +44,7 @@ class OneStepOff:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="jrl-rollout", initializer=exchange_on, initargs=(devices,)
         )
-        # XLA:CPU's cross-process collectives (gloo) mix up two threads' collectives between
-        # the same processes, so there each generation runs in turn (same rows, no overlap).
-        self.overlaps = not (jax.process_count() > 1 and devices[0].platform == "cpu")
+        self.overlaps = threads_overlap(devices)  # else each generation runs in turn
         if not self.overlaps:
             print(
                 "jrl: one-step-off on several CPU processes: the next batch is generated before "

@@ -189,7 +189,7 @@ class SplitRun:
         with timer("wait_rollout", timing):
             groups = self.rollouter.take(self.step_prompts)
         self._busy_from = time.perf_counter()
-        batch = Batch.concat([group.batch for group in groups])
+        batch = Batch.concat(groups)
         metrics = version_metrics(batch.tensors[VERSIONS], self.version)
         metrics["rollouter/queued_groups"] = float(self.rollouter.queued)
         return batch, metrics

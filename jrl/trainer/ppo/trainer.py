@@ -38,11 +38,11 @@ from jrl.parallel import (
 )
 from jrl.parallel.devices import check_device
 from jrl.parallel.distributed import exchange_on
+from jrl.parallel.mesh import split_devices
 from jrl.reward.guard import fault_metrics, finite_rewards
 from jrl.reward.manager import load_reward_manager
 from jrl.rollout import log_prob_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
-from jrl.runspec.placement import split_devices
 from jrl.runspec.spec import RunSpec, resolve_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.io.generations import write_generations
