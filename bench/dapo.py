@@ -11,12 +11,16 @@ problems, 4 prompts x 4 answers a step), per seed (``data.seed``):
 - ``grpo``: the card as it is, for as many steps as give the same number of generated samples
   (``train_batch_size x n`` a step; rounded to the nearest step, at least one).
 
-Both validate greedily before training and after their last step. One JSON line per run: the
-steps, the generated samples, the batches-per-step figure (mean ``train/num_gen_batches``; 1 for
-grpo), the held-out reward before and after, the wall time; then one line per algorithm with the
-means over the seeds.
+Both validate greedily before training and after their last step. With ``--lrs`` both run at
+each actor learning rate of the grid: at equal samples GRPO takes about ``num_gen_batches`` times
+as many updates as DAPO, so a single learning rate favours whichever algorithm it suits; each is
+compared at its best rate of the same grid. One JSON line per run: the learning rate, the steps,
+the generated samples, the batches-per-step figure (mean ``train/num_gen_batches``; 1 for grpo),
+the held-out reward before and after, the wall time; then one line per algorithm and learning
+rate with the means over the seeds.
 
     python bench/dapo.py                                   # 3 seeds, 12 DAPO steps each
+    python bench/dapo.py --lrs 1e-5 2e-5                   # both at each rate of the grid
     python bench/dapo.py --seeds 0 --steps 1 data.val_max_samples=8     # a smoke run
 """
 
@@ -41,14 +45,17 @@ VAL_KEY = "val-core/jrl/word_problems/reward/mean@1"
 GEN_BATCHES = "train/num_gen_batches"
 
 
-def summary(algo: str, seed: int, rows: list[dict], samples_per_batch: int, wall_s: float) -> dict:
-    """One run's line: steps, generated samples, batches per step, held-out reward."""
+def summary(
+    algo: str, lr: float | None, seed: int, rows: list[dict], samples_per_batch: int, wall_s: float
+) -> dict:
+    """One run's line: learning rate, steps, generated samples, batches per step, reward."""
     steps = {int(row["step"]): row["data"] for row in rows}
     trained = [data for step, data in sorted(steps.items()) if step > 0]
     batches = [float(data.get(GEN_BATCHES, 1.0)) for data in trained]
     validated = [data[VAL_KEY] for _, data in sorted(steps.items()) if VAL_KEY in data]
     return {
         "algo": algo,
+        "lr": lr,
         "seed": seed,
         "steps": len(trained),
         "generated_samples": int(sum(batches) * samples_per_batch),
@@ -60,9 +67,10 @@ def summary(algo: str, seed: int, rows: list[dict], samples_per_batch: int, wall
 
 
 def aggregate(lines: list[dict]) -> dict:
-    """Means over one algorithm's seeds."""
+    """Means over the seeds of one algorithm at one learning rate."""
     return {
         "algo": lines[0]["algo"],
+        "lr": lines[0]["lr"],
         "seeds": [line["seed"] for line in lines],
         **{
             key.removesuffix("_mean") + "_mean": round(
@@ -81,6 +89,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--steps", type=int, default=12, help="DAPO's training steps per run")
     parser.add_argument("--gen-factor", type=int, default=2, help="gen_batch_size / train's")
     parser.add_argument("--metric", default="seq_reward", help="algorithm.filter_groups.metric")
+    parser.add_argument(
+        "--lrs", nargs="+", type=float, default=[None], help="actor learning rates (card's: none)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "dapo")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = parser.parse_args(argv)
@@ -94,24 +105,26 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"algorithm.filter_groups.metric={args.metric}",
         f"data.gen_batch_size={gen_batch_size}",
     ]
-    lines: dict[str, list[dict]] = {"dapo": [], "grpo": []}
-    for seed in args.seeds:
-        start = time.perf_counter()
-        seeded = [f"data.seed={seed}", *args.overrides]
-        rows = train_quietly(
-            args.card, args.out / f"dapo_seed{seed}", args.steps, dapo_keys + seeded
-        )
-        dapo = summary("dapo", seed, rows, gen_batch_size * n, time.perf_counter() - start)
-        steps = max(round(dapo["generated_samples"] / (prompts * n)), 1)
-        start = time.perf_counter()
-        rows = train_quietly(args.card, args.out / f"grpo_seed{seed}", steps, seeded)
-        grpo = summary("grpo", seed, rows, prompts * n, time.perf_counter() - start)
-        for line in (dapo, grpo):
-            lines[line["algo"]].append(line)
-            print(json.dumps(line), flush=True)
-    results = [line for algo in lines.values() for line in algo]
-    for algo in lines.values():
-        results.append(aggregate(algo))
+    lines: dict[tuple[str, float | None], list[dict]] = {}
+    for lr in args.lrs:
+        rate = [] if lr is None else [f"actor_rollout_ref.actor.optim.lr={lr}"]
+        tag = "" if lr is None else f"_lr{lr:g}"
+        for seed in args.seeds:
+            seeded = [f"data.seed={seed}", *rate, *args.overrides]
+            start = time.perf_counter()
+            run_dir = args.out / f"dapo{tag}_seed{seed}"
+            rows = train_quietly(args.card, run_dir, args.steps, dapo_keys + seeded)
+            dapo = summary("dapo", lr, seed, rows, gen_batch_size * n, time.perf_counter() - start)
+            steps = max(round(dapo["generated_samples"] / (prompts * n)), 1)
+            start = time.perf_counter()
+            rows = train_quietly(args.card, args.out / f"grpo{tag}_seed{seed}", steps, seeded)
+            grpo = summary("grpo", lr, seed, rows, prompts * n, time.perf_counter() - start)
+            for line in (dapo, grpo):
+                lines.setdefault((line["algo"], lr), []).append(line)
+                print(json.dumps(line), flush=True)
+    results = [line for runs in lines.values() for line in runs]
+    for runs in lines.values():
+        results.append(aggregate(runs))
         print(json.dumps(results[-1]), flush=True)
     return results
 

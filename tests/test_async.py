@@ -23,7 +23,7 @@ from jrl.rollout import JaxRollout, SamplingParams
 from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
 from jrl.runspec import load_config
 from jrl.runspec.spec import resolve_run
-from jrl.trainer.overlap.fully_async import Rollouter
+from jrl.trainer.overlap.fully_async import Rollouter, SingleTurns
 from jrl.trainer.overlap.versions import VERSIONS, version_metrics
 from jrl.trainer.ppo.trainer import PPOTrainer
 
@@ -192,11 +192,10 @@ def _partial_rollouter(engine, prompts, key, response: int):
     rollouter = Rollouter(
         lambda rows: engine.open_session(rows, prompts.tensors["input_ids"].shape[1], greedy, key),
         iter([(0, prompts)]),
+        SingleTurns(response, pad_token_id=0),
         n=2,
         cap=len(prompts),
         partial=True,
-        response_length=response,
-        pad_token_id=0,
         devices=jax.devices()[:1],
     )
     rollouter.overlaps = False  # the test's thread drives it, step by step
@@ -258,9 +257,9 @@ def test_fully_async_without_staleness_syncs_every_trigger_steps_and_resumes_exa
 
 
 # verl's experimental/fully_async_policy/shell/dapo_7b_math_fsdp2_4_12.sh, its keys scaled to the
-# digits task on 8 CPU devices (4 train, 2 generate: its 12 + 4 split), with the batch sizes jrl
-# needs: data.train_batch_size = require_batches x ppo_mini_batch_size (the script's 0 is "not
-# effective" in verl) and data.gen_batch_size following it (the script's 1).
+# digits task on 8 CPU devices (4 train, 2 generate: its 12 + 4 split), with its batch keys as
+# verl's fully-async trainer requires them (train_batch_size 0, gen_batch_size 1) and its run
+# counted in prompts (total_rollout_steps; no total_training_steps).
 FULLY_ASYNC_SCRIPT = (
     "algorithm.adv_estimator=grpo",
     "actor_rollout_ref.rollout.n=4",
@@ -277,8 +276,9 @@ FULLY_ASYNC_SCRIPT = (
     "async_training.partial_rollout=True",
     "actor_rollout_ref.actor.use_rollout_log_probs=True",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-    "data.train_batch_size=16",
-    "trainer.total_training_steps=3",
+    "data.train_batch_size=0",
+    "data.gen_batch_size=1",
+    "trainer.total_training_steps=null",  # digits_scale's 2 off: the script sets none
     "trainer.test_freq=-1",
     "trainer.logger=['console','file']",
 )
@@ -289,6 +289,9 @@ def test_verls_fully_async_script_runs_under_its_config_name(tmp_path, monkeypat
     config, _ = load_config(argv, num_devices=len(jax.devices()))
     run = resolve_run(config)
     assert run.placement.fully_async and run.placement.partial_rollout
+    # a step trains on require_batches x ppo_mini_batch_size prompts; 48 prompts make 3 steps
+    assert (run.data.files.train_batch_size, run.data.gen_batch_size) == (16, 16)
+    assert run.cadence.total_training_steps == 3
     assert run.algorithm.rollout_correction.bypass_mode  # the recipe's rollout log-probs
     metrics_file = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(metrics_file))
@@ -316,3 +319,27 @@ def test_one_step_off_runs_agent_loops_in_the_rollouts_thread(tmp_path, monkeypa
     assert [row["training/staleness_mean"] for row in rows] == [0, 1]
     for row in rows:
         assert row["agent/num_turns/max"] > 1 and row["agent/rounds"] >= 1
+
+
+def test_fully_async_streams_agent_loop_rows(tmp_path, monkeypatch):
+    """The lookup card's tool agent loop under fully async: each row's loop asks its turns of
+    the rollouter's session and calls its tool between session steps; verl's fully-async batch
+    keys size the step."""
+    metrics_file = tmp_path / "metrics.jsonl"
+    monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(metrics_file))
+    argv = [
+        "--config=configs/lookup_tool_grpo.py",
+        *SPLIT[1:],
+        *FULLY_ASYNC_KEYS,
+        "data.train_batch_size=0",  # verl's fully-async spelling: require_batches x mini-batch
+        "trainer.total_training_steps=3",
+        "trainer.test_freq=-1",
+        f"trainer.default_local_dir={tmp_path}",
+    ]
+    train.main(argv)
+    rows = [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
+    assert len(rows) == 3  # 3 steps of require_batches x ppo_mini_batch_size = 16 prompts
+    assert sum(row["agent/tool_calls"] for row in rows) > 0  # the tool ran between turns
+    assert max(row["agent/num_turns/max"] for row in rows) > 2  # and its answer was read
+    staleness = [row["training/staleness_max"] for row in rows]
+    assert staleness == [0, 1, 0]  # 2 updates' groups per version (staleness_threshold=0)

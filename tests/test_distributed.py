@@ -446,12 +446,12 @@ def test_two_processes_match_one_with_multi_turn_rows(tmp_path, scheduling):
     assert (slot_steps > 0) == (scheduling == "slots")
 
 
-def _split_overrides(run_dir: Path, nnodes: int) -> list[str]:
-    """3 one-step-off GRPO steps of the digits card, the trainer and the rollout on 4 devices
-    each, split over `nnodes` hosts."""
+def _split_overrides(run_dir: Path, nnodes: int, card: str = "digits_grpo.py") -> list[str]:
+    """3 one-step-off GRPO steps of the digits card (or `card`), the trainer and the rollout on
+    4 devices each, split over `nnodes` hosts."""
     per_node = 4 // nnodes
     return [
-        "--config=configs/digits_grpo.py",
+        f"--config=configs/{card}",
         "actor_rollout_ref.hybrid_engine=False",
         f"trainer.nnodes={nnodes}",
         f"rollout.nnodes={nnodes}",
@@ -467,19 +467,29 @@ def _split_overrides(run_dir: Path, nnodes: int) -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("mode", [(), FULLY_ASYNC_KEYS], ids=["one_step_off", "fully_async"])
-def test_split_runs_across_two_processes_match_one(tmp_path, monkeypatch, mode):
+@pytest.mark.parametrize(
+    ("card", "mode"),
+    [
+        ("digits_grpo.py", ()),
+        ("digits_grpo.py", FULLY_ASYNC_KEYS),
+        ("lookup_tool_grpo.py", FULLY_ASYNC_KEYS),
+    ],
+    ids=["one_step_off", "fully_async", "fully_async_agent_loops"],
+)
+def test_split_runs_across_two_processes_match_one(tmp_path, monkeypatch, card, mode):
     """Each host gives 2 devices to the trainer and 2 to the rollout: every weight sync moves
-    shards between the processes, and the rows and updates match a one-process run's."""
+    shards between the processes, and the rows and updates match a one-process run's (with
+    agent loops, both processes run every row's loop and agree on the turns of each step)."""
     single = tmp_path / "single"
     monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(single / "metrics.jsonl"))
-    train.main([*_split_overrides(single, 1), *mode])
+    train.main([*_split_overrides(single, 1, card), *mode])
     two = tmp_path / "two"
     monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(two / "metrics.jsonl"))
-    _train(2, two, [*_split_overrides(two, 2), *mode], devices=8)
-    got = _metrics(two, ("sync/seconds", "overlap/"))
+    _train(2, two, [*_split_overrides(two, 2, card), *mode], devices=8)
+    timed = ("sync/seconds", "overlap/", "rollouter/queued_groups")  # when the rows came
+    got = _metrics(two, timed)
     assert got[2]["sync/bytes"] > 0 and got[2]["training/staleness_mean"] == 1
-    _assert_same_metrics(single, two, [1, 2, 3], ignored=("sync/seconds", "overlap/"))
+    _assert_same_metrics(single, two, [1, 2, 3], ignored=timed)
 
 
 def _filtered_overrides(run_dir: Path, nnodes: int) -> list[str]:

@@ -12,6 +12,11 @@ from typing import Any
 Messages = Sequence[Mapping[str, Any]]
 # A conversation the template renders before the appended turns: the delta is what follows it.
 _BEFORE = ({"role": "user", "content": "?"}, {"role": "assistant", "content": "!"})
+# First prompts without and with a system message of their own (`ChatTemplate.tools_tokens`).
+_PROBES = (
+    ({"role": "user", "content": "?"},),
+    ({"role": "system", "content": "."}, {"role": "user", "content": "?"}),
+)
 # Where a template ignores `tools=`, the schemas go into this system message (Hermes style).
 TOOLS_SYSTEM_PROMPT = (
     "You may call one or more functions to assist with the user query. The functions are:\n"
@@ -77,6 +82,17 @@ class ChatTemplate:
         else:
             messages.insert(0, {"role": "system", "content": self.tool_listing})
         return messages
+
+    @property
+    def tools_tokens(self) -> int:
+        """Tokens the tools add to a first prompt (their listing, or the template's rendering of
+        them), with or without a system message of the row's own."""
+        plain = self.with_kwargs({k: v for k, v in self.kwargs.items() if k != "tools"})
+        added = 0
+        for probe in _PROBES:
+            shown = len(self.prompt_ids(self.show_tools(probe)))
+            added = max(added, shown - len(plain.prompt_ids(probe)))
+        return added
 
     def prompt_ids(self, messages: Messages) -> list[int]:
         """The first prompt: the conversation rendered with the generation prompt."""

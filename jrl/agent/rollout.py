@@ -88,6 +88,11 @@ class AgentRollout:
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
 
+    def first_prompt_width(self, prompt_width: int) -> int:
+        """The widest first context of a row whose prompt has at most `prompt_width` tokens:
+        the prompt with the tools' listing (`ChatTemplate.tools_tokens`)."""
+        return prompt_width + self.context.chat.tools_tokens
+
     def update_weights(self, params: nnx.State) -> None:
         self.engine.update_weights(params)
 
@@ -119,7 +124,7 @@ class AgentRollout:
             self._told_rounds = True
         outputs = asyncio.run(self._run_all(prompts, sampling, server))
         self.context.tracer.flush()
-        batch = self._batch(prompts.repeat(sampling.n, interleave=True), outputs)
+        batch = self.trajectory_batch(prompts.repeat(sampling.n, interleave=True), outputs)
         self._stats = {
             **self.engine.stats,
             **agent_metrics(outputs, self.response_length),
@@ -146,7 +151,7 @@ class AgentRollout:
             ROW.set(row)
             tags = {"step": self.step, "sample_index": samples[row], "rollout_n": row % sampling.n}
             tags = {**tags, "validate": self.validate} if row in traced else None
-            run = self._run_row(loop, params, fields[row], server, tags)
+            run = self.run_row(loop, params, fields[row], server, tags)
             tasks.append(asyncio.create_task(run))
         everyone = range(server.rows)
         await _settled(tasks, server, everyone)
@@ -166,7 +171,7 @@ class AgentRollout:
             group = (group + 1) % server.groups
         return [task.result() for task in tasks]
 
-    async def _run_row(
+    async def run_row(
         self,
         loop: type,
         params: dict[str, Any],
@@ -174,7 +179,8 @@ class AgentRollout:
         server: TurnServer,
         trace_tags: dict[str, Any] | None,
     ) -> AgentLoopOutput:
-        """One trajectory, traced (tagged with `trace_tags`) unless they are None."""
+        """One trajectory of `loop` asking its turns of `server` (the loops' ``server_manager``),
+        traced (tagged with `trace_tags`) unless they are None."""
         agent = loop(self.trainer_config, server, self.context.tokenizer, context=self.context)
         tracer = self.context.tracer
         inputs = {"sampling_params": params, **fields}
@@ -187,13 +193,15 @@ class AgentRollout:
             finish({**dataclasses.asdict(out), **texts})
         return out
 
-    def _batch(self, prompts: Batch, outputs: list[AgentLoopOutput]) -> Batch:
+    def trajectory_batch(
+        self, prompts: Batch, outputs: Sequence[AgentLoopOutput], width: int = 0
+    ) -> Batch:
         """verl's rollout batch of the trajectories (`rollout_batch`): prompts left-padded to the
-        batch's width (wider when a loop's prompt is longer), responses right-padded to the
-        response length, attention on every real response token; meta of `prompts` (one row
-        per trajectory) and each row's ``num_turns``."""
+        batch's width, or `width` (wider when a loop's prompt is longer), responses right-padded
+        to the response length, attention on every real response token; meta of `prompts` (one
+        row per trajectory) and each row's ``num_turns``."""
         widest = max(len(o.prompt_ids) for o in outputs)
-        width = max(np.asarray(prompts["input_ids"]).shape[1], widest)
+        width = max(np.asarray(prompts["input_ids"]).shape[1], widest, width)
         length, pad = self.response_length, self.pad_token_id
         responses = np.full((len(outputs), length), pad, np.int32)
         response_mask = np.zeros((len(outputs), length), np.int32)

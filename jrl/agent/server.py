@@ -33,7 +33,9 @@ ROW: contextvars.ContextVar[int] = contextvars.ContextVar("jrl_agent_row")
 
 
 @dataclasses.dataclass
-class _Turn:
+class PendingTurn:
+    """A turn a loop asked for: its row, context and token budget, and the future it awaits."""
+
     row: int
     prompt_ids: list[int]
     max_tokens: int
@@ -110,7 +112,7 @@ class TurnServer:
         # A `TurnEngine` continues each row from the keys and values of its last turn.
         self.keep_kv = keep_kv and isinstance(engine, TurnEngine)
         self._call_rows: dict[int, tuple[int, int]] = {}  # row -> (stream, row) of its last call
-        self.waiting: list[_Turn] = []
+        self.waiting: list[PendingTurn] = []
         self.arrived = asyncio.Event()
         self.rounds = 0
         self.slot_steps = 0  # decode calls of the later turns in slots
@@ -138,7 +140,8 @@ class TurnServer:
         inputs = {"prompt_ids": prompt_ids, "sampling_params": sampling_params, "max_tokens": limit}
         with self.tracer.span("generate", inputs) as finish:
             answer = asyncio.get_running_loop().create_future()
-            self.waiting.append(_Turn(ROW.get(), list(prompt_ids), max(1, int(limit)), answer))
+            asked = PendingTurn(ROW.get(), list(prompt_ids), max(1, int(limit)), answer)
+            self.waiting.append(asked)
             self.arrived.set()
             out = await answer
             texts = self.tracer.texts(prompt_ids=prompt_ids, response_ids=out.token_ids)
@@ -161,7 +164,7 @@ class TurnServer:
             turns, call = self._take(group)
             self._answer(turns, await asyncio.to_thread(self._sample, call))
 
-    def _take(self, group: int | None) -> tuple[list[_Turn], _Call]:
+    def _take(self, group: int | None) -> tuple[list[PendingTurn], _Call]:
         """The waiting turns of `group` (all: None), by row, and their engine call. Every row
         of a round is at the same turn: the k-th round of all rows, or of a group (round 0 is
         every row's), holds their k-th turns."""
@@ -226,7 +229,7 @@ class TurnServer:
             out = self.engine.generate(call.prompts, call.sampling, call.key)
         return out, int(self.engine.stats.get("rollout/prefill_tokens", call.given))
 
-    def _answer(self, turns: list[_Turn], sampled: tuple[Batch, int]) -> None:
+    def _answer(self, turns: list[PendingTurn], sampled: tuple[Batch, int]) -> None:
         """Each turn's tokens (cut to what it asked for) and log-probs."""
         out, prefilled = sampled
         self.tokens_prefilled += prefilled
@@ -240,7 +243,7 @@ class TurnServer:
             ids = responses[i, :keep].tolist()
             self._reply(turn, ids, None if log_probs is None else log_probs[i, :keep].tolist())
 
-    def _reply(self, turn: _Turn, ids: list[int], log_probs: list[float] | None) -> None:
+    def _reply(self, turn: PendingTurn, ids: list[int], log_probs: list[float] | None) -> None:
         """Answer `turn` with its sampled `ids` and their `log_probs`."""
         turn.answer.set_result(TokenOutput(ids, log_probs))
         self._contexts[turn.row] = turn.prompt_ids + ids
@@ -255,17 +258,17 @@ class TurnServer:
 
         Every process of a multi-process run runs every row's loop, but their tools finish at
         different times: before each step the processes agree on what they have all seen
-        (`_agreed`), so that they admit the same turns and free the same slots, and their
+        (`agreed`), so that they admit the same turns and free the same slots, and their
         steps are the same programs on the same arrays."""
         width = self._first_width
         session = self.engine.open_session(self.rows, width, self.sampling, self.key, first_turn=1)
-        asked: dict[int, _Turn] = {}
+        asked: dict[int, PendingTurn] = {}
         while True:
             local_done = [row for row, task in enumerate(tasks) if task.done()]
             for row in local_done:
                 tasks[row].result()
             waiting = {t.row: t for t in self.waiting}
-            new, done = _agreed(sorted(waiting), local_done)
+            new, done = agreed(sorted(waiting), local_done)
             if len(done) == self.rows:
                 break
             for row in new:
@@ -323,7 +326,7 @@ class TurnServer:
         arrival.cancel()
         return done - {arrival}
 
-    def _new_tokens(self, turn: _Turn) -> int:
+    def _new_tokens(self, turn: PendingTurn) -> int:
         """Tokens of `turn`'s context that its row's previous turn left without keys: that
         turn's last token and what was appended since (all of them for a first turn)."""
         before = self._contexts.get(turn.row)
@@ -331,7 +334,9 @@ class TurnServer:
             return len(turn.prompt_ids)
         return len(turn.prompt_ids) - len(before) + 1
 
-    def _shared_round(self, turns: list[_Turn]) -> tuple[Batch, SamplingParams, jax.Array] | None:
+    def _shared_round(
+        self, turns: list[PendingTurn]
+    ) -> tuple[Batch, SamplingParams, jax.Array] | None:
         """Round 0's call with n answers per prompt, when every row waits, asking for the whole
         budget, with the same context as the other rows of its group: the single-turn call
         itself when those contexts are the batch's prompts, else the same call over them (a
@@ -352,7 +357,7 @@ class TurnServer:
         return left_padded(contexts, width, self.engine.pad_token_id), self.sampling, self.key
 
 
-def _agreed(asked: list[int], done: list[int]) -> tuple[list[int], set[int]]:
+def agreed(asked: list[int], done: list[int]) -> tuple[list[int], set[int]]:
     """The rows whose turn every process has asked (in order) and whose loop every process
     has ended: what each process saw, intersected (itself in a single process)."""
     seen = allgather_objects((asked, done))

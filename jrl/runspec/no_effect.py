@@ -41,7 +41,6 @@ UNREAD = {
     **dict.fromkeys(("data.image_patch_size", "data.video_key"), TEXT_ONLY),
     "data.return_multi_modal_inputs": TEXT_ONLY,
     "async_training.use_trainer_do_validate": "jrl validates on the rollout's devices",
-    "rollout.total_rollout_steps": "jrl counts steps: trainer.total_training_steps (or epochs)",
     "rollout.test_freq": "jrl validates every trainer.test_freq steps",
     f"{ARR}.nccl_timeout": "NCCL's timeout: jrl's collectives are XLA's",
     f"{ARR}.actor.freeze_vision_tower": TEXT_ONLY,

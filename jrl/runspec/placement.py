@@ -14,6 +14,10 @@ syncs every ``trigger_parameter_sync_step`` updates; ``staleness_threshold`` bou
 ahead the rollout runs; ``partial_rollout`` lets running rows go on with new weights).
 ``actor_rollout_ref.rollout.update_weights_bucket_megabytes`` bounds what each weight-sync
 program moves at once.
+
+verl's fully-async trainer requires ``data.train_batch_size=0`` and ``data.gen_batch_size=1`` and
+counts its run in prompts (``rollout.total_rollout_steps``); `settle_streamed_batches` turns
+those into jrl's step sizes before the config is checked.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from collections.abc import Iterator
 from ml_collections import ConfigDict
 
 from jrl.algos.estimator import ADV_ESTIMATORS
+from jrl.config.tree import assign
 from jrl.runspec.reads import KeyReads
 
 ASYNC_MODES = ("one_step_off", "fully_async")
@@ -45,6 +50,53 @@ class AsyncSpec:
     partial_rollout: bool = False
 
 
+def streams(config: ConfigDict) -> bool:
+    """Whether `config` runs verl's fully-async trainer (a split run in fully-async mode)."""
+    split = not config.actor_rollout_ref.hybrid_engine
+    return split and config.async_training.mode == "fully_async"
+
+
+def settle_streamed_batches(config: ConfigDict) -> list[str]:
+    """verl's fully-async batch keys as jrl's, in place; one line per key it changed.
+
+    - ``data.train_batch_size=0`` (verl's required value): a step trains on the groups of one
+      update, ``async_training.require_batches x actor.ppo_mini_batch_size`` prompts.
+    - ``data.gen_batch_size=1`` (required too: verl's rollouter takes one prompt at a time):
+      null, the loader's batch following the step's, as jrl's rollouter starts prompts one at
+      a time from whatever batch the loader reads.
+    - ``rollout.total_rollout_steps`` (prompts): caps ``trainer.total_training_steps`` at
+      ``total_rollout_steps // step`` (verl's trainer takes what its rollouter makes).
+    """
+    if not streams(config):
+        return []
+    data, changed = config.data, []
+    mini = config.actor_rollout_ref.actor.ppo_mini_batch_size
+    step = config.async_training.require_batches * mini
+    if data.train_batch_size == 0:
+        assign(config, "data.train_batch_size", step)
+        changed.append(
+            f"data.train_batch_size=0 (verl's fully-async value): {step} prompts a step, "
+            "async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size"
+        )
+    if data.gen_batch_size == 1 and not config.algorithm.filter_groups.enable:
+        assign(config, "data.gen_batch_size", None)
+        changed.append(
+            "data.gen_batch_size=1 (verl's fully-async value): the rollouter starts prompts one "
+            f"at a time from the loader's batches of {data.train_batch_size}"
+        )
+    prompts = config.rollout.total_rollout_steps
+    if prompts is not None and prompts > 0 and data.train_batch_size > 0:
+        steps = prompts // data.train_batch_size
+        given = config.trainer.total_training_steps
+        if given is None or steps < given:
+            assign(config, "trainer.total_training_steps", steps)
+            changed.append(
+                f"rollout.total_rollout_steps={prompts} prompts: trainer.total_training_steps="
+                f"{steps} (steps of {data.train_batch_size} prompts)"
+            )
+    return changed
+
+
 def async_spec(config: KeyReads) -> AsyncSpec | None:
     """The split placement of a run with ``hybrid_engine=False``; None when colocated."""
     if config.actor_rollout_ref.hybrid_engine:
@@ -61,7 +113,10 @@ def async_spec(config: KeyReads) -> AsyncSpec | None:
         why = "async_training.mode is one_step_off: the rollout runs one batch ahead"
         sync.skip(("staleness_threshold", "trigger_parameter_sync_step", "require_batches"), why)
         sync.skip("partial_rollout", why)
+        config.rollout.skip("total_rollout_steps", "jrl counts steps: trainer.total_training_steps")
         return placed
+    with config.ledger.into("cadence"):  # its cap on the steps was settled at load
+        config.rollout.get("total_rollout_steps")
     return dataclasses.replace(
         placed,
         fully_async=True,
@@ -88,11 +143,6 @@ def placement_problems(config: ConfigDict, num_devices: int | None) -> Iterator[
             "algorithm.filter_groups.enable with hybrid_engine=False is not implemented (a step's "
             "further generation batches would wait on the one-step-off pipeline); set one of them "
             "off"
-        )
-    if config.actor_rollout_ref.rollout.multi_turn.enable and sync.mode == "fully_async":
-        yield (
-            "rollout.multi_turn.enable with async_training.mode=fully_async is not implemented "
-            "(the rollouter streams single-turn rows); use async_training.mode=one_step_off"
         )
     if rollout.nnodes != trainer.nnodes:
         yield (

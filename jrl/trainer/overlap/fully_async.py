@@ -4,8 +4,10 @@ into a bounded queue while the trainer takes them.
 The rollouter is a host thread that owns a turn session of the JAX sampler
 (`jrl.rollout.session.TurnSession`): every response row gets a slot as slots free, decodes 16
 tokens per session step, and leaves as soon as it ends, so a group (a prompt's n rows) is queued
-the moment its last row ends, while the other rows go on. Freshness is bounded in groups per
-weight version: between two syncs the rollouter starts at most
+the moment its last row ends, while the other rows go on. A row is one turn (`SingleTurns`), or,
+with agent loops, a trajectory whose loop asks its turns and runs its tools between session steps
+(`jrl.agent.streamed.StreamedLoops`), and ends when its loop returns. Freshness is bounded in
+groups per weight version: between two syncs the rollouter starts at most
 
     cap = floor((1 + staleness_threshold) * trigger_parameter_sync_step * require_batches
                 * ppo_mini_batch_size)
@@ -17,7 +19,8 @@ trainer takes before its next sync, so the run does not depend on timing.
 At a sync the trainer asks the rollouter to pause between two session steps: with
 ``partial_rollout`` at once, its running rows keeping their tokens and keys and values and going
 on with the new weights (each token records the version that sampled it,
-``rollout_token_versions``); without, after its running rows end (no new row starts meanwhile).
+``rollout_token_versions``); without, after its running rows end (no new row starts meanwhile;
+an agent row's tools go on in their threads while paused).
 A checkpoint drains the rollouter the same way (no running rows) and holds the queue, the next
 group's number, the prompts the rollouter took but did not start and its counters, so that a
 resumed run goes on from the same state.
@@ -29,7 +32,7 @@ import collections
 import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import jax
 import numpy as np
@@ -40,12 +43,75 @@ from jrl.rollout.layout import rollout_batch
 from jrl.rollout.session import EndedTurn, TurnSession
 from jrl.trainer.loop.stopping import DataExhausted
 from jrl.trainer.overlap.activity import Activity
-from jrl.trainer.overlap.versions import VERSIONS
+from jrl.trainer.overlap.versions import VERSIONS, token_versions
 
 
 class _Row(NamedTuple):
     group: int
     prompt: Batch  # the prompt's row (one row, meta included)
+
+
+class Rows(Protocol):
+    """How the rollouter's rows run in its session: `start` a row on its prompt; `prepare` the
+    session's next step (ask the rows' turns; the rows that ended outside a step, their slots
+    freed); a turn `ended` (True: its row is finished, the rollouter frees its slot);
+    `pending` work outside the session; a group's finished rows as a `batch` (verl's layout)."""
+
+    def start(self, row: int, prompt: Batch) -> None: ...
+
+    @property
+    def pending(self) -> bool: ...
+
+    def prepare(self, session: TurnSession) -> list[int]: ...
+
+    def ended(self, turn: EndedTurn) -> bool: ...
+
+    def batch(self, prompt: Batch, rows: Sequence[int]) -> Batch: ...
+
+    def close(self) -> None: ...
+
+
+class SingleTurns:
+    """Rows of one turn each: the prompt's tokens, then up to `response_length` tokens (padded
+    with `pad_token_id` in the batch)."""
+
+    def __init__(self, response_length: int, pad_token_id: int):
+        self.response_length, self.pad_token_id = response_length, pad_token_id
+        self._asks: list[tuple[int, np.ndarray]] = []
+        self._ended: dict[int, EndedTurn] = {}
+
+    def start(self, row: int, prompt: Batch) -> None:
+        mask = np.asarray(prompt.tensors["attention_mask"][0]).astype(bool)
+        self._asks.append((row, np.asarray(prompt.tensors["input_ids"][0])[mask]))
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._asks)
+
+    def prepare(self, session: TurnSession) -> list[int]:
+        for row, ids in self._asks:
+            session.ask(row, ids, self.response_length)
+        self._asks.clear()
+        return []
+
+    def ended(self, turn: EndedTurn) -> bool:
+        self._ended[turn.row] = turn
+        return True
+
+    def batch(self, prompt: Batch, rows: Sequence[int]) -> Batch:
+        width = self.response_length
+        responses = np.full((len(rows), width), self.pad_token_id, np.int32)
+        mask = np.zeros((len(rows), width), np.int32)
+        log_probs = np.zeros((len(rows), width), np.float32)
+        for i, row in enumerate(rows):
+            turn = self._ended.pop(row)
+            count = len(turn.token_ids)
+            responses[i, :count], mask[i, :count] = turn.token_ids, 1
+            log_probs[i, :count] = turn.log_probs
+        return rollout_batch(prompt.repeat(len(rows)), responses, mask, log_probs).to_numpy()
+
+    def close(self) -> None:
+        pass
 
 
 def group_cap(staleness: float, trigger: int, step_prompts: int) -> int:
@@ -55,32 +121,31 @@ def group_cap(staleness: float, trigger: int, step_prompts: int) -> int:
 
 
 class Rollouter:
-    """Streams groups of `n` rows for the prompts of `prompts` ((epoch, batch) items) from
-    `open_session(rows)`'s session, at most `cap` groups per weight version; `pad_token_id` pads
-    responses to `response_length`; host exchanges run on `devices`."""
+    """Streams groups of `n` `rows` for the prompts of `prompts` ((epoch, batch) items) from
+    `open_session(rows)`'s session, at most `cap` groups per weight version; host exchanges run
+    on `devices`."""
 
     def __init__(
         self,
         open_session: Callable[[int], TurnSession],
         prompts: Iterator[tuple[int, Batch]],
+        rows: Rows,
         *,
         n: int,
         cap: int,
         partial: bool,
-        response_length: int,
-        pad_token_id: int,
         devices: Sequence[jax.Device],
     ):
-        self._open_session, self._prompts = open_session, prompts
+        self._open_session, self._prompts, self.rows = open_session, prompts, rows
         self.n, self.cap, self.partial = n, cap, partial
-        self.response_length, self.pad_token_id = response_length, pad_token_id
         self._devices = devices
         self._cond = threading.Condition()
         self._queue: collections.deque[Batch] = collections.deque()  # finished groups
         # prompts taken from the stream and not started yet, with their epochs
         self._waiting: collections.deque[tuple[int, Batch]] = collections.deque()
         self._rows: dict[int, _Row] = {}
-        self._tokens: dict[int, tuple[list[int], list[float], list[int]]] = {}
+        # each started row's token versions: its ended turns', then its running turn's
+        self._versions: dict[int, tuple[list[int], list[int]]] = {}
         self._done: dict[int, list[int]] = collections.defaultdict(list)  # group -> ended rows
         self.version = 0
         self.started = 0  # groups started in this version (stale ones carried over included)
@@ -135,7 +200,7 @@ class Rollouter:
             self._pause_wanted, self._drain = True, drain or not self.partial
             self._cond.notify_all()
             while not self.overlaps and self._drain and self._rows:
-                self._step(self.session)
+                self._step(self.session)  # (an agent row's tools waited for, at most briefly)
             self._paused = self._paused or not self.overlaps
             while not self._paused:
                 self._raise_error()
@@ -157,6 +222,7 @@ class Rollouter:
             self._cond.notify_all()
         if self._thread is not None:
             self._thread.join()
+        self.rows.close()
 
     def snapshot(self) -> dict[str, Any]:
         """The paused, drained rollouter's state: the queue, the prompts taken but not started,
@@ -226,15 +292,15 @@ class Rollouter:
                     self._cond.wait()
                 return not self._stop
             if not self._pause_wanted:
-                self._start_groups(session)
-            if not session.ready:
+                self._start_groups()
+            if not session.ready and not self.rows.pending:
                 if self.overlaps:
                     self._cond.wait(0.05)
                 return self.overlaps
         self._step(session)
         return True
 
-    def _start_groups(self, session: TurnSession) -> None:
+    def _start_groups(self) -> None:
         """Starts groups while the version's cap allows (called holding the lock)."""
         while self.started < self.cap:
             prompt = self._next_prompt()
@@ -245,13 +311,11 @@ class Rollouter:
             group = self.next_group
             self.next_group += 1
             self.started += 1
-            mask = np.asarray(row.tensors["attention_mask"][0]).astype(bool)
-            ids = np.asarray(row.tensors["input_ids"][0])[mask]
             for j in range(self.n):
                 row_id = group * self.n + j
                 self._rows[row_id] = _Row(group, row)
-                self._tokens[row_id] = ([], [], [])
-                session.ask(row_id, ids, self.response_length)
+                self._versions[row_id] = ([], [])
+                self.rows.start(row_id, row)
 
     def _next_prompt(self) -> tuple[int, Batch] | None:
         if not self._waiting and not self._exhausted:
@@ -265,49 +329,45 @@ class Rollouter:
         return self._waiting.popleft() if self._waiting else None
 
     def _step(self, session: TurnSession) -> None:
+        """The rows' turns asked, then a session step where it has work; groups whose rows all
+        finished go to the queue."""
         version = self.version  # fixed while the thread steps: a sync pauses it first
-        with self.activity.generating():
-            ended = session.step()
-        counts = session.sampled()
-        counts.update({turn.row: len(turn.token_ids) for turn in ended})
-        for row, count in counts.items():
-            versions = self._tokens[row][2]
-            versions.extend([version] * (count - len(versions)))
-        finished = []
-        for turn in ended:
-            session.release(turn.row)
-            self._finish(turn)
-            group = self._rows[turn.row].group
-            self._done[group].append(turn.row)
+        finished = self.rows.prepare(session)
+        if session.ready:
+            with self.activity.generating():
+                ended = session.step()
+            counts = session.sampled()
+            counts.update({turn.row: len(turn.token_ids) for turn in ended})
+            for row, count in counts.items():
+                running = self._versions[row][1]
+                running.extend([version] * (count - len(running)))
+            for turn in ended:
+                done, running = self._versions[turn.row]
+                done.extend(running[: len(turn.token_ids)])
+                running.clear()
+                if self.rows.ended(turn):
+                    session.release(turn.row)
+                    finished.append(turn.row)
+        groups = []
+        for row in finished:
+            group = self._rows[row].group
+            self._done[group].append(row)
             if len(self._done[group]) == self.n:
-                finished.append(group)
-        if finished:
-            groups = [self._group(g) for g in sorted(finished)]
+                groups.append(group)
+        if groups:
+            batches = [self._group(g) for g in sorted(groups)]
             with self._cond:
-                self._queue.extend(groups)
+                self._queue.extend(batches)
                 self._cond.notify_all()
-
-    def _finish(self, turn: EndedTurn) -> None:
-        tokens, log_probs, versions = self._tokens[turn.row]
-        tokens.extend(turn.token_ids)
-        log_probs.extend(turn.log_probs)
-        del versions[len(turn.token_ids) :]
 
     def _group(self, group: int) -> Batch:
         rows = sorted(self._done.pop(group))
-        prompt = self._rows[rows[0]].prompt
-        width = self.response_length
-        responses = np.full((len(rows), width), self.pad_token_id, np.int32)
-        mask = np.zeros((len(rows), width), np.int32)
-        log_probs = np.zeros((len(rows), width), np.float32)
-        versions = np.full((len(rows), width), -1, np.int32)
-        for i, row in enumerate(rows):
-            tokens, logps, vs = self._tokens.pop(row)
+        batch = self.rows.batch(self._rows[rows[0]].prompt, rows)
+        versions = token_versions(
+            np.asarray(batch.tensors["response_mask"]),
+            [self._versions.pop(row)[0] for row in rows],
+        )
+        for row in rows:
             del self._rows[row]
-            responses[i, : len(tokens)], mask[i, : len(tokens)] = tokens, 1
-            log_probs[i, : len(tokens)], versions[i, : len(tokens)] = logps, vs
-        repeated = prompt.repeat(len(rows))
-        batch = rollout_batch(repeated, responses, mask, log_probs).to_numpy()
         uids = np.full(len(rows), f"g{group}", dtype=object)
-        extra = Batch({VERSIONS: versions}, {"uid": uids})
-        return batch.union(extra)
+        return batch.union(Batch({VERSIONS: versions}, {"uid": uids}))

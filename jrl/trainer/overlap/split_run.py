@@ -18,12 +18,15 @@ from typing import Any
 import jax
 import numpy as np
 
+from jrl.agent import AgentRollout
+from jrl.agent.metrics import agent_metrics
+from jrl.agent.streamed import StreamedLoops, take_outputs
 from jrl.batch import Batch
 from jrl.rollout.sampling import SamplingParams
 from jrl.runspec.placement import AsyncSpec
 from jrl.trainer.io.metrics import timer
 from jrl.trainer.overlap.activity import overlap_metrics
-from jrl.trainer.overlap.fully_async import Rollouter, group_cap
+from jrl.trainer.overlap.fully_async import Rollouter, Rows, SingleTurns, group_cap
 from jrl.trainer.overlap.one_step_off import Generate, Lookahead, OneStepOff
 from jrl.trainer.overlap.snapshots import packed, unpacked
 from jrl.trainer.overlap.versions import VERSIONS, version_metrics
@@ -36,8 +39,8 @@ class SplitRun:
     """The rollout side of a run with `placement` (``hybrid_engine=False``): `engine` on
     `devices`, kept current by `weight_sync` from `params()` (the actor's); `generate` (prompts,
     step) makes a one-step-off batch; a fully-async rollouter samples with `sampling` and `key`
-    from slots of `prompt_width` + `response_length` columns, `mini_prompts` prompts per
-    mini-batch."""
+    from slots of `prompt_width` + `response_length` columns (prompts and the tools' listing,
+    where `agent` runs each row's loop), `mini_prompts` prompts per mini-batch."""
 
     def __init__(
         self,
@@ -53,11 +56,13 @@ class SplitRun:
         prompt_width: int,
         response_length: int,
         mini_prompts: int,
+        agent: AgentRollout | None = None,
     ):
         self.placement, self.engine, self.weight_sync = placement, engine, weight_sync
         self.devices, self._params = devices, params
         self.sampling, self._key = sampling, key
         self.prompt_width, self.response_length = prompt_width, response_length
+        self.agent = agent
         self.step_prompts = placement.require_batches * mini_prompts
         self.version = 0
         self.one_step_off = None if placement.fully_async else OneStepOff(generate, devices)
@@ -185,13 +190,15 @@ class SplitRun:
         return batch, {**generated.metrics, **sync, **version_metrics(versions, self.version)}
 
     def _streamed(self, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """The next update's groups, in the order they finished."""
+        """The next update's groups, in the order they finished (agent loops' metrics too)."""
         with timer("wait_rollout", timing):
             groups = self.rollouter.take(self.step_prompts)
         self._busy_from = time.perf_counter()
-        batch = Batch.concat(groups)
+        batch, outputs = take_outputs(Batch.concat(groups))
         metrics = version_metrics(batch.tensors[VERSIONS], self.version)
         metrics["rollouter/queued_groups"] = float(self.rollouter.queued)
+        if outputs:
+            metrics.update(agent_metrics(outputs, self.response_length))
         return batch, metrics
 
     def _start_rollouter(self, stream: Stream) -> Rollouter:
@@ -203,17 +210,24 @@ class SplitRun:
             self.step_prompts,
         )
 
-        def open_session(rows: int) -> Any:
-            return self.engine.open_session(rows, self.prompt_width, self.sampling, self._key)
+        rows: Rows
+        if self.agent is None:
+            rows = SingleTurns(self.response_length, self.sampling.pad_token_id)
+            width = self.prompt_width
+        else:
+            rows = StreamedLoops(self.agent, self.sampling, self.prompt_width)
+            width = rows.width
+
+        def open_session(slots: int) -> Any:
+            return self.engine.open_session(slots, width, self.sampling, self._key)
 
         rollouter = Rollouter(
             open_session,
             stream,
+            rows,
             n=self.sampling.n,
             cap=cap,
             partial=placement.partial_rollout,
-            response_length=self.response_length,
-            pad_token_id=self.sampling.pad_token_id,
             devices=self.devices,
         )
         if self._restored is not None:

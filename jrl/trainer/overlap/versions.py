@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 VERSIONS = "rollout_token_versions"
@@ -23,3 +25,14 @@ def version_metrics(versions: np.ndarray, trainer_version: int) -> dict[str, flo
         "training/partial_rows": float((newest > oldest).sum()),
         "training/version_span_max": float((newest - oldest + 1).max()),
     }
+
+
+def token_versions(mask: np.ndarray, versions: Sequence[Sequence[int]]) -> np.ndarray:
+    """[rows, R] versions of the sampled tokens, -1 elsewhere: row i's `versions`, in order, on
+    its positions where `mask` is 1 (the model's tokens; an agent row's tool and user turns
+    between them are 0)."""
+    out = np.full(mask.shape, -1, np.int32)
+    for i, row in enumerate(versions):
+        places = np.flatnonzero(mask[i])[: len(row)]
+        out[i, places] = row[: len(places)]
+    return out

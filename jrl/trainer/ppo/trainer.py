@@ -168,6 +168,7 @@ class PPOTrainer:
                 prompt_width=data.rows.max_prompt_length,
                 response_length=run.rollout.response_length,
                 mini_prompts=run.actor.update.mini_rows // self.sampling.n,
+                agent=self.rollout if isinstance(self.rollout, AgentRollout) else None,
             )
         self.reward_model = (
             None if run.reward_model is None else RewardModel(run.reward_model, self.mesh)
