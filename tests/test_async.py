@@ -343,3 +343,23 @@ def test_fully_async_streams_agent_loop_rows(tmp_path, monkeypatch):
     assert max(row["agent/num_turns/max"] for row in rows) > 2  # and its answer was read
     staleness = [row["training/staleness_max"] for row in rows]
     assert staleness == [0, 1, 0]  # 2 updates' groups per version (staleness_threshold=0)
+
+
+def test_fully_async_dapo_filter_takes_what_it_needs_and_refills(tmp_path, monkeypatch):
+    """DAPO's filter under fully async with staleness_threshold=0: a version's cap is exactly
+    its 2 updates' groups, so a step that drops groups only finds enough because each dropped
+    group gives its place back to a fresh prompt; every draw after the first takes the groups
+    still needed (no kept prompt is discarded)."""
+    filtered = ("algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=seq_reward")
+    rows = _run(tmp_path, 3, monkeypatch, *FULLY_ASYNC_KEYS, *filtered, "trainer.save_freq=-1")
+    assert sum(rows[step]["training/filter_groups/evicted_samples"] for step in rows) > 0
+    assert max(rows[step]["train/num_gen_batches"] for step in rows) > 1
+    for step in rows:
+        assert rows[step]["training/filter_groups/discarded_surplus_samples"] == 0
+    assert [rows[step]["training/staleness_max"] for step in (1, 2, 3)] == [0, 1, 0]
+
+
+def test_one_step_off_refuses_dapo_filter_and_names_the_mode_that_runs_it():
+    filtered = ("algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=seq_reward")
+    with pytest.raises(ValueError, match="use async_training.mode=fully_async"):
+        load_config([*SPLIT, *filtered], num_devices=len(jax.devices()))

@@ -63,7 +63,8 @@ def settle_streamed_batches(config: ConfigDict) -> list[str]:
       update, ``async_training.require_batches x actor.ppo_mini_batch_size`` prompts.
     - ``data.gen_batch_size=1`` (required too: verl's rollouter takes one prompt at a time):
       null, the loader's batch following the step's, as jrl's rollouter starts prompts one at
-      a time from whatever batch the loader reads.
+      a time from whatever batch the loader reads (with ``algorithm.filter_groups``, a step
+      takes the groups it still needs from the rollouter, whatever this key).
     - ``rollout.total_rollout_steps`` (prompts): caps ``trainer.total_training_steps`` at
       ``total_rollout_steps // step`` (verl's trainer takes what its rollouter makes).
     """
@@ -78,7 +79,7 @@ def settle_streamed_batches(config: ConfigDict) -> list[str]:
             f"data.train_batch_size=0 (verl's fully-async value): {step} prompts a step, "
             "async_training.require_batches x actor_rollout_ref.actor.ppo_mini_batch_size"
         )
-    if data.gen_batch_size == 1 and not config.algorithm.filter_groups.enable:
+    if data.gen_batch_size == 1:
         assign(config, "data.gen_batch_size", None)
         changed.append(
             "data.gen_batch_size=1 (verl's fully-async value): the rollouter starts prompts one "
@@ -138,11 +139,12 @@ def placement_problems(config: ConfigDict, num_devices: int | None) -> Iterator[
         yield f"async_training.mode={sync.mode!r} is not one of {', '.join(ASYNC_MODES)}"
     if sync.mode == "fully_async":
         yield from _fully_async_problems(config)
-    if config.algorithm.filter_groups.enable:
+    if config.algorithm.filter_groups.enable and sync.mode != "fully_async":
         yield (
-            "algorithm.filter_groups.enable with hybrid_engine=False is not implemented (a step's "
-            "further generation batches would wait on the one-step-off pipeline); set one of them "
-            "off"
+            "algorithm.filter_groups.enable with async_training.mode=one_step_off is not "
+            "implemented (a step's further generation batches would wait on the pipeline); use "
+            "async_training.mode=fully_async (the rollouter replaces each filtered group) or "
+            "hybrid_engine=True"
         )
     if rollout.nnodes != trainer.nnodes:
         yield (

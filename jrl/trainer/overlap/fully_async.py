@@ -13,7 +13,8 @@ groups per weight version: between two syncs the rollouter starts at most
                 * ppo_mini_batch_size)
 
 groups, the groups still queued or running at a sync counting against the next version's cap
-(verl's ``num_staleness_sample``). ``staleness_threshold=0`` makes it produce exactly what the
+(verl's ``num_staleness_sample``), and the groups DAPO's filter dropped giving their place back
+(`refund`). ``staleness_threshold=0`` makes it produce exactly what the
 trainer takes before its next sync, so the run does not depend on timing.
 
 At a sync the trainer asks the rollouter to pause between two session steps: with
@@ -182,13 +183,15 @@ class Rollouter:
                         f"the rollouter has {len(self._queue)} finished groups left, fewer "
                         f"than the {groups} of a step"
                     )
+                starved = self.started >= self.cap and not self._rows
+                if (starved and self.overlaps) or (not self.overlaps and not self._turn()):
+                    raise RuntimeError(
+                        f"the rollouter may start no group before the next sync (its "
+                        f"{self.cap} of this version have started), and the step needs "
+                        f"{groups - len(self._queue)} more"
+                    )
                 if self.overlaps:
                     self._cond.wait(0.05)
-                elif not self._turn():
-                    raise RuntimeError(
-                        f"the rollouter may start no group before the next sync, and the step "
-                        f"needs {groups - len(self._queue)} more"
-                    )
             taken = [self._queue.popleft() for _ in range(groups)]
             self._cond.notify_all()
             return taken
@@ -214,6 +217,13 @@ class Rollouter:
                 self.version = version
                 self.started = len(self._queue) + len({r.group for r in self._rows.values()})
             self._pause_wanted = self._paused = False
+            self._cond.notify_all()
+
+    def refund(self, groups: int) -> None:
+        """`groups` the trainer took and dropped (DAPO's filter) give their place under this
+        version's cap back: as many fresh prompts may start (current verl's refill)."""
+        with self._cond:
+            self.started -= groups
             self._cond.notify_all()
 
     def close(self) -> None:
@@ -356,7 +366,10 @@ class Rollouter:
                 groups.append(group)
         if groups:
             batches = [self._group(g) for g in sorted(groups)]
-            with self._cond:
+            with self._cond:  # a group's rows leave as it joins the queue (`take` reads both)
+                for group in groups:
+                    for row in range(group * self.n, (group + 1) * self.n):
+                        del self._rows[row]
                 self._queue.extend(batches)
                 self._cond.notify_all()
 
@@ -367,7 +380,5 @@ class Rollouter:
             np.asarray(batch.tensors["response_mask"]),
             [self._versions.pop(row)[0] for row in rows],
         )
-        for row in rows:
-            del self._rows[row]
         uids = np.full(len(rows), f"g{group}", dtype=object)
         return batch.union(Batch({VERSIONS: versions}, {"uid": uids}))

@@ -83,12 +83,28 @@ class SplitRun:
         return self._streamed_steps()
 
     def rows(
-        self, prompts: Batch, step: int, last_step: int, timing: dict[str, float]
+        self,
+        prompts: Batch,
+        step: int,
+        last_step: int,
+        timing: dict[str, float],
+        groups: int | None = None,
     ) -> tuple[Batch, dict[str, float]]:
-        """`step`'s rows with their tokens' versions (``rollout_token_versions``) and metrics."""
+        """`step`'s rows with their tokens' versions (``rollout_token_versions``) and metrics;
+        fully async, `groups` finished groups (None: a step's)."""
         if self.rollouter is not None:
-            return self._streamed(timing)
+            return self._streamed(timing, groups or self.step_prompts)
         return self._one_step_off(prompts, step, last_step, timing)
+
+    def refund(self, groups: int) -> None:
+        """The trainer dropped `groups` of the rollouter's (DAPO's filter): as many may start
+        in their place (`Rollouter.refund`)."""
+        if self.rollouter is not None and groups:
+            self.rollouter.refund(groups)
+
+    def version_metrics(self, batch: Batch) -> dict[str, float]:
+        """The staleness of the rows a step trains on (`versions.version_metrics`)."""
+        return version_metrics(batch.tensors[VERSIONS], self.version)
 
     def updated(self, timing: dict[str, float]) -> dict[str, float]:
         """The actor took an update; fully async, every ``trigger_parameter_sync_step``-th one
@@ -187,16 +203,16 @@ class SplitRun:
         mask = np.asarray(generated.batch.tensors["response_mask"]) > 0
         versions = np.where(mask, generated.version, -1).astype(np.int32)
         batch = generated.batch.union(Batch({VERSIONS: versions}))
-        return batch, {**generated.metrics, **sync, **version_metrics(versions, self.version)}
+        return batch, {**generated.metrics, **sync}
 
-    def _streamed(self, timing: dict[str, float]) -> tuple[Batch, dict[str, float]]:
-        """The next update's groups, in the order they finished (agent loops' metrics too)."""
+    def _streamed(self, timing: dict[str, float], groups: int) -> tuple[Batch, dict[str, float]]:
+        """The next `groups` finished groups, in the order they finished (agent loops' metrics
+        too)."""
         with timer("wait_rollout", timing):
-            groups = self.rollouter.take(self.step_prompts)
+            taken = self.rollouter.take(groups)
         self._busy_from = time.perf_counter()
-        batch, outputs = take_outputs(Batch.concat(groups))
-        metrics = version_metrics(batch.tensors[VERSIONS], self.version)
-        metrics["rollouter/queued_groups"] = float(self.rollouter.queued)
+        batch, outputs = take_outputs(Batch.concat(taken))
+        metrics = {"rollouter/queued_groups": float(self.rollouter.queued)}
         if outputs:
             metrics.update(agent_metrics(outputs, self.response_length))
         return batch, metrics

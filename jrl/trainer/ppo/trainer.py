@@ -230,6 +230,8 @@ class PPOTrainer:
             batch, extra_info = self.filtered_batch(prompts, step, timing, metrics)
             if spec.balance_batch:
                 batch = self.balanced(batch, metrics)
+        if self.split is not None:
+            metrics.update(self.split.version_metrics(batch))
         if spec.rollout_data_dir:
             with timer("dump_rollout_generations", timing):
                 self.dump_rollout(batch, extra_info, step)
@@ -261,11 +263,14 @@ class PPOTrainer:
         draw: int,
         timing: dict[str, float],
         metrics: dict[str, float],
+        groups: int | None = None,
     ) -> Batch:
         """The step's `draw`-th generation batch (0: its first) with its ``uid`` per prompt
-        (numbered on from the step's earlier batches) and, for ReMax, its greedy baselines."""
+        (numbered on from the step's earlier batches) and, for ReMax, its greedy baselines;
+        fully async, `groups` of the rollouter's (None: a step's)."""
         if self.split is not None:  # fully async: the rollouter took the prompts itself
-            batch, stats = self.split.rows(prompts, step, self.cadence.total_steps, timing)
+            last = self.cadence.total_steps
+            batch, stats = self.split.rows(prompts, step, last, timing, groups)
         else:
             with timer("gen", timing):
                 batch = host_batch(self.generate(self.tagged(prompts, step, draw), step, draw))
@@ -305,15 +310,24 @@ class PPOTrainer:
     ) -> tuple[Batch, dict[str, list[Any]]]:
         """DAPO's dynamic sampling (`dynamic_sampling.GroupCollector`): generation batches,
         scored and filtered, drawn from the data loader until ``train_batch_size`` prompts
-        whose groups' metric varies are kept; the rows of the first ``train_batch_size``."""
+        whose groups' metric varies are kept; the rows of the first ``train_batch_size``.
+        Fully async, each draw takes the groups still needed from the rollouter, and the
+        dropped ones give their places back (`SplitRun.refund`)."""
         collector = GroupCollector(self.run.algorithm.filter_groups)
+        streamed = self.split is not None  # (fully async) each draw: the groups still needed
         while True:
-            batch = self.rollout_batch(prompts, step, collector.gen_batches, timing, metrics)
+            needed = collector.settings.train_batch_size - collector.kept if streamed else None
+            draw = collector.gen_batches
+            batch = self.rollout_batch(prompts, step, draw, timing, metrics, needed)
+            dropped = collector.filtered
             collector.add(*self.scored(batch, timing, metrics))
+            if streamed:  # fresh prompts take the dropped groups' places
+                self.split.refund(collector.filtered - dropped)
             if collector.full:
                 break
             collector.check_limit(step, self.run.data.gen_batch_size)
-            prompts = self.next_prompts(step, collector.kept)
+            if not streamed:  # (the rollouter takes its own prompts)
+                prompts = self.next_prompts(step, collector.kept)
         metrics.update(collector.metrics())
         return collector.batch()
 
