@@ -3,6 +3,7 @@ and its exact resume, on 8 CPU devices (4 for the trainer, 4 for the rollout).""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -24,6 +25,7 @@ from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
 from jrl.runspec import load_config
 from jrl.runspec.spec import resolve_run
 from jrl.trainer.overlap.fully_async import Rollouter, SingleTurns
+from jrl.trainer.overlap.split import split_rollout
 from jrl.trainer.overlap.versions import VERSIONS, version_metrics
 from jrl.trainer.ppo.trainer import PPOTrainer
 
@@ -363,3 +365,23 @@ def test_one_step_off_refuses_dapo_filter_and_names_the_mode_that_runs_it():
     filtered = ("algorithm.filter_groups.enable=True", "algorithm.filter_groups.metric=seq_reward")
     with pytest.raises(ValueError, match="use async_training.mode=fully_async"):
         load_config([*SPLIT, *filtered], num_devices=len(jax.devices()))
+
+
+def test_the_rollouts_first_weights_move_bucket_by_bucket(tmp_path, monkeypatch):
+    trainer = _trainer(f"trainer.default_local_dir={tmp_path}")
+    moves = []
+    original_move = MeshTransfer.move
+
+    def counted(self, arrays, dtypes=None):
+        moves.append(len(arrays))
+        return original_move(self, arrays, dtypes)
+
+    monkeypatch.setattr(MeshTransfer, "move", counted)
+    placement = dataclasses.replace(trainer.run.placement, bucket_bytes=50_000)
+    engine, _ = split_rollout(
+        trainer.run.rollout, placement, trainer.actor, trainer.rollout_devices, trainer.tokenizer
+    )
+    leaves = jax.tree.leaves(trainer.actor.params)
+    assert len(moves) > 1 and sum(moves) == len(leaves)  # the 0.3 MB model in 50 kB buckets
+    for ours, theirs in zip(jax.tree.leaves(engine.state), leaves, strict=True):
+        np.testing.assert_array_equal(np.asarray(ours), np.asarray(theirs).astype(ours.dtype))

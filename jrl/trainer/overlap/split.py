@@ -8,7 +8,7 @@ from typing import Any
 import jax
 
 from jrl.parallel import make_mesh
-from jrl.parallel.transfer import MeshTransfer
+from jrl.parallel.transfer import MeshTransfer, weight_buckets
 from jrl.rollout.build import build_rollout
 from jrl.rollout.spec import RolloutSpec
 from jrl.runspec.placement import AsyncSpec
@@ -24,7 +24,8 @@ def split_rollout(
     tokenizer: Any,
 ) -> tuple[Any, WeightSync]:
     """jrl's JAX sampler on `devices` (disjoint from the actor's), started with the actor's
-    weights moved there by the sync program, and the `WeightSync` that keeps it current."""
+    weights moved there by the sync program (in the placement's buckets, as every sync), and
+    the `WeightSync` that keeps it current."""
     if spec.engine != "jax":
         print(
             f"jrl: {spec.section}.name={spec.engine}: with hybrid_engine=False jrl's JAX sampler "
@@ -33,7 +34,11 @@ def split_rollout(
         )
     transfer = MeshTransfer(actor.mesh, devices)
     leaves, treedef = jax.tree.flatten(actor.params)
-    params = jax.tree.unflatten(treedef, transfer.move(leaves))
+    moved: list[Any] = [None] * len(leaves)
+    for group in weight_buckets(leaves, placement.bucket_bytes):
+        for i, array in zip(group, transfer.move([leaves[i] for i in group]), strict=True):
+            moved[i] = array
+    params = jax.tree.unflatten(treedef, moved)
     mesh = make_mesh(len(devices), devices=list(devices))
     engine = build_rollout(
         spec,
