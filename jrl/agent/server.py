@@ -73,7 +73,45 @@ def left_padded(prompts: Sequence[Sequence[int]], width: int, pad_token_id: int)
     return Batch(tensors)
 
 
-class TurnServer:
+class TurnAsker:
+    """The ``server_manager`` agent loops call: `generate` asks a turn of the current task's row
+    (`ROW`) and waits for its answer; a subclass `queue`s the turn where its engine samples it,
+    and answers its future. Subclasses hold the `engine` (its response length), the `tracer`
+    and the `arrived` event, set whenever a turn is asked."""
+
+    engine: Rollout
+    tracer: RolloutTracer
+    arrived: asyncio.Event
+
+    def queue(self, turn: PendingTurn) -> None:
+        raise NotImplementedError
+
+    async def generate(
+        self,
+        request_id: str,
+        *,
+        prompt_ids: Sequence[int],
+        sampling_params: dict[str, Any] | None = None,
+        image_data: Any = None,
+        max_tokens: int | None = None,
+    ) -> TokenOutput:
+        """One turn after `prompt_ids`: at most `max_tokens` (else the response length) tokens,
+        ending with EOS or at the limit."""
+        if image_data is not None:
+            raise ValueError("jrl's models are text-only: a turn cannot carry images")
+        limit = self.engine.response_length if max_tokens is None else max_tokens
+        inputs = {"prompt_ids": prompt_ids, "sampling_params": sampling_params, "max_tokens": limit}
+        with self.tracer.span("generate", inputs) as finish:
+            answer = asyncio.get_running_loop().create_future()
+            self.queue(PendingTurn(ROW.get(), list(prompt_ids), max(1, int(limit)), answer))
+            self.arrived.set()
+            out = await answer
+            texts = self.tracer.texts(prompt_ids=prompt_ids, response_ids=out.token_ids)
+            finish({**dataclasses.asdict(out), **texts})
+        return out
+
+
+class TurnServer(TurnAsker):
     """Samples turns with `engine` and the call's `sampling`: rows are the `prompts`' answers
     (``sampling.n`` consecutive rows share a prompt). Round 0, when every row asks with its
     prompt and the whole response budget, is the very call a single-turn rollout makes
@@ -123,30 +161,8 @@ class TurnServer:
         self._contexts: dict[int, list[int]] = {}
         self._first_width = 0  # the longest context a turn was answered after
 
-    async def generate(
-        self,
-        request_id: str,
-        *,
-        prompt_ids: Sequence[int],
-        sampling_params: dict[str, Any] | None = None,
-        image_data: Any = None,
-        max_tokens: int | None = None,
-    ) -> TokenOutput:
-        """One turn after `prompt_ids`: at most `max_tokens` (else the response length) tokens,
-        ending with EOS or at the limit."""
-        if image_data is not None:
-            raise ValueError("jrl's models are text-only: a turn cannot carry images")
-        limit = self.engine.response_length if max_tokens is None else max_tokens
-        inputs = {"prompt_ids": prompt_ids, "sampling_params": sampling_params, "max_tokens": limit}
-        with self.tracer.span("generate", inputs) as finish:
-            answer = asyncio.get_running_loop().create_future()
-            asked = PendingTurn(ROW.get(), list(prompt_ids), max(1, int(limit)), answer)
-            self.waiting.append(asked)
-            self.arrived.set()
-            out = await answer
-            texts = self.tracer.texts(prompt_ids=prompt_ids, response_ids=out.token_ids)
-            finish({**dataclasses.asdict(out), **texts})
-        return out
+    def queue(self, turn: PendingTurn) -> None:
+        self.waiting.append(turn)
 
     def group(self, row: int) -> int:
         """The group of `row` (consecutive rows, `groups` about equal parts)."""

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 
 from jrl.agent.loop import AgentLoopOutput, TokenOutput, agent_loop_class
 from jrl.agent.rollout import AgentRollout, row_fields, sampling_dict
-from jrl.agent.server import FAST_TOOL_SECONDS, ROW, PendingTurn, agreed
+from jrl.agent.server import FAST_TOOL_SECONDS, ROW, PendingTurn, TurnAsker, agreed
 from jrl.batch import Batch
 from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.session import EndedTurn, TurnSession
@@ -37,7 +36,7 @@ def take_outputs(batch: Batch) -> tuple[Batch, list[AgentLoopOutput]]:
     return Batch(batch.tensors, meta), list(batch.meta[AGENT_OUTPUTS])
 
 
-class StreamedLoops:
+class StreamedLoops(TurnAsker):
     """The rows of `agent`'s loops (the run's default loop, or a row's ``agent_name``), sampled
     with `sampling`, on prompts of at most `prompt_width` tokens; also the loops'
     ``server_manager``."""
@@ -46,33 +45,17 @@ class StreamedLoops:
         self.agent, self.sampling = agent, sampling
         self.width = agent.first_prompt_width(prompt_width)  # of every group's prompts
         self.engine = agent.engine  # what the loops read: response_length, eos_token_ids
+        self.tracer = agent.context.tracer
         self._loop = asyncio.new_event_loop()
-        self._arrived = asyncio.Event()
+        self.arrived = asyncio.Event()
         self._tasks: dict[int, asyncio.Task] = {}
         self._waiting: dict[int, PendingTurn] = {}  # asked by a loop, not yet in the session
         self._asked: dict[int, PendingTurn] = {}  # in the session
         self._outputs: dict[int, AgentLoopOutput] = {}
 
-    # -- the loops' server_manager ------------------------------------------------------------
-    async def generate(
-        self,
-        request_id: str,
-        *,
-        prompt_ids: Sequence[int],
-        sampling_params: dict[str, Any] | None = None,
-        image_data: Any = None,
-        max_tokens: int | None = None,
-    ) -> TokenOutput:
-        """One turn after `prompt_ids`: at most `max_tokens` (else the response length) tokens,
-        sampled in the rollouter's session."""
-        if image_data is not None:
-            raise ValueError("jrl's models are text-only: a turn cannot carry images")
-        limit = self.engine.response_length if max_tokens is None else max_tokens
-        row = ROW.get()
-        answer = asyncio.get_running_loop().create_future()
-        self._waiting[row] = PendingTurn(row, list(prompt_ids), max(1, int(limit)), answer)
-        self._arrived.set()
-        return await answer
+    def queue(self, turn: PendingTurn) -> None:
+        """A loop's turn, to be asked in the rollouter's session before its next step."""
+        self._waiting[turn.row] = turn
 
     # -- the rollouter's side -----------------------------------------------------------------
     def start(self, row: int, prompt: Batch) -> None:
@@ -150,8 +133,8 @@ class StreamedLoops:
             left = deadline - clock.time()
             if not running or left <= 0:
                 return
-            self._arrived.clear()
-            arrival = asyncio.create_task(self._arrived.wait())
+            self.arrived.clear()
+            arrival = asyncio.create_task(self.arrived.wait())
             first = asyncio.FIRST_COMPLETED
             await asyncio.wait({*running, arrival}, timeout=left, return_when=first)
             arrival.cancel()
