@@ -10,13 +10,16 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from jrl.models.families import FAMILIES, FULL, LAYER_TYPES, SLIDING, Family
+from jrl.models.families import FAMILIES, FULL, LAYER_TYPES, SLIDING, Family, SparseBlock
 from jrl.models.kv_layout import KVLayout
 
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new")
 ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2")
 ROPE_TYPES = ("default", "linear", "llama3")
 REMAT_POLICIES = ("none", "full", "dots")
+# How the experts' matmuls run: one grouped matmul over the tokens sorted by expert
+# (`jax.lax.ragged_dot`), or every expert over every token, weighted (the reference path).
+MOE_IMPLEMENTATIONS = ("ragged", "dense")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +79,67 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class Experts:
+    """A mixture-of-experts decoder's sparse MLP blocks (the family's `SparseBlock` says how
+    they route and are named): `num_experts` gated MLPs of `intermediate_size` each, of which a
+    token uses `experts_per_token`; `norm_topk_prob` renormalises those experts' weights where
+    the family reads it; `router_aux_loss_coef` weighs the load-balancing loss; the layers in
+    `dense_layers` keep the dense MLP (ModelConfig.intermediate_size)."""
+
+    num_experts: int
+    experts_per_token: int
+    intermediate_size: int
+    norm_topk_prob: bool = False
+    router_aux_loss_coef: float = 0.0
+    dense_layers: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.num_experts <= 0 or self.intermediate_size <= 0:
+            raise ValueError(
+                f"a mixture of experts needs num_experts and intermediate_size > 0, got "
+                f"{self.num_experts} and {self.intermediate_size}"
+            )
+        if not 0 < self.experts_per_token <= self.num_experts:
+            raise ValueError(
+                f"num_experts_per_tok must be within 1..{self.num_experts}, got "
+                f"{self.experts_per_token}"
+            )
+        object.__setattr__(self, "dense_layers", tuple(sorted(set(self.dense_layers))))
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any], block: SparseBlock, layers: int) -> Experts:
+        """The experts of a config.json (either spelling of the expert count)."""
+        count = hf.get(block.experts_key, hf.get("num_experts", hf.get("num_local_experts")))
+        dense: tuple[int, ...] = ()
+        if block.dense_layers:
+            step = int(hf.get("decoder_sparse_step") or 1)
+            listed = set(hf.get("mlp_only_layers") or ())
+            dense = tuple(i for i in range(layers) if i in listed or (i + 1) % step)
+        return cls(
+            num_experts=int(count or 0),
+            experts_per_token=int(hf.get("num_experts_per_tok", 2)),
+            intermediate_size=int(hf.get(block.expert_size_key, 0)),
+            norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+            router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.0)),
+            dense_layers=dense,
+        )
+
+    def to_hf(self, block: SparseBlock) -> dict[str, Any]:
+        """The config.json keys that say the same (dense layers as ``mlp_only_layers``)."""
+        hf = {
+            block.experts_key: self.num_experts,
+            "num_experts_per_tok": self.experts_per_token,
+            block.expert_size_key: self.intermediate_size,
+            "router_aux_loss_coef": self.router_aux_loss_coef,
+        }
+        if block.renormalize is None:
+            hf["norm_topk_prob"] = self.norm_topk_prob
+        if block.dense_layers:
+            hf.update(decoder_sparse_step=1, mlp_only_layers=list(self.dense_layers))
+        return hf
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """Shape and numerics of a decoder of one of the `FAMILIES`.
 
@@ -95,6 +159,9 @@ class ModelConfig:
     rest; 'dots': its input and the matmul outputs without batch dimensions), and
     `activation_offload` (with remat) keeps what remat saves (layer inputs, and with 'dots' the
     matmul outputs) in pinned host memory instead.
+
+    A mixture-of-experts family has `experts` (None otherwise); `moe_implementation` picks how
+    the experts' matmuls run (see `jrl.models.moe`).
     """
 
     vocab_size: int
@@ -125,6 +192,8 @@ class ModelConfig:
     attn_implementation: str = "eager"
     remat_policy: str = "none"
     activation_offload: bool = False
+    experts: Experts | None = None
+    moe_implementation: str = "ragged"
 
     def __post_init__(self) -> None:
         if self.model_type not in FAMILIES:
@@ -146,6 +215,16 @@ class ModelConfig:
         _check_choice("hidden_act", self.hidden_act, ACTIVATIONS)
         _check_choice("attn_implementation", self.attn_implementation, ATTN_IMPLEMENTATIONS)
         _check_choice("remat_policy", self.remat_policy, REMAT_POLICIES)
+        _check_choice("moe_implementation", self.moe_implementation, MOE_IMPLEMENTATIONS)
+        if (self.experts is None) != (self.family.sparse is None):
+            kind = "has" if self.experts is None else "has no"
+            raise ValueError(f"{self.model_type} {kind} mixture-of-experts blocks: set experts")
+        if self.experts is not None and self.experts.dense_layers:
+            if self.experts.dense_layers[-1] >= self.num_layers:
+                raise ValueError(
+                    f"experts.dense_layers {self.experts.dense_layers} name layers beyond the "
+                    f"{self.num_layers} of the model"
+                )
         if self.activation_offload and self.remat_policy == "none":
             raise ValueError(
                 "activation_offload needs remat: set remat_policy to 'full' or 'dots' "
@@ -195,6 +274,10 @@ class ModelConfig:
         """The factor on q.k: query_pre_attn_scalar^-0.5 if set, else head_dim^-0.5."""
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
+    def is_sparse(self, layer: int) -> bool:
+        """Whether `layer`'s MLP is a mixture of experts."""
+        return self.experts is not None and layer not in self.experts.dense_layers
+
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window only."""
         return self.layer_types[layer] == SLIDING
@@ -223,6 +306,7 @@ class ModelConfig:
         window, layer_types = family.sliding.read(hf, layers)
         gemma = family.gemma
         qkv_bias = family.qkv_bias
+        experts = None if family.sparse is None else Experts.from_hf(hf, family.sparse, layers)
         return cls(
             vocab_size=int(required("vocab_size")),
             hidden_size=hidden,
@@ -259,6 +343,7 @@ class ModelConfig:
             attn_implementation=hf.get("attn_implementation")
             or hf.get("_attn_implementation")
             or "eager",
+            experts=experts,
         )
 
     def to_hf(self) -> dict[str, Any]:
@@ -296,6 +381,8 @@ class ModelConfig:
             hf["final_logit_softcapping"] = self.final_logit_softcapping
         if self.family.local_rope_theta is not None:
             hf["rope_local_base_freq"] = self.rope_local_base_freq
+        if self.experts is not None:
+            hf.update(self.experts.to_hf(self.family.sparse))
         return hf
 
 

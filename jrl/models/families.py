@@ -126,6 +126,30 @@ class InterleavedSliding(ListedLayers):
 
 
 @dataclasses.dataclass(frozen=True)
+class SparseBlock:
+    """How a mixture-of-experts family names and routes its sparse MLP blocks.
+
+    The block is the layer's `block` attribute (HF's module name), its router the linear map
+    `router` (hidden -> experts, no bias), its experts' gated MLPs the `expert_weights` (gate,
+    up, down) of HF's ``experts.{e}.<name>.weight``. A token's experts are the top k of
+    softmax(router logits) in float32; their weights are renormalised to sum to 1 always
+    (`renormalize` True) or as config.json's ``norm_topk_prob`` says (None), and cast back to
+    the logits' dtype where `weights_in_logits_dtype`. `experts_key` and `expert_size_key` are
+    config.json's expert count and per-expert FFN size; `dense_layers` reads which layers keep a
+    dense MLP (Qwen3-MoE's ``mlp_only_layers`` and ``decoder_sparse_step``).
+    """
+
+    block: str
+    expert_weights: tuple[str, str, str]
+    experts_key: str
+    expert_size_key: str
+    renormalize: bool | None
+    weights_in_logits_dtype: bool
+    dense_layers: bool = False
+    router: str = "gate"
+
+
+@dataclasses.dataclass(frozen=True)
 class Family:
     """What a model_type fixes, and how its `config.json` differs from the common keys.
 
@@ -149,6 +173,7 @@ class Family:
     writes_mlp_bias: bool = False  # config.json carries `mlp_bias: false`
     refused_flags: tuple[str, ...] = ()  # config.json flags whose behaviour jrl lacks
     wrapper_model_type: str | None = None  # model_type of a multimodal config.json around it
+    sparse: SparseBlock | None = None  # a mixture-of-experts family's sparse MLP blocks
 
 
 FAMILIES = {
@@ -156,6 +181,38 @@ FAMILIES = {
     "qwen2": Family("Qwen2", 32768, TopLayersSlide(), qkv_bias=True, output_bias=False),
     "qwen3": Family("Qwen3", 32768, TopLayersSlide(), qk_norm=True),
     "mistral": Family("Mistral", 131072, EveryLayerSlides(), qkv_bias=False, output_bias=False),
+    "qwen3_moe": Family(
+        "Qwen3Moe",
+        32768,
+        NoSlidingWindow(),
+        qk_norm=True,
+        refused_flags=("use_sliding_window",),
+        sparse=SparseBlock(
+            "mlp",
+            ("gate_proj", "up_proj", "down_proj"),
+            experts_key="num_experts",
+            expert_size_key="moe_intermediate_size",
+            renormalize=None,
+            weights_in_logits_dtype=True,
+            dense_layers=True,
+        ),
+    ),
+    "mixtral": Family(
+        "Mixtral",
+        131072,
+        EveryLayerSlides(),
+        qkv_bias=False,
+        output_bias=False,
+        rope_theta=1e6,
+        sparse=SparseBlock(
+            "block_sparse_moe",
+            ("w1", "w3", "w2"),
+            experts_key="num_local_experts",
+            expert_size_key="intermediate_size",
+            renormalize=True,
+            weights_in_logits_dtype=False,
+        ),
+    ),
     "gemma2": Family(
         "Gemma2",
         8192,

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from jrl.models.weights import base_parameters, hf_name, to_hf_layout
+from jrl.models.weights import base_parameters, hf_parts
 
 if TYPE_CHECKING:
     import torch
@@ -32,16 +32,17 @@ def hf_arrays(
     A kernel with a LoRA adapter comes merged (W + A @ B * alpha / rank). Floating values are
     cast to `dtype` (kept as they are when None) where they live, then gathered whole onto
     `device` (default: the lowest-numbered device holding the parameter) and put in HF layout
-    there: device-to-device copies only. An array that would still be the parameter's own
-    buffer (same dtype, device and layout) is copied, so that a consumer holding it never reads
-    memory that the next update donates.
+    there (stacked experts: one tensor per expert): device-to-device copies only. An array that
+    would still be the parameter's own buffer (same dtype, device and layout) is copied, so that
+    a consumer holding it never reads memory that the next update donates.
     """
     for path, _, fetch in base_parameters(model):
         parameter = value = fetch()
         if dtype is not None and jnp.issubdtype(value.dtype, jnp.floating):
             value = value.astype(dtype)
-        value = to_hf_layout(path, jax.device_put(value, device or _first_device(value)))
-        yield hf_name(path), jnp.copy(value) if _same_buffer(value, parameter) else value
+        value = jax.device_put(value, device or _first_device(value))
+        for name, part in hf_parts(path, value):
+            yield name, jnp.copy(part) if _same_buffer(part, parameter) else part
 
 
 def _same_buffer(a: jax.Array, b: jax.Array) -> bool:

@@ -1,5 +1,6 @@
 """Building blocks of the decoder: linear layers (with LoRA), RMSNorm, RoPE, the attention
-module, the gated MLP and the layer (the attention kernels are in `jrl.models.attention`).
+module, the gated MLP and the layer (the attention kernels are in `jrl.models.attention`, the
+mixture-of-experts block in `jrl.models.moe`).
 
 Parameters are stored in `param_dtype` and cast to the compute `dtype` at use; norms, RoPE and
 attention scores are computed in float32.
@@ -19,6 +20,7 @@ from flax import nnx
 from jrl.models.attention import Visibility, attention
 from jrl.models.config import ModelConfig, RopeScaling
 from jrl.models.dtypes import product_dtype
+from jrl.models.moe import SparseMoE
 from jrl.parallel.sharding import axes_of, logical_axes
 
 _ACTIVATIONS = {
@@ -291,7 +293,23 @@ class DecoderLayer(nnx.Module):
         if self.sandwich:
             self.pre_feedforward_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm_kw)
             self.post_feedforward_layernorm = RMSNorm(c.hidden_size, c.rms_norm_eps, **norm_kw)
-        self.mlp = MLP(c, rngs=rngs, **kw)
+        # the feed-forward block: a gated MLP, or a family's sparse block under its HF name
+        self.ffn_name = "mlp"
+        if c.is_sparse(layer):
+            self.ffn_name = c.family.sparse.block
+            router = dense(
+                c.hidden_size,
+                c.experts.num_experts,
+                ("embed", None),
+                use_bias=False,
+                std=c.initializer_range,
+                rngs=rngs,
+                **kw,
+            )
+            activation = _ACTIVATIONS[c.hidden_act]
+            setattr(self, self.ffn_name, SparseMoE(c, router, activation, rngs=rngs, **kw))
+        else:
+            self.mlp = MLP(c, rngs=rngs, **kw)
 
     def project(
         self, x: jax.Array, rope: tuple[jax.Array, jax.Array]
@@ -304,8 +322,9 @@ class DecoderLayer(nnx.Module):
     ) -> jax.Array:
         """Adds attention of q over k/v (keys as `visibility` allows) and then the MLP to x."""
         attn = self.self_attn.attend(q, k, v, visibility)
+        ffn = getattr(self, self.ffn_name)
         if self.sandwich:
             x = x + self.post_attention_layernorm(attn)
-            return x + self.post_feedforward_layernorm(self.mlp(self.pre_feedforward_layernorm(x)))
+            return x + self.post_feedforward_layernorm(ffn(self.pre_feedforward_layernorm(x)))
         x = x + attn
-        return x + self.mlp(self.post_attention_layernorm(x))
+        return x + ffn(self.post_attention_layernorm(x))

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 
-from jrl.models.weights import hf_name
+from jrl.models.weights import hf_name, hf_names, is_expert_stack
 from jrl.parallel.sharding import param_shardings
 
 MIN_BLOCK_BYTES, MAX_BLOCK_BYTES = 1024**2, 16 * 1024**2
@@ -111,6 +111,21 @@ def _place(
     return jax.make_array_from_single_device_arrays(shape, sharding, ordered)
 
 
+class StackedExperts:
+    """E HF tensors [out, in] (one per expert) read as one [E, in, out] parameter."""
+
+    def __init__(self, sources: list[ArraySource]):
+        self.sources = sources
+        out, inner = sources[0].shape
+        self.shape = (len(sources), inner, out)
+        self.dtype = np.dtype(sources[0].dtype)
+
+    def __getitem__(self, index: tuple[slice, ...]) -> np.ndarray:
+        experts, inner, out = index
+        picked = range(*experts.indices(len(self.sources)))
+        return np.stack([np.asarray(self.sources[e][out, inner]).T for e in picked])
+
+
 def _load_leaf(
     path: tuple[Any, ...],
     expected: jax.ShapeDtypeStruct,
@@ -118,7 +133,18 @@ def _load_leaf(
     where: str,
     sharding: NamedSharding | None,
 ) -> jax.Array:
-    name, shape = hf_name(path), tuple(expected.shape)
+    shape = tuple(expected.shape)
+    if is_expert_stack(path):
+        names = hf_names(path, shape)
+        for name in names:
+            if tuple(tensors[name].shape) != shape[1:][::-1]:
+                raise ValueError(
+                    f"{where}: tensor {name} has shape {tuple(tensors[name].shape)}, but "
+                    f"config.json implies {shape[1:][::-1]}"
+                )
+        stacked = StackedExperts([tensors[name] for name in names])
+        return _place(stacked, False, shape, np.dtype(expected.dtype), sharding)
+    name = hf_name(path)
     transposed = path[-1] == _TRANSPOSED_LEAF
     hf_shape = shape[::-1] if transposed else shape
     source = tensors[name]
@@ -145,7 +171,8 @@ def stream_params(
     """
     graphdef, state = nnx.split(abstract_model)
     leaves = list(nnx.to_flat_state(state))
-    missing = [hf_name(path) for path, _ in leaves if hf_name(path) not in tensors]
+    needed = [name for path, var in leaves for name in hf_names(path, var.get_value().shape)]
+    missing = [name for name in needed if name not in tensors]
     if missing:
         shown = ", ".join(missing[:8]) + (
             f" (and {len(missing) - 8} more)" if len(missing) > 8 else ""

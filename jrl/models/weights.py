@@ -3,6 +3,8 @@
 Module attributes carry the HF names (`model.layers.0.self_attn.q_proj`, `lm_head`, `score`), so a
 parameter path maps to its HF name by joining the path and renaming the leaf. Linear kernels are
 stored [in, out] here and [out, in] in HF files, so they are transposed on the way in and out.
+A mixture of experts' stacked weights (`jrl.models.moe.ExpertStack`, [E, in, out] at
+``...experts.<name>``) are E HF tensors ``...experts.{e}.<name>.weight`` of [out, in] each.
 """
 
 from __future__ import annotations
@@ -35,6 +37,28 @@ class TensorSpec(NamedTuple):
 def hf_name(path: tuple[Any, ...]) -> str:
     """HF tensor name of a parameter path, e.g. ('lm_head', 'kernel') -> 'lm_head.weight'."""
     return ".".join(str(p) for p in path[:-1]) + "." + _LEAF_NAMES[path[-1]]
+
+
+def is_expert_stack(path: tuple[Any, ...]) -> bool:
+    """Whether the parameter at `path` stacks the experts' weights of one kind."""
+    return len(path) > 1 and path[-2] == "experts" and path[-1] not in _LEAF_NAMES
+
+
+def hf_names(path: tuple[Any, ...], shape: tuple[int, ...]) -> list[str]:
+    """The HF tensor names of a parameter of `shape`: its own, or one per expert."""
+    if not is_expert_stack(path):
+        return [hf_name(path)]
+    prefix = ".".join(str(p) for p in path[:-1])
+    return [f"{prefix}.{expert}.{path[-1]}.weight" for expert in range(shape[0])]
+
+
+def hf_parts(path: tuple[Any, ...], array: Any) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor in HF layout) of the parameter at `path`: one, or one per expert."""
+    if not is_expert_stack(path):
+        yield hf_name(path), to_hf_layout(path, array)
+        return
+    for expert, name in enumerate(hf_names(path, array.shape)):
+        yield name, array[expert].T
 
 
 def to_hf_layout(path: tuple[Any, ...], array: Any) -> Any:
@@ -70,15 +94,31 @@ def hf_tensor_specs(model: nnx.Module) -> list[TensorSpec]:
     A layer with a LoRA adapter is written as one plain kernel, W + A @ B * alpha / rank, merged
     on its device when fetched.
     """
-    return [
-        TensorSpec(
-            hf_name(path),
-            _hf_shape(path, value.shape),
-            np.dtype(value.dtype),
-            lambda path=path, fetch=fetch: np.asarray(to_hf_layout(path, jax.device_get(fetch()))),
+    specs = []
+    for path, value, fetch in base_parameters(model):
+        if is_expert_stack(path):  # one tensor per expert, sliced on its device
+            names, shape = hf_names(path, value.shape), tuple(value.shape[1:][::-1])
+            specs += [
+                TensorSpec(
+                    name,
+                    shape,
+                    np.dtype(value.dtype),
+                    lambda e=e, fetch=fetch: np.asarray(jax.device_get(fetch()[e])).T,
+                )
+                for e, name in enumerate(names)
+            ]
+            continue
+        specs.append(
+            TensorSpec(
+                hf_name(path),
+                _hf_shape(path, value.shape),
+                np.dtype(value.dtype),
+                lambda path=path, fetch=fetch: np.asarray(
+                    to_hf_layout(path, jax.device_get(fetch()))
+                ),
+            )
         )
-        for path, value, fetch in base_parameters(model)
-    ]
+    return specs
 
 
 def initial_score_head(config: ModelConfig, seed: int) -> dict[str, np.ndarray]:

@@ -38,6 +38,7 @@ TRAINING_RULES: Rules = {
     "heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
+    "expert": None,
     "norm": None,
     "lora_rank": None,
 }

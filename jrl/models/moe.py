@@ -1,0 +1,151 @@
+"""The sparse MLP block of a mixture-of-experts layer (Qwen3-MoE, Mixtral): a router and a stack
+of gated expert MLPs.
+
+For a token x (hidden size H) and E experts of width I:
+
+    p = softmax(x W_r)                (W_r: [H, E]; float32)
+    (w, e) = top_k(p, k)              (w renormalised to sum to 1 where the family does so)
+    y = sum_j w_j f_{e_j}(x),   f_e(x) = act(x G_e) * (x U_e) D_e   (G_e, U_e: [H, I]; D_e: [I, H])
+
+The experts' weights are stacked [E, H, I] / [E, I, H] (logical axes ``expert``, ``embed``,
+``mlp``). `moe_implementation` picks how f runs: ``ragged`` sorts the N * k (token, expert)
+pairs by expert and runs each matmul as one grouped matmul (`jax.lax.ragged_dot`), so each
+token pays for its k experts only; ``dense`` runs every expert on every token and weighs the
+outputs (the reference path: E / k times the work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from jrl.models.config import ModelConfig
+from jrl.models.dtypes import product_dtype
+from jrl.parallel.sharding import logical_axes
+
+
+class ExpertStack(nnx.Module):
+    """The E experts' gate, up and down weights, stacked, under HF's names (`names`: gate, up,
+    down; HF files hold them as ``experts.{e}.<name>.weight``)."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        names: tuple[str, str, str],
+        *,
+        param_dtype: Any,
+        rngs: nnx.Rngs,
+    ) -> None:
+        experts = config.experts
+        count, hidden, width = experts.num_experts, config.hidden_size, experts.intermediate_size
+        init = nnx.initializers.normal(config.initializer_range)
+        shapes = ((count, hidden, width), (count, hidden, width), (count, width, hidden))
+        axes = (("expert", "embed", "mlp"),) * 2 + (("expert", "mlp", "embed"),)
+        for name, shape, names_of_axes in zip(names, shapes, axes, strict=True):
+            value = init(rngs.params(), shape, param_dtype)
+            setattr(self, name, nnx.Param(value, **logical_axes(*names_of_axes)))
+        self.names = names
+
+    def weights(self, dtype: Any) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(gate, up, down) in the compute `dtype`."""
+        return tuple(getattr(self, name)[...].astype(dtype) for name in self.names)
+
+
+class SparseMoE(nnx.Module):
+    """A layer's sparse MLP block (the module docstring's formula), named as the family's
+    `SparseBlock` says; `router` is its linear map [H, E] without bias."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        router: nnx.Module,
+        activation: Callable[[jax.Array], jax.Array],
+        *,
+        dtype: Any,
+        param_dtype: Any,
+        rngs: nnx.Rngs,
+    ) -> None:
+        block, experts = config.family.sparse, config.experts
+        setattr(self, block.router, router)
+        self.experts = ExpertStack(config, block.expert_weights, param_dtype=param_dtype, rngs=rngs)
+        self.router_name = block.router
+        self.top_k = experts.experts_per_token
+        renormalize = block.renormalize
+        self.renormalize = experts.norm_topk_prob if renormalize is None else renormalize
+        self.weights_in_logits_dtype = block.weights_in_logits_dtype
+        self.implementation = config.moe_implementation
+        self.activation = activation
+        self.dtype = dtype
+
+    def route(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(router logits [N, E], the top-k experts' weights [N, k], their indices [N, k])."""
+        logits = getattr(self, self.router_name)(tokens)
+        probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+        weights, chosen = jax.lax.top_k(probs, self.top_k)
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdims=True)
+        if self.weights_in_logits_dtype:
+            weights = weights.astype(logits.dtype)
+        return logits, weights, chosen
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        tokens = x.reshape(-1, x.shape[-1])
+        _, weights, chosen = self.route(tokens)
+        dtype = self.dtype or x.dtype
+        gate, up, down = self.experts.weights(dtype)
+        run = ragged_experts if self.implementation == "ragged" else dense_experts
+        out = run(tokens.astype(dtype), weights, chosen, (gate, up, down), self.activation)
+        return out.reshape(x.shape).astype(dtype)
+
+
+def _product(dtype: Any) -> Any:
+    """The result dtype a 16-bit matmul asks for (`dtypes.product_dtype`), else None."""
+    return product_dtype() if jnp.dtype(dtype).itemsize == 2 else None
+
+
+def ragged_experts(
+    tokens: jax.Array,
+    weights: jax.Array,
+    chosen: jax.Array,
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    activation: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+    """y [N, H] of `tokens` [N, H] through their `chosen` experts [N, k] weighted by `weights`:
+    the N * k pairs sorted by expert, each matmul one `jax.lax.ragged_dot` over the E groups."""
+    gate, up, down = experts
+    count, k = gate.shape[0], chosen.shape[1]
+    flat = chosen.reshape(-1)
+    order = jnp.argsort(flat, stable=True)
+    rows = tokens[order // k]  # [N * k, H], grouped by expert
+    sizes = jnp.bincount(flat, length=count).astype(jnp.int32)
+    wide = _product(tokens.dtype)
+
+    def grouped(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+        out = jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=wide)
+        return out.astype(tokens.dtype)
+
+    hidden = activation(grouped(rows, gate)) * grouped(rows, up)
+    out = grouped(hidden, down) * weights.reshape(-1)[order][:, None].astype(tokens.dtype)
+    unsorted = out[jnp.argsort(order)]
+    return unsorted.reshape(-1, k, tokens.shape[-1]).sum(1)
+
+
+def dense_experts(
+    tokens: jax.Array,
+    weights: jax.Array,
+    chosen: jax.Array,
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    activation: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+    """`ragged_experts`' result with every expert run on every token and the outputs weighed by
+    each token's weights on its chosen experts (0 elsewhere): the reference path."""
+    gate, up, down = experts
+    hidden = activation(jnp.einsum("nh,ehi->eni", tokens, gate))
+    hidden = hidden * jnp.einsum("nh,ehi->eni", tokens, up)
+    outs = jnp.einsum("eni,eih->enh", hidden, down)  # [E, N, H]
+    mix = (jax.nn.one_hot(chosen, gate.shape[0], dtype=weights.dtype) * weights[..., None]).sum(1)
+    return jnp.einsum("ne,enh->nh", mix.astype(tokens.dtype), outs)

@@ -1,0 +1,144 @@
+"""Mixture-of-experts families (Qwen3-MoE, Mixtral) against transformers (torch, CPU, fp32), and
+the experts' two implementations (grouped matmul, every expert) against each other."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from helpers import assert_close, jit_call, left_padded_inputs
+from reference import SHAPE, randomise, torch_logits
+
+from jrl.models import CausalLM, ModelConfig, from_pretrained, save_pretrained
+from jrl.models.moe import dense_experts, ragged_experts
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+# Tiny configs over SHAPE's attention: several expert counts, 1, 2 and 8 experts per token, with
+# and without renormalised top-k weights, Qwen3-MoE's dense layers between sparse ones.
+MOE_CONFIGS = {
+    "qwen3_moe-8x2-norm-dense1": (
+        "Qwen3MoeConfig",
+        dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+             mlp_only_layers=[1], head_dim=32),
+    ),
+    "qwen3_moe-16x8": (
+        "Qwen3MoeConfig",
+        dict(num_experts=16, num_experts_per_tok=8, moe_intermediate_size=16, head_dim=16),
+    ),
+    "qwen3_moe-4x1-step2": (
+        "Qwen3MoeConfig",
+        dict(num_experts=4, num_experts_per_tok=1, moe_intermediate_size=48, decoder_sparse_step=2),
+    ),
+    "mixtral-4x2": ("MixtralConfig", dict(num_local_experts=4, num_experts_per_tok=2)),
+    "mixtral-8x1": (
+        "MixtralConfig",
+        dict(num_local_experts=8, num_experts_per_tok=1, intermediate_size=24),
+    ),
+}  # fmt: skip
+
+
+def hf_moe_model(name):
+    """A randomised 3-layer transformers model of `MOE_CONFIGS[name]`, eager attention."""
+    cls_name, extra = MOE_CONFIGS[name]
+    cfg = getattr(transformers, cls_name)(**{**SHAPE, "num_hidden_layers": 3, **extra})
+    cfg._attn_implementation = "eager"
+    return randomise(transformers.AutoModelForCausalLM.from_config(cfg))
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """name -> (HF folder, torch model), each built once."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            model = hf_moe_model(name)
+            path = tmp_path_factory.mktemp(name)
+            model.save_pretrained(path, safe_serialization=True)
+            built[name] = path, model
+        return built[name]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def batch():
+    """Three rows of 12 tokens with 0, 2 and 9 tokens of left padding."""
+    return left_padded_inputs((0, 2, 9), 12, SHAPE["vocab_size"], seed=1)
+
+
+def _with(model, **changes):
+    """`model`'s weights under a config with `changes` (e.g. another moe_implementation)."""
+    config = dataclasses.replace(model.config, **changes)
+    graphdef = nnx.graphdef(nnx.eval_shape(lambda: CausalLM(config, rngs=nnx.Rngs(0))))
+    return nnx.merge(graphdef, nnx.state(model))
+
+
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_logits_match_transformers_with_both_expert_paths(name, checkpoint, batch):
+    path, hf_model = checkpoint(name)
+    model = from_pretrained(path)
+    reference = torch_logits(hf_model, batch)
+    assert model.config.experts is not None
+    assert_close(jit_call(model, batch), reference, batch[1])
+    dense = _with(model, moe_implementation="dense")
+    assert_close(jit_call(dense, batch), reference, batch[1])
+
+
+def test_configs_are_read_as_transformers_reads_them(checkpoint):
+    qwen = from_pretrained(checkpoint("qwen3_moe-8x2-norm-dense1")[0])
+    experts = qwen.config.experts
+    assert (experts.num_experts, experts.experts_per_token, experts.intermediate_size) == (8, 2, 32)
+    assert experts.norm_topk_prob and experts.dense_layers == (1,)
+    assert hasattr(qwen.model.layers[1], "mlp") and qwen.model.layers[1].ffn_name == "mlp"
+    assert qwen.model.layers[0].mlp.experts.gate_proj.shape == (8, SHAPE["hidden_size"], 32)
+    stepped = from_pretrained(checkpoint("qwen3_moe-4x1-step2")[0]).config
+    assert stepped.experts.dense_layers == (0, 2)  # (i + 1) % decoder_sparse_step != 0
+    mixtral = from_pretrained(checkpoint("mixtral-4x2")[0])
+    assert mixtral.model.layers[0].ffn_name == "block_sparse_moe"
+    assert mixtral.model.layers[0].block_sparse_moe.experts.w2.shape == (4, 128, 64)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe-8x2-norm-dense1", "mixtral-4x2"])
+def test_save_pretrained_roundtrip_in_transformers(name, checkpoint, batch, tmp_path):
+    path, hf_model = checkpoint(name)
+    model = from_pretrained(path)
+    save_pretrained(model, tmp_path / "export")
+    hf = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert ModelConfig.from_hf(hf) == model.config
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "export", attn_implementation="eager"
+    ).eval()
+    assert type(reloaded) is type(hf_model)
+    assert_close(torch_logits(reloaded, batch), torch_logits(hf_model, batch), batch[1], rel=1e-6)
+
+
+@pytest.mark.parametrize("experts_per_token", [1, 2, 8])
+def test_grouped_matmul_equals_every_expert_with_gradients(experts_per_token):
+    """The ragged path (tokens sorted by expert, `jax.lax.ragged_dot`) against the reference
+    (every expert on every token), values and gradients, where some experts get no token."""
+    rng = np.random.default_rng(experts_per_token)
+    count, hidden, width, tokens = 8, 16, 12, 10
+    x = jnp.asarray(rng.normal(size=(tokens, hidden)), jnp.float32)
+    weights = [
+        jnp.asarray(rng.normal(size=shape) * 0.3, jnp.float32)
+        for shape in ((count, hidden, width), (count, hidden, width), (count, width, hidden))
+    ]
+    logits = jnp.asarray(rng.normal(size=(tokens, count)), jnp.float32)
+    logits = logits.at[:, -2:].add(-100.0)  # the last two experts: never chosen with k < 7
+    gate, chosen = jax.lax.top_k(jax.nn.softmax(logits), experts_per_token)
+
+    def loss(path, x, weights, gate):
+        return (path(x, gate, chosen, tuple(weights), jax.nn.silu) ** 2).sum()
+
+    ragged = jax.value_and_grad(lambda *a: loss(ragged_experts, *a), argnums=(0, 1, 2))
+    dense = jax.value_and_grad(lambda *a: loss(dense_experts, *a), argnums=(0, 1, 2))
+    (ours, our_grads), (ref, ref_grads) = ragged(x, weights, gate), dense(x, weights, gate)
+    np.testing.assert_allclose(ours, ref, rtol=1e-5)
+    for got, want in zip(jax.tree.leaves(our_grads), jax.tree.leaves(ref_grads), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
