@@ -1,8 +1,10 @@
 """Proof that RL learns: GRPO and PPO, held-out greedy accuracy over training.
 
-Two models (``--model``):
+Three models (``--model``):
 - ``digits``: configs/digits_<algo>.py, a tiny random-init model on `jrl.data.digits`, 256
   held-out prompts; 60 steps, validated every 10.
+- ``digits_moe``: the same cards with a tiny random-init mixture of experts (Qwen3-MoE, 4 experts,
+  2 per token: `jrl.assets.TINY_MOE`) as the actor and the critic.
 - ``smollm2``: configs/word_problems_<algo>.py, the pretrained SmolLM2-135M-Instruct on one-step
   word problems scored by verl's GSM8K rule in its flexible mode (the last number), 128 held-out
   problems; 20 steps, validated every 4.
@@ -45,16 +47,29 @@ TRAIN_KEY = "critic/score/mean"
 @dataclass(frozen=True)
 class Task:
     """A model's experiment: its cards (``card.format(algo=...)`` under configs/), the metric of
-    its held-out greedy accuracy, and its default length."""
+    its held-out greedy accuracy, its default length, and the asset set (`jrl.assets`) whose
+    model replaces the card's (None: the card's own)."""
 
     card: str
     val_key: str
     steps: int
     test_freq: int
+    model_set: str | None = None
+
+    def model_overrides(self) -> list[str]:
+        """The overrides that put the asset set's model in the actor's and critic's place."""
+        if self.model_set is None:
+            return []
+        from jrl.assets import PATHS
+
+        path = PATHS[self.model_set]()["model_path"]
+        return [f"actor_rollout_ref.model.path={path}", f"critic.model.path={path}"]
 
 
+DIGITS = "val-core/jrl/digits/reward/mean@1"
 TASKS = {
-    "digits": Task("digits_{algo}.py", "val-core/jrl/digits/reward/mean@1", 60, 10),
+    "digits": Task("digits_{algo}.py", DIGITS, 60, 10),
+    "digits_moe": Task("digits_{algo}.py", DIGITS, 60, 10, model_set="digits_moe"),
     "smollm2": Task("word_problems_{algo}.py", "val-core/jrl/word_problems/reward/mean@1", 20, 4),
 }
 
@@ -111,6 +126,7 @@ def train(
         "trainer.logger=['file']",
         "trainer.resume_mode=disable",
         f"trainer.default_local_dir={run_dir}",
+        *task.model_overrides(),
         *extra,
     ]
     shutil.rmtree(run_dir, ignore_errors=True)

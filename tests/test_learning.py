@@ -79,15 +79,17 @@ def test_score_is_the_first_answer_token(answer, score):
     assert default_compute_score("jrl/digits", answer, "3") == score
 
 
-def test_grpo_and_ppo_raise_held_out_accuracy_far_above_noise(tmp_path):
-    """bench/learning.py, one fixed seed, 60 steps per algorithm (about a minute on 2 cores).
+@pytest.mark.parametrize("model", ["digits", "digits_moe"])
+def test_grpo_and_ppo_raise_held_out_accuracy_far_above_noise(tmp_path, model):
+    """bench/learning.py, one fixed seed, 60 steps per algorithm (about a minute on 2 cores),
+    with the dense tiny model and with the tiny mixture of experts (Qwen3-MoE).
 
     The untrained greedy policy scores 0 on the 256 held-out prompts (a constant non-digit
     answer), and 0.99-1.0 after 60 steps for seeds 0, 1, 2 and two other model inits; with the
-    advantages zeroed or sign-flipped it stays at 0.
+    advantages zeroed or sign-flipped it stays at 0. The mixture of experts reaches 1.0 too.
     """
     out = tmp_path / "learning"
-    cmd = [sys.executable, "bench/learning.py", "--seeds", "0", "--steps", "60"]
+    cmd = [sys.executable, "bench/learning.py", "--model", model, "--seeds", "0", "--steps", "60"]
     cmd += ["--test-freq", "30", "--out", str(out)]
     env = {**os.environ, "XLA_FLAGS": ""}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

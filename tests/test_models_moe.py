@@ -13,7 +13,7 @@ from helpers import assert_close, jit_call, left_padded_inputs
 from reference import SHAPE, randomise, torch_logits
 
 from jrl.models import CausalLM, ModelConfig, from_pretrained, save_pretrained
-from jrl.models.moe import dense_experts, ragged_experts
+from jrl.models.moe import dense_experts, load_balancing_loss, ragged_experts
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
@@ -142,3 +142,24 @@ def test_grouped_matmul_equals_every_expert_with_gradients(experts_per_token):
     np.testing.assert_allclose(ours, ref, rtol=1e-5)
     for got, want in zip(jax.tree.leaves(our_grads), jax.tree.leaves(ref_grads), strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["qwen3_moe-8x2-norm-dense1", "mixtral-4x2"])
+@pytest.mark.parametrize("remat", ["none", "full"])
+def test_load_balancing_loss_matches_transformers(name, remat, checkpoint, batch):
+    """The router load a training forward records gives transformers' aux_loss over the real
+    tokens (padding excluded), also through rematerialised layers."""
+    path, hf_model = checkpoint(name)
+    model = _with(from_pretrained(path), remat_policy=remat)
+    ids, mask, positions = batch
+    model.hidden(jnp.asarray(ids), jnp.asarray(mask), jnp.asarray(positions))
+    ours = load_balancing_loss(model)
+    with torch.no_grad():
+        out = hf_model(
+            input_ids=torch.tensor(np.asarray(ids, np.int64)),
+            attention_mask=torch.tensor(np.asarray(mask, np.int64)),
+            position_ids=torch.tensor(np.asarray(positions, np.int64)),
+            output_router_logits=True,
+        )
+    np.testing.assert_allclose(float(ours), float(out.aux_loss), rtol=1e-5)
+    assert load_balancing_loss(model) is None  # popped: the next forward records afresh

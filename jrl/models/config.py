@@ -83,14 +83,16 @@ class Experts:
     """A mixture-of-experts decoder's sparse MLP blocks (the family's `SparseBlock` says how
     they route and are named): `num_experts` gated MLPs of `intermediate_size` each, of which a
     token uses `experts_per_token`; `norm_topk_prob` renormalises those experts' weights where
-    the family reads it; `router_aux_loss_coef` weighs the load-balancing loss; the layers in
-    `dense_layers` keep the dense MLP (ModelConfig.intermediate_size)."""
+    the family reads it; `router_aux_loss_coef` weighs the load-balancing loss, which training
+    adds to the loss where `output_router_logits` (as transformers adds it to a loss with
+    labels); the layers in `dense_layers` keep the dense MLP (ModelConfig.intermediate_size)."""
 
     num_experts: int
     experts_per_token: int
     intermediate_size: int
     norm_topk_prob: bool = False
     router_aux_loss_coef: float = 0.0
+    output_router_logits: bool = False
     dense_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
@@ -121,6 +123,7 @@ class Experts:
             intermediate_size=int(hf.get(block.expert_size_key, 0)),
             norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
             router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.0)),
+            output_router_logits=bool(hf.get("output_router_logits", False)),
             dense_layers=dense,
         )
 
@@ -131,6 +134,7 @@ class Experts:
             "num_experts_per_tok": self.experts_per_token,
             block.expert_size_key: self.intermediate_size,
             "router_aux_loss_coef": self.router_aux_loss_coef,
+            "output_router_logits": self.output_router_logits,
         }
         if block.renormalize is None:
             hf["norm_topk_prob"] = self.norm_topk_prob

@@ -323,6 +323,9 @@ class DecoderLayer(nnx.Module):
         """Adds attention of q over k/v (keys as `visibility` allows) and then the MLP to x."""
         attn = self.self_attn.attend(q, k, v, visibility)
         ffn = getattr(self, self.ffn_name)
+        if isinstance(ffn, SparseMoE):  # a full forward records the router's load
+            real = visibility.kv_valid if visibility.self_attention else None
+            ffn = functools.partial(ffn, token_mask=real)
         if self.sandwich:
             x = x + self.post_attention_layernorm(attn)
             return x + self.post_feedforward_layernorm(ffn(self.pre_feedforward_layernorm(x)))

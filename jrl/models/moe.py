@@ -8,10 +8,13 @@ For a token x (hidden size H) and E experts of width I:
     y = sum_j w_j f_{e_j}(x),   f_e(x) = act(x G_e) * (x U_e) D_e   (G_e, U_e: [H, I]; D_e: [I, H])
 
 The experts' weights are stacked [E, H, I] / [E, I, H] (logical axes ``expert``, ``embed``,
-``mlp``). `moe_implementation` picks how f runs: ``ragged`` sorts the N * k (token, expert)
-pairs by expert and runs each matmul as one grouped matmul (`jax.lax.ragged_dot`), so each
-token pays for its k experts only; ``dense`` runs every expert on every token and weighs the
-outputs (the reference path: E / k times the work).
+``mlp``). A training forward (one that knows which tokens are real) also records each block's
+router load for transformers' load-balancing loss (`load_balancing_loss`).
+
+`moe_implementation` picks how f runs: ``ragged`` sorts the N * k (token, expert) pairs by
+expert and runs each matmul as one grouped matmul (`jax.lax.ragged_dot`), so each token pays for
+its k experts only; ``dense`` runs every expert on every token and weighs the outputs (the
+reference path: E / k times the work).
 """
 
 from __future__ import annotations
@@ -25,7 +28,16 @@ from flax import nnx
 
 from jrl.models.config import ModelConfig
 from jrl.models.dtypes import product_dtype
+from jrl.models.families import FAMILIES
 from jrl.parallel.sharding import logical_axes
+
+# The name under which a sparse block records its router's load in a training forward: the
+# experts picked and the router's probabilities, summed over the real tokens, and their count.
+ROUTER_LOAD = "router_load"
+# The routers' parameters, by their names in every mixture-of-experts family (an NNX filter).
+ROUTERS = nnx.Any(
+    *(nnx.PathContains(name) for name in {f.sparse.router for f in FAMILIES.values() if f.sparse})
+)
 
 
 class ExpertStack(nnx.Module):
@@ -92,14 +104,43 @@ class SparseMoE(nnx.Module):
             weights = weights.astype(logits.dtype)
         return logits, weights, chosen
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, token_mask: jax.Array | None = None) -> jax.Array:
+        """The block's output for x [..., H]; with `token_mask` (same leading shape, 1 on real
+        tokens) it records the router's load over those tokens (`ROUTER_LOAD`)."""
         tokens = x.reshape(-1, x.shape[-1])
-        _, weights, chosen = self.route(tokens)
+        logits, weights, chosen = self.route(tokens)
+        if token_mask is not None:
+            real = token_mask.reshape(-1).astype(jnp.float32)
+            picked = jax.nn.one_hot(chosen, logits.shape[-1], dtype=jnp.float32).sum(1)
+            probs = jax.nn.softmax(logits, axis=-1).astype(jnp.float32)
+            self.sow(nnx.Intermediate, ROUTER_LOAD, (real @ picked, real @ probs, real.sum()))
         dtype = self.dtype or x.dtype
         gate, up, down = self.experts.weights(dtype)
         run = ragged_experts if self.implementation == "ragged" else dense_experts
         out = run(tokens.astype(dtype), weights, chosen, (gate, up, down), self.activation)
         return out.reshape(x.shape).astype(dtype)
+
+
+def load_balancing_loss(model: nnx.Module) -> jax.Array | None:
+    """transformers' load-balancing loss of the sparse blocks' last training forward (their
+    records popped from `model`; None where nothing was recorded): over the real tokens t of
+    every sparse layer l, with p_t the softmax of the router logits and k experts picked,
+
+        aux = E * sum_e f_e * P_e,   f_e = #{(l, t, j): e chosen} / #(l, t),
+                                     P_e = sum_{l, t} p_t[e] / #(l, t)
+
+    (uniform routing gives k)."""
+    records = nnx.pop(model, nnx.Intermediate)
+    loads = [
+        load
+        for path, variable in nnx.to_flat_state(records)
+        if path[-1] == ROUTER_LOAD
+        for load in variable.get_value()
+    ]
+    if not loads:
+        return None
+    picked, probs, rows = (sum(parts) for parts in zip(*loads, strict=True))
+    return picked.shape[-1] * jnp.sum((picked / rows) * (probs / rows))
 
 
 def _product(dtype: Any) -> Any:

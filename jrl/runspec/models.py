@@ -8,8 +8,12 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from flax import nnx
+
 from jrl.models.dtypes import parse_dtype
+from jrl.models.layers import LoRAParam
 from jrl.models.lora import ALL_LINEAR, LoraSettings
+from jrl.models.moe import ROUTERS
 from jrl.models.pretrained import OVERRIDE_ENTRIES
 from jrl.runspec.reads import KeyReads
 
@@ -29,7 +33,9 @@ class ModelSettings:
     ``fsdp_config``), with full remat of every decoder layer when `remat`
     (``enable_gradient_checkpointing``) and host offload of what it keeps when
     `activation_offload`; `lora` holds the LoRA adapters' settings (None: no LoRA), initialised
-    from `lora_seed`; `key` names the weights' config key in errors."""
+    from `lora_seed`; `key` names the weights' config key in errors. `freeze_moe_router`
+    (``override_config.moe_config.freeze_moe_router``) keeps a mixture of experts' routers out
+    of training (`trainable`)."""
 
     path: str
     kind: str
@@ -43,6 +49,15 @@ class ModelSettings:
     lora: LoraSettings | None
     lora_seed: int = 0
     key: str = "actor_rollout_ref.model.path"
+    freeze_moe_router: bool = False
+
+    @property
+    def trainable(self) -> Any:
+        """The parameters an update trains (an NNX filter): the LoRA adapters, else every
+        parameter but, with `freeze_moe_router`, the routers."""
+        if self.lora is not None:
+            return LoRAParam
+        return nnx.All(nnx.Param, nnx.Not(ROUTERS)) if self.freeze_moe_router else nnx.Param
 
     @property
     def section(self) -> str:
@@ -84,7 +99,14 @@ def model_settings(
         lora=lora_settings(model, section),
         lora_seed=lora_seed,
         key=f"{section}.{path_key}",
+        freeze_moe_router=_freezes_router(override),
     )
+
+
+def _freezes_router(override: Any) -> bool:
+    """``override_config.moe_config.freeze_moe_router`` (verl's; False where absent)."""
+    moe = None if override is None else override.get("moe_config")
+    return bool(moe is not None and moe.get("freeze_moe_router", False))
 
 
 def _trusts_code(model: Any, kind: str) -> bool:

@@ -22,7 +22,7 @@ ARR = "actor_rollout_ref"
 ROLLOUT = f"{ARR}.rollout"
 FSDP = "torch FSDP's scheduling: jrl shards every parameter by its logical axes with XLA"
 ENTROPY = "torch's entropy memory options: jrl's log-prob/entropy kernel follows use_fused_kernels"
-MOE = "jrl has no mixture-of-experts model family"
+ROUTER_REPLAY = "router replay (R2/R3) is not implemented yet: training routes afresh"
 TEXT_ONLY = "multi-modal inputs: jrl's model families are text-only"
 WEIGHT_TRANSFER = "verl's weight transfer between Ray workers: jrl hands weights over in process"
 RAY = "Ray's placement: jrl runs every role in one process per host, on the trainer's devices"
@@ -56,7 +56,7 @@ UNREAD = {
     f"{ROLLOUT}.mode": "verl's rollout servers: jrl's sampler runs in the trainer",
     f"{ROLLOUT}.prompt_length": "jrl's rollout takes prompts as data.max_prompt_length",
     **{f"{ROLLOUT}.{key}": WEIGHT_TRANSFER for key in WEIGHT_TRANSFER_KEYS},
-    f"{ROLLOUT}.enable_rollout_routing_replay": MOE,
+    f"{ROLLOUT}.enable_rollout_routing_replay": ROUTER_REPLAY,
     "*.rollout_n": "verl's copy of actor_rollout_ref.rollout.n, which jrl reads",
     "*.strategy": "a torch training backend: jrl trains with JAX on its own mesh",
     "*.use_torch_compile": "torch.compile: XLA compiles every jrl program",
@@ -82,7 +82,7 @@ UNREAD = {
         "tensor_model_parallel_size acts, as the role's fsdp_config.tensor_parallel_size)"
     ),
     **dict.fromkeys(("*.entropy_from_logits_with_chunking", "*.entropy_checkpointing"), ENTROPY),
-    **dict.fromkeys(("*.moe_config.freeze_moe_router", "*.router_replay.*"), MOE),
+    "*.router_replay.*": ROUTER_REPLAY,
     "*.optim.clip_grad": "Megatron's clipping: verl's FSDP roles clip at grad_clip",
     "*.optim.optimizer_impl": "the torch module of verl's optimizer: jrl's are optax's",
     "*.optim.total_training_steps": "set from the run's total steps (as verl sets it)",

@@ -17,14 +17,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.sharding import Mesh
 
 from jrl import algos
 from jrl.algos.rollout_correction import METRIC_PREFIX
 from jrl.algos.settings import KLLoss, PolicyLossSettings
 from jrl.batch import Batch
-from jrl.models import LoRAParam
+from jrl.models.moe import load_balancing_loss
 from jrl.runspec.algorithm import AlgorithmSpec
 from jrl.runspec.models import ModelSettings
 from jrl.runspec.roles import ActorSettings
@@ -39,9 +38,12 @@ class ActorLoss:
     """The actor objective of one micro-batch, already divided by the mini-batch normaliser:
     the policy loss of ``policy_loss.loss_mode`` (aggregated by its own mode or
     `loss_agg_mode`), minus ``entropy_coeff`` x entropy, plus ``kl_loss_coef`` x the KL loss to
-    the reference (`kl_loss`, None without it). Log-probs at `temperature` by the kernel `impl`;
-    `on_policy` (one epoch over one mini-batch) takes the old log-probs as the current ones
-    without gradient.
+    the reference (`kl_loss`, None without it); a mixture of experts logs its load-balancing
+    loss (``actor/router_aux_loss``: each micro-batch's weighted by its share of the response
+    tokens) and adds ``router_aux_loss_coef`` x it where config.json's
+    ``output_router_logits`` says so, as transformers does. Log-probs at `temperature` by the
+    kernel `impl`; `on_policy` (one epoch over one mini-batch) takes the old log-probs as the
+    current ones without gradient.
 
     Frozen and hashable: it is the key of the learner's compiled update, so every option here
     that changes selects its own program."""
@@ -104,6 +106,13 @@ class ActorLoss:
             kl_loss = agg(kld, mask, own, factor)[0] / norm[own]
             loss = loss + self.kl_loss.kl_loss_coef * kl_loss
             metrics["actor/kl_loss"] = kl_loss
+        aux = load_balancing_loss(model)
+        if aux is not None:  # a mixture of experts: its micro-batches' loads, token-weighted
+            aux = aux * jnp.sum(mask) / norm["tokens"]
+            metrics["actor/router_aux_loss"] = aux
+            experts = model.config.experts
+            if experts.output_router_logits:
+                loss = loss + experts.router_aux_loss_coef * aux
         return loss, metrics
 
 
@@ -161,14 +170,13 @@ class Actor:
         `jrl.plan`)."""
         mesh = role_mesh_of(settings.mesh, mesh)
         spec = ActorSpec.of(settings, algorithm, mesh, total_training_steps)
-        trainable = nnx.Param if spec.model.lora is None else LoRAParam
         learner = load_learner(
             spec.model,
             spec.train.optimizer,
             mesh,
             settings.offload,
             settings.mesh.key,
-            trainable,
+            spec.model.trainable,
             abstract,
         )
         return cls(spec, mesh, learner)

@@ -116,7 +116,13 @@ class Critic:
         spec = CriticSpec.of(settings, mesh, total_training_steps)
         key = settings.mesh.key
         learner = load_learner(
-            spec.model, spec.train.optimizer, mesh, settings.offload, key, nnx.Param, abstract
+            spec.model,
+            spec.train.optimizer,
+            mesh,
+            settings.offload,
+            key,
+            spec.model.trainable,
+            abstract,
         )
         return cls(spec, mesh, learner)
 
