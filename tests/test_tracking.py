@@ -15,7 +15,7 @@ from flax import nnx
 from jrl import train
 from jrl.models import ModelConfig, init_random
 from jrl.plot import plot_run
-from jrl.trainer.io.flops import dense_params, peak_flops, train_flops
+from jrl.trainer.io.flops import active_params, peak_flops, train_flops
 from jrl.trainer.io.metrics import memory_metrics, mfu_metrics
 from jrl.trainer.io.tracking import OPTIONAL_LOGGERS, Tracking, mlflow_metric_name
 
@@ -165,10 +165,10 @@ TINY = dict(
 )
 
 
-def test_dense_params_count_the_models_weight_matrices():
+def test_active_params_count_the_models_weight_matrices():
     config = ModelConfig.from_hf(TINY)
     # per layer: q,o 4x4 + k,v 4x2 = 48, MLP 3*4*6 = 72; two layers; embedding + head 2*10*4
-    assert dense_params(config) == 2 * (48 + 72) + 80 == 320
+    assert active_params(config) == 2 * (48 + 72) + 80 == 320
     params = jax.tree.leaves(nnx.state(init_random(config), nnx.Param))
     assert sum(p.size for p in params if p.ndim == 2) == 320
 
@@ -205,12 +205,18 @@ VERL_FLOPS_CASES = {
         dict(num_attention_heads=32, num_key_value_heads=8, head_dim=128),
         (512303699066880, 1787393589903360),
     ),
+    "qwen3_moe": (  # Qwen3-30B-A3B-Base: 8 of 128 experts of 768 per token, every layer sparse
+        dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=48),
+        dict(num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+             num_experts_per_tok=8, moe_intermediate_size=768),
+        (78593069678592, 306570470621184),
+    ),
     "gemma3_text": (  # Gemma3-12B-IT, every 6th layer global, the others a 1024 window
         dict(vocab_size=262208, hidden_size=3840, intermediate_size=15360, num_hidden_layers=48),
         dict(num_attention_heads=16, num_key_value_heads=8, head_dim=256, sliding_window=1024),
         (279084659638272, 963929979224064),
     ),
-}
+}  # fmt: skip
 
 
 @pytest.mark.parametrize("model_type", sorted(VERL_FLOPS_CASES))

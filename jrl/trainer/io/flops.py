@@ -7,6 +7,10 @@ sequence of s tokens attending to s' of them. That is the q·k and attention·v 
 leaves half of the score matrix. s' is s, or the window on sliding-window layers (as verl counts
 Gemma 3; verl's Llama/Qwen/Mistral counter ignores windows, which changes nothing for configs
 without one).
+
+A mixture of experts counts the parameters a token uses (verl's qwen3_moe counter): per sparse
+layer its k experts' three matrices and the router, 3·H·k·I_e + H·E, in place of the dense MLP
+(verl counts every layer as sparse; a layer that keeps a dense MLP counts that MLP here).
 """
 
 from __future__ import annotations
@@ -40,13 +44,22 @@ PEAK_FLOPS = {
 }
 
 
-def dense_params(config: ModelConfig) -> int:
-    """N_dense: per layer the q, k, v, o projections and the three (gated) MLP matrices, plus
-    embedding and LM head (both counted, tied or not, as verl does)."""
+def active_params(config: ModelConfig) -> int:
+    """N: per layer the q, k, v, o projections and the three (gated) MLP matrices (a sparse
+    layer: its k experts' and the router), plus embedding and LM head (both counted, tied or
+    not, as verl does)."""
     hidden, head_dim = config.hidden_size, config.head_dim
     attention = hidden * head_dim * (2 * config.num_heads + 2 * config.num_kv_heads)
-    mlp = 3 * hidden * config.intermediate_size
-    return (attention + mlp) * config.num_layers + 2 * config.vocab_size * hidden
+    total = 2 * config.vocab_size * hidden
+    for layer in range(config.num_layers):
+        if config.is_sparse(layer):
+            experts = config.experts
+            mlp = 3 * hidden * experts.experts_per_token * experts.intermediate_size
+            mlp += hidden * experts.num_experts
+        else:
+            mlp = 3 * hidden * config.intermediate_size
+        total += attention + mlp
+    return total
 
 
 def train_flops(config: ModelConfig, seqlens: Sequence[int]) -> float:
@@ -56,7 +69,7 @@ def train_flops(config: ModelConfig, seqlens: Sequence[int]) -> float:
     for layer in range(config.num_layers):
         window = config.sliding_window if config.is_sliding(layer) else None
         attended += sum(s * (min(s, window) if window else s) for s in lengths)
-    dense = 6 * dense_params(config) * sum(lengths)
+    dense = 6 * active_params(config) * sum(lengths)
     return float(dense + 6 * attended * config.head_dim * config.num_heads)
 
 
