@@ -1,8 +1,11 @@
 """Logical axes of the parameters and the sharding rules: every parameter names its dimensions,
 the training and rollout rules give the expected layouts, and one update with 2-way tensor x
-4-way FSDP parallelism on 8 devices equals the one-device update."""
+4-way FSDP parallelism on 8 devices equals the one-device update, as does a mixture of experts'
+with 2-way expert x 4-way FSDP parallelism (the experts never gathered whole)."""
 
 from __future__ import annotations
+
+import re
 
 import jax
 import jax.numpy as jnp
@@ -13,7 +16,8 @@ from flax import nnx
 from helpers import build_actor, tiny_llama
 from jax.sharding import PartitionSpec as P
 
-from jrl.models import LoraSettings, apply_lora, init_random
+from jrl.assets import prepare_digits_moe
+from jrl.models import LoraSettings, apply_lora, from_pretrained, init_random
 from jrl.parallel import ROLLOUT_RULES, make_mesh, param_shardings, role_mesh
 from jrl.parallel.sharding import axes_of
 from jrl.rollout.tensor_parallel import rollout_mesh
@@ -102,30 +106,27 @@ def _loss(model, micro, normaliser):
     return -jnp.sum(target[..., 0] * mask) / normaliser["tokens"], {}
 
 
-def _one_update(mesh):
-    """The learner of a tiny untied LM after one SGD-with-momentum update on `mesh`, and the
-    update's metrics."""
-    model = init_random(tiny_llama(tie_word_embeddings=False), seed=0)
+def _one_update(mesh, model=None):
+    """The learner of `model` (a tiny untied LM by default) after one SGD-with-momentum update
+    on `mesh`, the update's metrics and its compiled program's text."""
+    model = model or init_random(tiny_llama(tie_word_embeddings=False), seed=0)
     tx = optax.inject_hyperparams(optax.sgd)(learning_rate=0.1, momentum=0.9)
     learner = Learner.create(model, tx, mesh)
     rng = np.random.default_rng(0)
     minibatch = {
-        "input_ids": rng.integers(0, 64, (2, 8, 12)).astype(np.int32),
+        "input_ids": rng.integers(0, model.config.vocab_size, (2, 8, 12)).astype(np.int32),
         "response_mask": (rng.random((2, 8, 12)) < 0.8).astype(np.float32),
     }
     update = build_update(learner, _loss, 1.0, minibatch)
-    metrics = learner.step(update, minibatch, normalisers(minibatch["response_mask"], None), 0.1)
-    return learner, jax.device_get(metrics)
+    normaliser = normalisers(minibatch["response_mask"], None)
+    state = (learner.trainable, learner.frozen, learner.opt_state)
+    with jax.set_mesh(mesh):
+        program = update.lower(*state, minibatch, normaliser, 0.1).compile().as_text()
+    metrics = learner.step(update, minibatch, normaliser, 0.1)
+    return learner, jax.device_get(metrics), program
 
 
-def test_tensor_parallel_update_equals_the_one_device_update():
-    mesh = make_mesh(8, fsdp_size=4, tensor_parallel=2)
-    sharded, sharded_metrics = _one_update(mesh)
-    single, single_metrics = _one_update(make_mesh(1))
-    matrices = [x for x in jax.tree.leaves((sharded.params, sharded.opt_state)) if x.ndim == 2]
-    assert matrices and all(
-        {"tensor", "fsdp"} <= set(x.sharding.spec) and x.sharding.mesh == mesh for x in matrices
-    )
+def _assert_same_update(sharded, sharded_metrics, single, single_metrics):
     assert single_metrics["grad_norm"] > 1e-2  # the update moves the parameters
     for key in ("loss", "grad_norm"):
         np.testing.assert_allclose(sharded_metrics[key], single_metrics[key], rtol=1e-5)
@@ -134,6 +135,40 @@ def test_tensor_parallel_update_equals_the_one_device_update():
         np.testing.assert_allclose(
             value.get_value(), _flat(want)[path].get_value(), rtol=1e-5, atol=1e-5, err_msg=path
         )
+
+
+def test_tensor_parallel_update_equals_the_one_device_update():
+    mesh = make_mesh(8, fsdp_size=4, tensor_parallel=2)
+    sharded, sharded_metrics, _ = _one_update(mesh)
+    single, single_metrics, _ = _one_update(make_mesh(1))
+    matrices = [x for x in jax.tree.leaves((sharded.params, sharded.opt_state)) if x.ndim == 2]
+    assert matrices and all(
+        {"tensor", "fsdp"} <= set(x.sharding.spec) and x.sharding.mesh == mesh for x in matrices
+    )
+    _assert_same_update(sharded, sharded_metrics, single, single_metrics)
+
+
+def test_expert_parallel_update_equals_the_one_device_update():
+    """The tiny Qwen3-MoE of the digits task (4 experts, 2 per token): 2-way expert (the
+    ``data`` axis) x 4-way FSDP. Each device holds 2 experts; the update's program moves tokens
+    with all-to-all and never gathers a whole expert stack."""
+    mesh = make_mesh(8, fsdp_size=4)
+    path = prepare_digits_moe()["model_path"]
+    model = from_pretrained(path)
+    sharded, sharded_metrics, program = _one_update(mesh, model)
+    single, single_metrics, _ = _one_update(make_mesh(1), from_pretrained(path))
+    _assert_same_update(sharded, sharded_metrics, single, single_metrics)
+    stack = sharded.params["model"]["layers"][0]["mlp"]["experts"]["gate_proj"]
+    assert stack.sharding.spec == P("data", "fsdp", None)  # tensor: one device
+    # A micro-batch's 8 x 12 tokens pick 2 experts each: 24 (token, expert) pairs per device.
+    # The pairs go to their experts' device by all-to-all ([devices / 2, 24 pairs, 64]); without
+    # expert parallelism the partitioner instead all-reduces all 192 pairs' rows on every device.
+    hidden = model.config.hidden_size
+    assert re.search(rf"\(f32\[1,24,{hidden}\][^)]*\) all-to-all\(", program)
+    assert f"f32[192,{hidden}]" not in program
+    whole = ",".join(map(str, stack.shape))  # [4,64,64]: every expert's gate
+    gathers = [line for line in program.splitlines() if "all-gather" in line and whole in line]
+    assert not gathers, gathers[:2]
 
 
 def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):

@@ -25,11 +25,13 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import PartitionSpec as P
 
 from jrl.models.config import ModelConfig
 from jrl.models.dtypes import product_dtype
 from jrl.models.families import FAMILIES
-from jrl.parallel.sharding import logical_axes
+from jrl.parallel.mesh import SEQUENCE_AXIS, batch_axes, sequence_parallel_size
+from jrl.parallel.sharding import EXPERT_AXIS, logical_axes
 
 # The name under which a sparse block records its router's load in a training forward: the
 # experts picked and the router's probabilities, summed over the real tokens, and their count.
@@ -117,6 +119,8 @@ class SparseMoE(nnx.Module):
         dtype = self.dtype or x.dtype
         gate, up, down = self.experts.weights(dtype)
         run = ragged_experts if self.implementation == "ragged" else dense_experts
+        if experts_are_split(gate.shape[0]):
+            run = parallel_experts
         out = run(tokens.astype(dtype), weights, chosen, (gate, up, down), self.activation)
         return out.reshape(x.shape).astype(dtype)
 
@@ -148,6 +152,24 @@ def _product(dtype: Any) -> Any:
     return product_dtype() if jnp.dtype(dtype).itemsize == 2 else None
 
 
+def grouped_ffn(
+    rows: jax.Array,
+    sizes: jax.Array,
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    activation: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+    """f of `rows` [M, H] sorted by expert, `sizes[e]` rows for expert e (rows beyond their sum
+    come out 0): each matmul one `jax.lax.ragged_dot` over the experts."""
+    gate, up, down = experts
+    wide = _product(rows.dtype)
+
+    def grouped(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
+        out = jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=wide)
+        return out.astype(rows.dtype)
+
+    return grouped(activation(grouped(rows, gate)) * grouped(rows, up), down)
+
+
 def ragged_experts(
     tokens: jax.Array,
     weights: jax.Array,
@@ -156,23 +178,70 @@ def ragged_experts(
     activation: Callable[[jax.Array], jax.Array],
 ) -> jax.Array:
     """y [N, H] of `tokens` [N, H] through their `chosen` experts [N, k] weighted by `weights`:
-    the N * k pairs sorted by expert, each matmul one `jax.lax.ragged_dot` over the E groups."""
-    gate, up, down = experts
-    count, k = gate.shape[0], chosen.shape[1]
+    the N * k pairs sorted by expert, through `grouped_ffn`."""
+    count, k = experts[0].shape[0], chosen.shape[1]
     flat = chosen.reshape(-1)
     order = jnp.argsort(flat, stable=True)
-    rows = tokens[order // k]  # [N * k, H], grouped by expert
     sizes = jnp.bincount(flat, length=count).astype(jnp.int32)
-    wide = _product(tokens.dtype)
+    out = grouped_ffn(tokens[order // k], sizes, experts, activation)
+    out = out * weights.reshape(-1)[order][:, None].astype(tokens.dtype)
+    return out[jnp.argsort(order)].reshape(-1, k, tokens.shape[-1]).sum(1)
 
-    def grouped(lhs: jax.Array, rhs: jax.Array) -> jax.Array:
-        out = jax.lax.ragged_dot(lhs, rhs, sizes, preferred_element_type=wide)
-        return out.astype(tokens.dtype)
 
-    hidden = activation(grouped(rows, gate)) * grouped(rows, up)
-    out = grouped(hidden, down) * weights.reshape(-1)[order][:, None].astype(tokens.dtype)
-    unsorted = out[jnp.argsort(order)]
-    return unsorted.reshape(-1, k, tokens.shape[-1]).sum(1)
+def parallel_experts(
+    tokens: jax.Array,
+    weights: jax.Array,
+    chosen: jax.Array,
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    activation: Callable[[jax.Array], jax.Array],
+) -> jax.Array:
+    """`ragged_experts` with the experts split over the ambient mesh's ``data`` axis (the
+    expert axis, `EXPERT_AXIS`), inside one `shard_map` over the mesh: tokens [N, H], weights
+    and choices [N, k] split by rows over the batch axes (and ``sequence``), each device holding
+    E / D experts whole (gathered over ``fsdp`` and ``tensor`` only). Each device sends each of
+    its (token, expert) pairs to the device holding the expert (`jax.lax.all_to_all`, a slot
+    for every pair a device could send: no pair is dropped), runs its experts over what it
+    received, and sends the outputs back; no device ever holds another's experts."""
+    mesh = jax.sharding.get_abstract_mesh()
+    rows = (*batch_axes(), *((SEQUENCE_AXIS,) if sequence_parallel_size(mesh) > 1 else ()))
+    by_rows, by_expert = P(rows), P(EXPERT_AXIS)
+
+    def local(tokens, weights, chosen, gate, up, down):
+        devices, held, k = jax.lax.axis_size(EXPERT_AXIS), gate.shape[0], chosen.shape[1]
+        pairs = chosen.reshape(-1)
+        to, expert = pairs // held, pairs % held
+        sent = jax.nn.one_hot(to, devices, dtype=jnp.int32)
+        slot = jnp.take_along_axis(jnp.cumsum(sent, 0) - sent, to[:, None], 1)[:, 0]
+        capacity, width = pairs.shape[0], tokens.shape[-1]
+        outbox = jnp.zeros((devices, capacity, width), tokens.dtype)
+        outbox = outbox.at[to, slot].set(tokens[jnp.arange(capacity) // k])
+        labels = jnp.full((devices, capacity), held, jnp.int32).at[to, slot].set(expert)
+        inbox = jax.lax.all_to_all(outbox, EXPERT_AXIS, 0, 0).reshape(-1, width)
+        owners = jax.lax.all_to_all(labels, EXPERT_AXIS, 0, 0).reshape(-1)
+        order = jnp.argsort(owners, stable=True)  # empty slots (label `held`) last: out 0
+        sizes = jnp.bincount(owners, length=held + 1)[:held].astype(jnp.int32)
+        out = grouped_ffn(inbox[order], sizes, (gate, up, down), activation)
+        out = out[jnp.argsort(order)].reshape(devices, capacity, width)
+        back = jax.lax.all_to_all(out, EXPERT_AXIS, 0, 0)[to, slot]  # [pairs, H]
+        back = back * weights.reshape(-1)[:, None].astype(tokens.dtype)
+        return back.reshape(-1, k, width).sum(1)
+
+    spread = jax.shard_map(
+        local,
+        in_specs=(by_rows, by_rows, by_rows, by_expert, by_expert, by_expert),
+        out_specs=by_rows,
+    )
+    return spread(tokens, weights, chosen, *experts)
+
+
+def experts_are_split(count: int) -> bool:
+    """Whether the ambient mesh splits `count` experts over its expert axis (more than one
+    device on it, outside any `shard_map` over it)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or EXPERT_AXIS in mesh.manual_axes:
+        return False
+    devices = dict(mesh.shape).get(EXPERT_AXIS, 1)
+    return devices > 1 and count % devices == 0
 
 
 def dense_experts(

@@ -32,17 +32,22 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 # A logical axis name -> the mesh axis, or axes, that split it (None: kept whole).
 Rules = Mapping[str, str | tuple[str, ...] | None]
 
+# The mesh axis that splits a mixture of experts' experts (`jrl.models.moe.parallel_experts`):
+# expert parallelism runs over the data-parallel axis, as Megatron's expert groups split the
+# data-parallel ranks.
+EXPERT_AXIS = "data"
 TRAINING_RULES: Rules = {
     "vocab": "tensor",
     "embed": "fsdp",
     "heads": "tensor",
     "kv_heads": "tensor",
     "mlp": "tensor",
-    "expert": None,
+    "expert": EXPERT_AXIS,
     "norm": None,
     "lora_rank": None,
 }
-ROLLOUT_RULES: Rules = {**TRAINING_RULES, "embed": None}
+# The rollout keeps every expert on each device (its tensor axis splits their width).
+ROLLOUT_RULES: Rules = {**TRAINING_RULES, "embed": None, "expert": None}
 # The variable metadata key that holds the logical axes (Flax's own, see `nnx.get_partition_spec`).
 _AXES_KEY = "out_sharding"
 
