@@ -213,3 +213,30 @@ def test_a_role_mesh_follows_the_roles_own_fsdp_size():
     assert role_mesh(actor, 1, 2, "critic") is actor
     with pytest.raises(ValueError, match="critic: fsdp_config.fsdp_size=3 must divide the 8"):
         role_mesh(actor, 1, 3, "critic")
+
+
+def test_the_expert_parallel_key_reaches_the_actor(tmp_path):
+    """Megatron's ``expert_model_parallel_size=2`` (the actor's
+    ``fsdp_config.expert_parallel_size`` follows it) on 8 devices: the actor's mesh puts 2
+    devices on ``data`` (the expert axis) and 4 on ``fsdp``; its MoE experts split over both."""
+    from jrl.runspec import load_config
+
+    moe = prepare_digits_moe()["model_path"]
+    config, _ = load_config(
+        [
+            "--config=configs/digits_grpo.py",
+            f"actor_rollout_ref.model.path={moe}",
+            "trainer.n_gpus_per_node=8",
+            "actor_rollout_ref.actor.megatron.expert_model_parallel_size=2",
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+            f"trainer.default_local_dir={tmp_path}",
+        ]
+    )
+    assert config.actor_rollout_ref.actor.fsdp_config.expert_parallel_size == 2
+    actor = build_actor(config, make_mesh(8))
+    assert dict(actor.mesh.shape) == {"data": 2, "fsdp": 4, "tensor": 1, "sequence": 1}
+    stack = actor.params["model"]["layers"][0]["mlp"]["experts"]["down_proj"]
+    assert stack.sharding.spec == P("data", None, "fsdp")
+    with pytest.raises(ValueError, match="expert_parallel_size is 2"):
+        make_mesh(8, fsdp_size=2, expert_parallel=2)

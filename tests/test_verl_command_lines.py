@@ -25,7 +25,6 @@ AR = "actor_rollout_ref"
 MEGATRON = f"{AR}.actor.megatron"
 _NPU = "trainer.device"
 _PIPELINE = f"{MEGATRON}.pipeline_model_parallel_size"
-_EXPERTS = f"{MEGATRON}.expert_model_parallel_size"
 _MEGATRON_OPTIMIZER = f"{AR}.actor.optim.override_optimizer_config"
 _EMPTY = "data.return_raw_chat"  # `data.return_raw_chat=$return_raw_chat` with the variable unset
 _SFT_ULYSSES = "ulysses_sequence_parallel_size"
@@ -34,11 +33,11 @@ _SFT_ULYSSES = "ulysses_sequence_parallel_size"
 # argument left by `\ # comment`).
 REFUSED = {
     "gpg_trainer/run_qwen2-7b_math_megatron.sh": _PIPELINE,
-    "grpo_trainer/run_deepseek671b_math_megatron_80gb.sh": _EXPERTS,
+    "grpo_trainer/run_deepseek671b_math_megatron_80gb.sh": _PIPELINE,
     "grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": _MEGATRON_OPTIMIZER,
     "grpo_trainer/run_deepseek7b_llm_math_megatron.sh": _PIPELINE,
     "grpo_trainer/run_gptoss_20b.sh": f"+{AR}.actor.fsdp_config.model_dtype",
-    "grpo_trainer/run_moonlight16b_math_megatron.sh": _EXPERTS,
+    "grpo_trainer/run_moonlight16b_math_megatron.sh": _PIPELINE,
     "grpo_trainer/run_qwen2-7b_math_megatron.sh": _EMPTY,
     "grpo_trainer/run_qwen2-7b_sgl_megatron.sh": _PIPELINE,
     "grpo_trainer/run_qwen2-7b_seq_balance_math_megatron.sh": _PIPELINE,
@@ -64,7 +63,7 @@ REFUSED = {
     "ppo_trainer/run_deepseek_full_hh_rlhf.sh": "reward_model.param_offload",
     "ppo_trainer/run_deepseek_math_gsm8k_megatron.sh": _PIPELINE,
     "ppo_trainer/run_deepseek_math_gsm8k_megatron_nsys.sh": _PIPELINE,
-    "ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": _EXPERTS,
+    "ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": _PIPELINE,
     "ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": _PIPELINE,
     "ppo_trainer/run_qwen2-7b_math_gsm8k_megatron.sh": _PIPELINE,
     "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": f"{AR}.actor.profiler.enable",
@@ -296,7 +295,6 @@ def test_megatron_tensor_parallel_size_is_jrls_and_pipelines_are_refused():
         ("pipeline_model_parallel_size", 2),
         ("virtual_pipeline_model_parallel_size", 2),
         ("context_parallel_size", 2),
-        ("expert_model_parallel_size", 8),
     ]:
         with pytest.raises(ConfigError, match=re.escape(f"{MEGATRON}.{key}={value}: ")):
             load_config([f"--config={PPO_CARD}", f"{MEGATRON}.{key}={value}"])

@@ -158,6 +158,10 @@ def _fsdp(role: str, **changes: Any) -> ConfigDict:
         # axis, `jrl.parallel.TRAINING_RULES`: heads, MLP and vocabulary); 1 turns it off. It
         # follows Megatron's tensor parallel size, which means the same (`jrl.config.megatron`).
         tensor_parallel_size=f"${{{role}.megatron.tensor_model_parallel_size}}",
+        # jrl's own, verl's engines' name: devices that split a mixture of experts' experts (the
+        # mesh's `data` axis, `jrl.models.moe.parallel_experts`); it follows Megatron's expert
+        # model parallel size.
+        expert_parallel_size=f"${{{role}.megatron.expert_model_parallel_size}}",
         forward_prefetch=False,
         model_dtype="fp32",
         use_orig_params=False,

@@ -33,10 +33,12 @@ def make_mesh(
     tensor_parallel: int = 1,
     devices: Sequence[Any] | None = None,
     fsdp_key: str = "actor_rollout_ref.actor.fsdp_config.fsdp_size",
+    expert_parallel: int = 1,
 ) -> Mesh:
     """A mesh over the first `num_devices` of `devices` (default `jax.devices()`; a TPU slice's
     devices to compile for it from another host); `fsdp_size=-1` takes all devices left over
-    (`fsdp_key` names its config key in errors)."""
+    after `expert_parallel` (the ``data`` axis, which splits a mixture of experts' experts;
+    `fsdp_key` names its config key in errors)."""
     available = list(jax.devices() if devices is None else devices)
     if num_devices > len(available):
         raise ValueError(
@@ -50,11 +52,22 @@ def make_mesh(
             f"tensor parallel {tensor_parallel}"
         )
     rest = num_devices // model_parallel
-    fsdp = rest if fsdp_size in (-1, None) else fsdp_size
+    if expert_parallel < 1 or rest % expert_parallel:
+        raise ValueError(
+            f"expert_parallel_size={expert_parallel} must divide the {rest} devices left after "
+            "sequence/tensor parallelism"
+        )
+    fsdp = rest // expert_parallel if fsdp_size in (-1, None) else fsdp_size
     if fsdp <= 0 or rest % fsdp:
         raise ValueError(
             f"{fsdp_key}={fsdp_size} must divide the "
             f"{rest} devices left after sequence/tensor parallelism (or be -1)"
+        )
+    if expert_parallel > 1 and rest // fsdp != expert_parallel:
+        raise ValueError(
+            f"{fsdp_key}={fsdp_size} leaves {rest // fsdp} devices on the data axis, which "
+            f"splits the experts, but expert_parallel_size is {expert_parallel}: set "
+            f"{fsdp_key}={rest // expert_parallel} (or -1)"
         )
     shape = (rest // fsdp, fsdp, tensor_parallel, sequence_parallel)
     devices = np.asarray(available[:num_devices]).reshape(shape)
@@ -93,18 +106,24 @@ def sequence_parallel_size(mesh: Mesh | AbstractMesh) -> int:
 
 
 def role_mesh(
-    mesh: Mesh, sequence_parallel: int, fsdp_size: int, key: str, tensor_parallel: int | None = None
+    mesh: Mesh,
+    sequence_parallel: int,
+    fsdp_size: int,
+    key: str,
+    tensor_parallel: int | None = None,
+    expert_parallel: int = 1,
 ) -> Mesh:
     """`mesh` when its axes already have the role's sizes (`sequence_parallel` on `sequence`,
     `tensor_parallel` on `tensor` (None: keep `mesh`'s) and `fsdp_size` on `fsdp`, -1: every
     device left), else a mesh over the same devices with those sizes, as verl's workers each
-    build their own device mesh; `key` names the role's config section for errors."""
+    build their own device mesh; `key` names the role's config section for errors.
+    `expert_parallel` devices on ``data`` split a mixture of experts' experts."""
     tensor = mesh.shape["tensor"] if tensor_parallel is None else tensor_parallel
     rest = mesh.size // max(1, sequence_parallel * tensor)
     wanted = {
         SEQUENCE_AXIS: sequence_parallel,
         "tensor": tensor,
-        "fsdp": rest if fsdp_size in (-1, None) else fsdp_size,
+        "fsdp": rest // max(1, expert_parallel) if fsdp_size in (-1, None) else fsdp_size,
     }
     if all(dict(mesh.shape).get(axis, 1) == size for axis, size in wanted.items()):
         return mesh
@@ -116,6 +135,7 @@ def role_mesh(
             tensor_parallel=tensor,
             devices=list(mesh.devices.flat),
             fsdp_key="fsdp_config.fsdp_size",
+            expert_parallel=expert_parallel,
         )
     except ValueError as err:
         raise ValueError(f"{key}: {err}") from err

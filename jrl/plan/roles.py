@@ -92,6 +92,7 @@ def build_roles(config: Any, where: Slice) -> Roles:
         sequence_parallel=run.mesh.sequence_parallel,
         tensor_parallel=run.mesh.tensor_parallel,
         devices=trainer_devices,
+        expert_parallel=run.mesh.expert_parallel,
     )
     total = int(run.cadence.total_training_steps or 1)
     actor = Actor.create(run.actor, run.algorithm, mesh, total, abstract=True)

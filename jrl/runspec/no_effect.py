@@ -79,7 +79,8 @@ UNREAD = {
     ),
     "*.megatron.*": (
         "a Megatron-Core engine option: jrl trains with JAX (of the megatron keys, "
-        "tensor_model_parallel_size acts, as the role's fsdp_config.tensor_parallel_size)"
+        "tensor_model_parallel_size and expert_model_parallel_size act, as the role's "
+        "fsdp_config.tensor_parallel_size and expert_parallel_size)"
     ),
     **dict.fromkeys(("*.entropy_from_logits_with_chunking", "*.entropy_checkpointing"), ENTROPY),
     "*.router_replay.*": ROUTER_REPLAY,

@@ -49,14 +49,16 @@ SCORE_KEYS = SplitKeys("use_dynamic_bsz", "forward_max_token_len_per_gpu", "micr
 @dataclasses.dataclass(frozen=True)
 class RoleMesh:
     """A role's own parallel sizes over the run's devices (verl's workers each build their
-    mesh): `sequence_parallel` (``ulysses_sequence_parallel_size``), `tensor_parallel` and
-    `fsdp_size` (its ``fsdp_config``'s; -1 or None: every device left); `key`: the role's
-    section, named in errors."""
+    mesh): `sequence_parallel` (``ulysses_sequence_parallel_size``), `tensor_parallel`,
+    `fsdp_size` (its ``fsdp_config``'s; -1 or None: every device left) and `expert_parallel`
+    (its ``fsdp_config.expert_parallel_size``: the ``data`` axis); `key`: the role's section,
+    named in errors."""
 
     sequence_parallel: int
     tensor_parallel: int
     fsdp_size: int | None
     key: str
+    expert_parallel: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,6 +225,7 @@ def role_mesh_sizes(section: KeyReads, fsdp: KeyReads, prefix: str) -> RoleMesh:
         tensor_parallel=int(fsdp.get("tensor_parallel_size") or 1),
         fsdp_size=fsdp.get("fsdp_size", -1),
         key=prefix,
+        expert_parallel=int(fsdp.get("expert_parallel_size") or 1),
     )
 
 

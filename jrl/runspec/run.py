@@ -46,6 +46,7 @@ class MeshSpec:
     fsdp_size: int | None
     sequence_parallel: int
     tensor_parallel: int
+    expert_parallel: int = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,6 +149,7 @@ def mesh_spec(config: KeyReads) -> MeshSpec:
         fsdp_size=fsdp.fsdp_size,
         sequence_parallel=int(actor.ulysses_sequence_parallel_size),
         tensor_parallel=int(fsdp.get("tensor_parallel_size") or 1),
+        expert_parallel=int(fsdp.get("expert_parallel_size") or 1),
     )
 
 

@@ -85,10 +85,6 @@ UNSUPPORTED = (
         "*.megatron.context_parallel_size",
         "context parallelism is not implemented; ulysses_sequence_parallel_size splits sequences",
     ),
-    Unsupported(
-        "*.megatron.expert_model_parallel_size",
-        "expert parallelism is not implemented: jrl has no mixture-of-experts model family",
-    ),
 )
 
 

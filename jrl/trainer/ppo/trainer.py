@@ -98,6 +98,7 @@ class PPOTrainer:
             sequence_parallel=run.mesh.sequence_parallel,
             tensor_parallel=run.mesh.tensor_parallel,
             devices=trainer_devices,
+            expert_parallel=run.mesh.expert_parallel,
         )
         data, files = run.data, run.data.files
         self.tokenizer = tokenizer_of(data.tokenizer)

@@ -158,14 +158,15 @@ def shares_prompts(split: BatchSplit, mesh: Mesh) -> bool:
 
 
 def role_mesh_of(sizes: RoleMesh, mesh: Mesh) -> Mesh:
-    """The role's mesh: `mesh`'s devices with the role's sequence-parallel, tensor-parallel and
-    FSDP sizes."""
+    """The role's mesh: `mesh`'s devices with the role's sequence-parallel, tensor-parallel,
+    FSDP and expert-parallel sizes."""
     return role_mesh(
         mesh,
         sizes.sequence_parallel,
         sizes.fsdp_size,
         sizes.key,
         tensor_parallel=sizes.tensor_parallel,
+        expert_parallel=sizes.expert_parallel,
     )
 
 
