@@ -277,3 +277,31 @@ def test_a_split_card_plans_both_meshes_and_the_weight_sync(capsys):
     assert figures["buckets"] == 1 and figures["per_chip_bytes"] * 4 == figures["sent_bytes"]
     assert figures["seconds_estimate"] == pytest.approx(figures["per_chip_bytes"] / 600e9)
     assert "weight sync: " in printed and "at 600 GB/s per chip" in printed
+
+
+@needs_libtpu
+def test_a_mixture_of_experts_card_compiles_with_expert_parallelism():
+    """The digits GRPO card with its tiny Qwen3-MoE on 4 v5p chips, 2-way expert x 2-way FSDP
+    (Megatron's expert_model_parallel_size), against 4-way FSDP: the TPU compiler takes the
+    experts' dispatch, at least 2 more all-to-alls per sparse layer in the old-log-prob pass
+    (the pairs with their experts out, which the compiler may combine into one; the outputs
+    back), and both runs fit."""
+    from jrl.assets import prepare_digits_moe
+
+    common = [
+        "--config=configs/digits_grpo.py",
+        "--topology=v5p:2x2x1",
+        f"actor_rollout_ref.model.path={prepare_digits_moe()['model_path']}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    ]
+    counts = {}
+    for experts in (1, 2):
+        key = f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={experts}"
+        status, report = _plan(*common, key)
+        assert status == 0 and report["fits"]
+        phases = {p["phase"]: p["collectives"]["all-to-all"] for p in report["phases"]}
+        counts[experts] = phases
+    layers = 2  # the tiny MoE's sparse layers
+    assert counts[2]["old_log_prob"] >= counts[1]["old_log_prob"] + 2 * layers, counts
+    assert counts[2]["update_actor"] > counts[1]["update_actor"], counts
