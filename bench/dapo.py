@@ -14,13 +14,16 @@ problems, 4 prompts x 4 answers a step), per seed (``data.seed``):
 Both validate greedily before training and after their last step. With ``--lrs`` both run at
 each actor learning rate of the grid: at equal samples GRPO takes about ``num_gen_batches`` times
 as many updates as DAPO, so a single learning rate favours whichever algorithm it suits; each is
-compared at its best rate of the same grid. One JSON line per run: the learning rate, the steps,
-the generated samples, the batches-per-step figure (mean ``train/num_gen_batches``; 1 for grpo),
-the held-out reward before and after, the wall time; then one line per algorithm and learning
-rate with the means over the seeds.
+compared at its best rate of the same grid. ``--grpo-lrs`` runs GRPO at each of those rates with
+each DAPO run's samples (default: the DAPO run's own rate), so that the best rates compare at
+equal samples too. One JSON line per run: the learning rate (GRPO's: also ``dapo_lr``, whose
+samples it matched), the steps, the generated samples, the batches-per-step figure (mean
+``train/num_gen_batches``; 1 for grpo), the held-out reward before and after, the wall time; then
+one line per algorithm and learning rate (and ``dapo_lr``) with the means over the seeds.
 
     python bench/dapo.py                                   # 3 seeds, 12 DAPO steps each
     python bench/dapo.py --lrs 1e-5 2e-5                   # both at each rate of the grid
+    python bench/dapo.py --lrs 2e-5 --grpo-lrs 1e-5        # GRPO at another rate, same samples
     python bench/dapo.py --seeds 0 --steps 1 data.val_max_samples=8     # a smoke run
 """
 
@@ -56,6 +59,7 @@ def summary(
     return {
         "algo": algo,
         "lr": lr,
+        "dapo_lr": lr,
         "seed": seed,
         "steps": len(trained),
         "generated_samples": int(sum(batches) * samples_per_batch),
@@ -71,6 +75,7 @@ def aggregate(lines: list[dict]) -> dict:
     return {
         "algo": lines[0]["algo"],
         "lr": lines[0]["lr"],
+        "dapo_lr": lines[0]["dapo_lr"],
         "seeds": [line["seed"] for line in lines],
         **{
             key.removesuffix("_mean") + "_mean": round(
@@ -92,6 +97,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument(
         "--lrs", nargs="+", type=float, default=[None], help="actor learning rates (card's: none)"
     )
+    parser.add_argument(
+        "--grpo-lrs", nargs="+", type=float, help="GRPO's rates (default: each DAPO run's)"
+    )
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "dapo")
     parser.add_argument("overrides", nargs="*", help="config overrides for every run")
     args = parser.parse_args(argv)
@@ -105,22 +113,34 @@ def main(argv: list[str] | None = None) -> list[dict]:
         f"algorithm.filter_groups.metric={args.metric}",
         f"data.gen_batch_size={gen_batch_size}",
     ]
-    lines: dict[tuple[str, float | None], list[dict]] = {}
+    lines: dict[tuple[str, float | None, float | None], list[dict]] = {}
+
+    def rate(lr: float | None) -> tuple[list[str], str]:
+        """The override of learning rate `lr` (none for the card's) and its folder tag."""
+        if lr is None:
+            return [], ""
+        return [f"actor_rollout_ref.actor.optim.lr={lr}"], f"_lr{lr:g}"
+
     for lr in args.lrs:
-        rate = [] if lr is None else [f"actor_rollout_ref.actor.optim.lr={lr}"]
-        tag = "" if lr is None else f"_lr{lr:g}"
+        keys, tag = rate(lr)
         for seed in args.seeds:
-            seeded = [f"data.seed={seed}", *rate, *args.overrides]
+            seeded = [f"data.seed={seed}", *args.overrides]
             start = time.perf_counter()
             run_dir = args.out / f"dapo{tag}_seed{seed}"
-            rows = train_quietly(args.card, run_dir, args.steps, dapo_keys + seeded)
+            rows = train_quietly(args.card, run_dir, args.steps, dapo_keys + keys + seeded)
             dapo = summary("dapo", lr, seed, rows, gen_batch_size * n, time.perf_counter() - start)
+            runs = [dapo]
             steps = max(round(dapo["generated_samples"] / (prompts * n)), 1)
-            start = time.perf_counter()
-            rows = train_quietly(args.card, args.out / f"grpo{tag}_seed{seed}", steps, seeded)
-            grpo = summary("grpo", lr, seed, rows, prompts * n, time.perf_counter() - start)
-            for line in (dapo, grpo):
-                lines.setdefault((line["algo"], lr), []).append(line)
+            for grpo_lr in args.grpo_lrs or [lr]:
+                grpo_keys, grpo_tag = rate(grpo_lr)
+                run_dir = args.out / f"grpo{grpo_tag}_as_dapo{tag}_seed{seed}"
+                start = time.perf_counter()
+                rows = train_quietly(args.card, run_dir, steps, grpo_keys + seeded)
+                wall_s = time.perf_counter() - start
+                grpo = summary("grpo", grpo_lr, seed, rows, prompts * n, wall_s)
+                runs.append({**grpo, "dapo_lr": lr})
+            for line in runs:
+                lines.setdefault((line["algo"], line["lr"], lr), []).append(line)
                 print(json.dumps(line), flush=True)
     results = [line for runs in lines.values() for line in runs]
     for runs in lines.values():
