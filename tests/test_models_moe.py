@@ -2,7 +2,9 @@
 the experts' two implementations (grouped matmul, every expert) against each other."""
 
 import dataclasses
+import importlib.util
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -163,3 +165,42 @@ def test_load_balancing_loss_matches_transformers(name, remat, checkpoint, batch
         )
     np.testing.assert_allclose(float(ours), float(out.aux_loss), rtol=1e-5)
     assert load_balancing_loss(model) is None  # popped: the next forward records afresh
+
+
+def _model_cards() -> dict:
+    """bench/model_shapes.py's published config.json fields, by model."""
+    path = Path(__file__).resolve().parents[1] / "bench" / "model_shapes.py"
+    spec = importlib.util.spec_from_file_location("model_shapes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.SHAPES
+
+
+MODEL_CARDS = _model_cards()
+# The published config.json of two model cards (bench/model_shapes.py), shrunk to test size:
+# everything else (expert count, experts per token, their normalisation, RoPE base, norm epsilon,
+# tied embeddings) is the card's.
+SHRUNK = dict(
+    vocab_size=128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=8, max_position_embeddings=64,
+)  # fmt: skip
+CARD_SIZES = {"intermediate_size": 48, "moe_intermediate_size": 16}
+
+
+@pytest.mark.parametrize("card", ["qwen3-30b-a3b", "mixtral-8x7b"])
+def test_model_cards_configs_shrunk_match_transformers(card, batch, tmp_path):
+    dropped = ("architectures", "torch_dtype")  # tested in float32
+    published = {k: v for k, v in MODEL_CARDS[card].items() if k not in dropped}
+    fields = {**published, **SHRUNK, **{k: v for k, v in CARD_SIZES.items() if k in published}}
+    config = transformers.AutoConfig.for_model(**fields)
+    config._attn_implementation = "eager"
+    hf_model = randomise(transformers.AutoModelForCausalLM.from_config(config))
+    hf_model.save_pretrained(tmp_path, safe_serialization=True)
+    model = from_pretrained(tmp_path)
+    experts = model.config.experts
+    assert experts.num_experts == published.get("num_experts", published.get("num_local_experts"))
+    assert experts.experts_per_token == published["num_experts_per_tok"]
+    ids, mask, positions = batch
+    ids = np.minimum(ids, SHRUNK["vocab_size"] - 1)
+    small = (ids, mask, positions)
+    assert_close(jit_call(model, small), torch_logits(hf_model, small), mask)
