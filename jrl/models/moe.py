@@ -119,7 +119,7 @@ class SparseMoE(nnx.Module):
         dtype = self.dtype or x.dtype
         gate, up, down = self.experts.weights(dtype)
         run = ragged_experts if self.implementation == "ragged" else dense_experts
-        if experts_are_split(gate.shape[0]):
+        if runs_per_device(gate.shape[0]):
             run = parallel_experts
         out = run(tokens.astype(dtype), weights, chosen, (gate, up, down), self.activation)
         return out.reshape(x.shape).astype(dtype)
@@ -195,19 +195,23 @@ def parallel_experts(
     experts: tuple[jax.Array, jax.Array, jax.Array],
     activation: Callable[[jax.Array], jax.Array],
 ) -> jax.Array:
-    """`ragged_experts` with the experts split over the ambient mesh's ``data`` axis (the
-    expert axis, `EXPERT_AXIS`), inside one `shard_map` over the mesh: tokens [N, H], weights
-    and choices [N, k] split by rows over the batch axes (and ``sequence``), each device holding
-    E / D experts whole (gathered over ``fsdp`` and ``tensor`` only). Each device sends each of
-    its (token, expert) pairs to the device holding the expert (`jax.lax.all_to_all`, a slot
-    for every pair a device could send: no pair is dropped), runs its experts over what it
-    received, and sends the outputs back; no device ever holds another's experts."""
+    """`ragged_experts` per device, inside one `shard_map` over the ambient mesh: tokens
+    [N, H], weights and choices [N, k] split by rows over the batch axes (and ``sequence``), each
+    device holding E / D experts whole (D: the ``data`` axis, the expert axis `EXPERT_AXIS`;
+    gathered over ``fsdp`` and ``tensor`` only). With D = 1 each device runs its own tokens
+    through every expert (left to the partitioner, the block would gather every device's tokens
+    onto each). With D > 1 each device sends each of its (token, expert) pairs to the device
+    holding the expert (`jax.lax.all_to_all`, a slot for every pair a device could send: no pair
+    is dropped), runs its experts over what it received, and sends the outputs back; no device
+    ever holds another's experts."""
     mesh = jax.sharding.get_abstract_mesh()
     rows = (*batch_axes(), *((SEQUENCE_AXIS,) if sequence_parallel_size(mesh) > 1 else ()))
     by_rows, by_expert = P(rows), P(EXPERT_AXIS)
 
     def local(tokens, weights, chosen, gate, up, down):
         devices, held, k = jax.lax.axis_size(EXPERT_AXIS), gate.shape[0], chosen.shape[1]
+        if devices == 1:  # every expert here: the device's own tokens only
+            return ragged_experts(tokens, weights, chosen, (gate, up, down), activation)
         pairs = chosen.reshape(-1)
         to, expert = pairs // held, pairs % held
         sent = jax.nn.one_hot(to, devices, dtype=jnp.int32)
@@ -234,14 +238,13 @@ def parallel_experts(
     return spread(tokens, weights, chosen, *experts)
 
 
-def experts_are_split(count: int) -> bool:
-    """Whether the ambient mesh splits `count` experts over its expert axis (more than one
-    device on it, outside any `shard_map` over it)."""
+def runs_per_device(count: int) -> bool:
+    """Whether the block runs per device (`parallel_experts`): under an ambient mesh (outside
+    any `shard_map` over it) whose expert axis divides the `count` experts."""
     mesh = jax.sharding.get_abstract_mesh()
-    if mesh.empty or EXPERT_AXIS in mesh.manual_axes:
+    if mesh.empty or mesh.manual_axes:
         return False
-    devices = dict(mesh.shape).get(EXPERT_AXIS, 1)
-    return devices > 1 and count % devices == 0
+    return count % dict(mesh.shape).get(EXPERT_AXIS, 1) == 0
 
 
 def dense_experts(
