@@ -406,3 +406,19 @@ FULLY_ASYNC_KEYS = (
     "async_training.require_batches=2",
     "actor_rollout_ref.rollout.calculate_log_probs=True",
 )
+
+
+def checkpoint_cache(tmp_path_factory, build):
+    """name -> (HF folder, torch model) of `build(name)` (a transformers model), each built and
+    saved once."""
+    built = {}
+
+    def get(name):
+        if name not in built:
+            model = build(name)
+            path = tmp_path_factory.mktemp(name)
+            model.save_pretrained(path, safe_serialization=True)
+            built[name] = path, model
+        return built[name]
+
+    return get

@@ -3,15 +3,18 @@
 - numpy loops written from the formulas of `jrl.algos` (float64) on a fixed [B, R] response mask,
   with the random inputs and the closeness check they are compared by;
 - randomised transformers models (torch, CPU, fp32) of one tiny shape, per decoder family, and
-  their logits.
+  their logits; the check that jrl's export of a model loads back into transformers.
 
 torch and transformers are imported where they are used: a module that needs them skips itself
 with `pytest.importorskip` first."""
 
+import json
 import math
 import statistics
 
 import numpy as np
+
+from jrl.models import ModelConfig, from_pretrained, save_pretrained
 
 # ---------------------------------------------------------------- jrl.algos: numpy references
 
@@ -179,3 +182,22 @@ def torch_logits(model, batch):
     ids, mask, pos = (torch.tensor(np.asarray(a, np.int64)) for a in batch)
     with torch.no_grad():
         return model(input_ids=ids, attention_mask=mask, position_ids=pos).logits.numpy()
+
+
+def assert_export_roundtrip(path, hf_model, batch, tmp_path):
+    """jrl's model of the HF folder `path` saved again (`save_pretrained`): its config.json
+    reads back to the same config, and transformers loads it as `hf_model`'s class with the
+    same logits on `batch`."""
+    import transformers
+
+    model = from_pretrained(path)
+    save_pretrained(model, tmp_path / "export")
+    hf = json.loads((tmp_path / "export" / "config.json").read_text())
+    assert ModelConfig.from_hf(hf) == model.config
+    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
+        tmp_path / "export", attn_implementation="eager"
+    ).eval()
+    assert type(reloaded) is type(hf_model)
+    ours, theirs = torch_logits(reloaded, batch), torch_logits(hf_model, batch)
+    valid = batch[1].astype(bool)
+    assert np.abs(ours[valid] - theirs[valid]).max() <= 1e-6 * np.abs(theirs[valid]).max()

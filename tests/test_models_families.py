@@ -10,10 +10,23 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import assert_close, jit_call, left_padded_inputs, prefill_then_decode
-from reference import FAMILIES, LLAMA3_ROPE, SHAPE, hf_family_model, torch_logits
+from helpers import (
+    assert_close,
+    checkpoint_cache,
+    jit_call,
+    left_padded_inputs,
+    prefill_then_decode,
+)
+from reference import (
+    FAMILIES,
+    LLAMA3_ROPE,
+    SHAPE,
+    assert_export_roundtrip,
+    hf_family_model,
+    torch_logits,
+)
 
-from jrl.models import CausalLM, ModelConfig, from_pretrained, save_pretrained
+from jrl.models import CausalLM, ModelConfig, from_pretrained
 from jrl.models.attention import Visibility, _flash_kernel, attention, splash_attention
 from jrl.models.config import RopeScaling
 from jrl.models.layers import rope_frequencies
@@ -25,17 +38,7 @@ transformers = pytest.importorskip("transformers")
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """name -> (HF folder, torch model), each built once."""
-    built = {}
-
-    def get(name):
-        if name not in built:
-            model = hf_family_model(name)
-            path = tmp_path_factory.mktemp(name)
-            model.save_pretrained(path, safe_serialization=True)
-            built[name] = path, model
-        return built[name]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, hf_family_model)
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +57,7 @@ def test_logits_match_transformers_with_left_padding(name, checkpoint, batch):
 
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_save_pretrained_roundtrip_in_transformers(name, checkpoint, batch, tmp_path):
-    path, hf_model = checkpoint(name)
-    model = from_pretrained(path)
-    save_pretrained(model, tmp_path / "export")
-    hf = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert ModelConfig.from_hf(hf) == model.config
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "export", attn_implementation="eager"
-    ).eval()
-    assert type(reloaded) is type(hf_model)
-    assert_close(torch_logits(reloaded, batch), torch_logits(hf_model, batch), batch[1], rel=1e-6)
+    assert_export_roundtrip(*checkpoint(name), batch, tmp_path)
 
 
 def test_family_configs_are_read_as_transformers_reads_them(checkpoint):

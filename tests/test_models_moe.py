@@ -3,7 +3,6 @@ the experts' two implementations (grouped matmul, every expert) against each oth
 
 import dataclasses
 import importlib.util
-import json
 from pathlib import Path
 
 import jax
@@ -11,10 +10,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
-from helpers import assert_close, jit_call, left_padded_inputs
-from reference import SHAPE, randomise, torch_logits
+from helpers import assert_close, checkpoint_cache, jit_call, left_padded_inputs
+from reference import SHAPE, assert_export_roundtrip, randomise, torch_logits
 
-from jrl.models import CausalLM, ModelConfig, from_pretrained, save_pretrained
+from jrl.models import CausalLM, from_pretrained
 from jrl.models.moe import dense_experts, load_balancing_loss, ragged_experts
 
 torch = pytest.importorskip("torch")
@@ -55,17 +54,7 @@ def hf_moe_model(name):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
     """name -> (HF folder, torch model), each built once."""
-    built = {}
-
-    def get(name):
-        if name not in built:
-            model = hf_moe_model(name)
-            path = tmp_path_factory.mktemp(name)
-            model.save_pretrained(path, safe_serialization=True)
-            built[name] = path, model
-        return built[name]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, hf_moe_model)
 
 
 @pytest.fixture(scope="module")
@@ -108,16 +97,7 @@ def test_configs_are_read_as_transformers_reads_them(checkpoint):
 
 @pytest.mark.parametrize("name", ["qwen3_moe-8x2-norm-dense1", "mixtral-4x2"])
 def test_save_pretrained_roundtrip_in_transformers(name, checkpoint, batch, tmp_path):
-    path, hf_model = checkpoint(name)
-    model = from_pretrained(path)
-    save_pretrained(model, tmp_path / "export")
-    hf = json.loads((tmp_path / "export" / "config.json").read_text())
-    assert ModelConfig.from_hf(hf) == model.config
-    reloaded = transformers.AutoModelForCausalLM.from_pretrained(
-        tmp_path / "export", attn_implementation="eager"
-    ).eval()
-    assert type(reloaded) is type(hf_model)
-    assert_close(torch_logits(reloaded, batch), torch_logits(hf_model, batch), batch[1], rel=1e-6)
+    assert_export_roundtrip(*checkpoint(name), batch, tmp_path)
 
 
 @pytest.mark.parametrize("experts_per_token", [1, 2, 8])
