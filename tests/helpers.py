@@ -144,7 +144,7 @@ def prefill_then_decode(model, batch, prompt: int, max_len: int):
     @jax.jit
     def step(state, ids, pos, cache, offset, kv_mask):
         m = nnx.merge(graphdef, state)
-        hidden, cache = m.forward_cached(ids, pos, cache, offset, kv_mask)
+        hidden, cache, _ = m.forward_cached(ids, pos, cache, offset, kv_mask)
         return m.logits(hidden), cache
 
     kv_mask = np.zeros((ids.shape[0], max_len), bool)

@@ -168,7 +168,7 @@ def test_bf16_compute_keeps_float32_logits_and_cache_dtype(llama_dir, batch):
     # On a CPU the cache holds its bfloat16 values in float32 (`KVLayout.float32_storage`).
     assert {x.dtype for x in (*cache.k, *cache.v)} == {jnp.dtype(jnp.float32)}
     ids, mask, pos = (jnp.asarray(a) for a in batch)
-    hidden, cache = jax.jit(CausalLM.forward_cached)(model, ids, pos, cache, 0, mask)
+    hidden, cache, _ = jax.jit(CausalLM.forward_cached)(model, ids, pos, cache, 0, mask)
     assert_close(np.asarray(model.logits(hidden)), exact, batch[1], rel=5e-2)
     for x in (*cache.k, *cache.v):  # bfloat16 values, exactly
         np.testing.assert_array_equal(x, x.astype(jnp.bfloat16).astype(jnp.float32))

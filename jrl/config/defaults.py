@@ -186,8 +186,8 @@ def _checkpoint() -> ConfigDict:
     )
 
 
-def _router_replay() -> ConfigDict:
-    return section(mode="disabled", record_file=placeholder(str), replay_file=placeholder(str))
+def _router_replay(mode: str = "disabled") -> ConfigDict:
+    return section(mode=mode, record_file=placeholder(str), replay_file=placeholder(str))
 
 
 def _rollout_is_keys() -> dict[str, Any]:
@@ -247,7 +247,8 @@ def _actor() -> ConfigDict:
         megatron=megatron_section(ACTOR),
         checkpoint=_checkpoint(),
         use_fused_kernels=f"${{{MODEL}.use_fused_kernels}}",
-        router_replay=_router_replay(),
+        # current verl spells the mode under its engine (megatron.router_replay.mode) too
+        router_replay=_router_replay(mode=f"${{{ACTOR}.megatron.router_replay.mode}}"),
         profiler=role_profiler(),
         entropy_from_logits_with_chunking=False,
         entropy_checkpointing=False,

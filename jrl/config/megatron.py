@@ -64,4 +64,6 @@ def megatron_section(role: str) -> ConfigDict:
     fields.update(use_mbridge=False if own else f"${{{ACTOR_MEGATRON}.use_mbridge}}")
     if full:
         fields.update(forward_only=False)
+    if role == ACTOR:  # current verl's engine spelling of actor.router_replay.mode
+        fields.update(router_replay=section(mode="disabled"))
     return section(**fields)

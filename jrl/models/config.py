@@ -282,6 +282,12 @@ class ModelConfig:
         """Whether `layer`'s MLP is a mixture of experts."""
         return self.experts is not None and layer not in self.experts.dense_layers
 
+    @property
+    def sparse_layers(self) -> tuple[int, ...]:
+        """The layers whose MLP is a mixture of experts, in order (a recorded route's layer
+        axis counts these)."""
+        return tuple(i for i in range(self.num_layers) if self.is_sparse(i))
+
     def is_sliding(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window only."""
         return self.layer_types[layer] == SLIDING

@@ -32,6 +32,16 @@ OFFLOAD_BACKENDS = ("gpu", "cuda", "rocm", "tpu")
 RopeByPosition = dict[tuple[float, Any], tuple[jax.Array, jax.Array]]
 
 
+class DecoderOut(NamedTuple):
+    """What the backbone returns: final-normed hidden states [B, T, D], the updated cache (None
+    without one), and the experts each token used in each sparse layer [B, T, sparse layers, k]
+    int32 (None for a dense model)."""
+
+    hidden: jax.Array
+    cache: KVCache | None
+    routes: jax.Array | None
+
+
 class KVCache(NamedTuple):
     """Keys and values, each a tuple of buffers [batch, max_len, num_kv_heads, head_dim] in the
     axis order `config.kv_layout` gives the platform: one buffer per layer, or one buffer
@@ -135,13 +145,16 @@ class Decoder(nnx.Module):
         cache: KVCache | None = None,
         cache_offset: jax.Array | int = 0,
         rope: RopeByPosition | None = None,
-    ) -> tuple[jax.Array, KVCache | None]:
-        """Final-normed hidden states [B, T, D] (and the updated cache when one is given).
+        replay: jax.Array | None = None,
+    ) -> DecoderOut:
+        """Final-normed hidden states [B, T, D], the updated cache when one is given, and the
+        experts the sparse layers used.
 
         Without a cache, the keys are this chunk's tokens; with one, they are the cache slots, and
         this chunk's k/v are written at `cache_offset` first. `visibility` says which keys each
         query sees. The rotary tables come from `rope` (`position_tables`) where given, else
-        from the positions.
+        from the positions. `replay` [B, T, sparse layers, k] gives the sparse layers routes to
+        replay (`jrl.models.moe`: entries `ROUTE_NONE` route afresh).
         """
         c = self.config
         x = self.embed_tokens(input_ids)
@@ -152,6 +165,8 @@ class Decoder(nnx.Module):
             x = constrain_activations(x)
         run_layer = self._layer_fn(visibility)
         layout = c.kv_layout(mesh_platform())
+        sparse = {layer: j for j, layer in enumerate(c.sparse_layers)}
+        routes = []
         for i, layer in enumerate(self.layers):
             rope_key = c.layer_rope(i)
             if rope_key not in ropes:
@@ -160,16 +175,20 @@ class Decoder(nnx.Module):
                     if rope is None
                     else tuple(table[position_ids] for table in rope[rope_key])
                 )
+            routed = None if replay is None or i not in sparse else replay[:, :, sparse[i]]
             if cache is None:
-                x = constrain_activations(run_layer(layer, x, ropes[rope_key]))
-                continue
-            q, k, v = layer.project(x, ropes[rope_key])
-            cache = _write_kv(cache, layout, i, cache_offset, k, v)
-            buffer, index = layout.where(i)
-            k = layout.keys.take(cache.k[buffer][index])  # as stored: attention takes any dtype
-            v = layout.values.take(cache.v[buffer][index])
-            x = layer.combine(x, q, k, v, visibility)
-        return self.norm(x), cache
+                x, used = run_layer(layer, x, ropes[rope_key], routed)
+                x = constrain_activations(x)
+            else:
+                q, k, v = layer.project(x, ropes[rope_key])
+                cache = _write_kv(cache, layout, i, cache_offset, k, v)
+                buffer, index = layout.where(i)
+                k = layout.keys.take(cache.k[buffer][index])  # as stored: attention takes any dtype
+                v = layout.values.take(cache.v[buffer][index])
+                x, used = layer.combine(x, q, k, v, visibility, routed)
+            if used is not None:
+                routes.append(used)
+        return DecoderOut(self.norm(x), cache, jnp.stack(routes, axis=2) if routes else None)
 
     def position_tables(self, positions: int) -> RopeByPosition:
         """cos and sin [positions, head_dim // 2] of positions 0 .. positions-1 for each rotary
@@ -185,13 +204,19 @@ class Decoder(nnx.Module):
 
     def _layer_fn(
         self, visibility: Visibility
-    ) -> Callable[[DecoderLayer, jax.Array, tuple[jax.Array, jax.Array]], jax.Array]:
-        """One layer of the cache-free forward, rematerialised as `config.remat_policy` says."""
+    ) -> Callable[..., tuple[jax.Array, jax.Array | None]]:
+        """One layer of the cache-free forward (layer, x, rope, replay) -> (x, experts used),
+        rematerialised as `config.remat_policy` says."""
 
-        def run(layer: DecoderLayer, x: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
+        def run(
+            layer: DecoderLayer,
+            x: jax.Array,
+            rope: tuple[jax.Array, jax.Array],
+            replay: jax.Array | None,
+        ) -> tuple[jax.Array, jax.Array | None]:
             x = checkpoint_name(x, LAYER_INPUT)
             q, k, v = layer.project(x, rope)
-            return layer.combine(x, q, k, v, visibility)
+            return layer.combine(x, q, k, v, visibility, replay)
 
         c = self.config
         if c.remat_policy == "none":
@@ -276,7 +301,23 @@ class _DecoderModel(nnx.Module):
         segment_ids: jax.Array | None = None,
         branch_ids: jax.Array | None = None,
     ) -> jax.Array:
-        """Final-normed hidden states [B, T, D]; padding (attention_mask 0) is never attended.
+        """Final-normed hidden states [B, T, D] (`routed_hidden`'s)."""
+        inputs = (input_ids, attention_mask, position_ids, segment_ids, branch_ids)
+        return self.routed_hidden(*inputs)[0]
+
+    def routed_hidden(
+        self,
+        input_ids: jax.Array,
+        attention_mask: jax.Array | None = None,
+        position_ids: jax.Array | None = None,
+        segment_ids: jax.Array | None = None,
+        branch_ids: jax.Array | None = None,
+        replay: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """Final-normed hidden states [B, T, D] and the experts each token used in each sparse
+        layer [B, T, sparse layers, k] (None for a dense model); padding (attention_mask 0) is
+        never attended. `replay` [B, T, sparse layers, k] gives routes to replay
+        (`Decoder.__call__`).
 
         Packed rows give `segment_ids` [B, T] instead of `attention_mask`: each token attends the
         earlier tokens of its own segment only, 0 marks padding, and `position_ids` (required)
@@ -289,8 +330,9 @@ class _DecoderModel(nnx.Module):
         multiple = 1 if mesh is None else sequence_parallel_size(mesh)
         if length % multiple:
             pad = functools.partial(_pad_length, length=length + -length % multiple)
-            padded = map(pad, (input_ids, attention_mask, position_ids, segment_ids, branch_ids))
-            return self.hidden(*padded)[:, :length]
+            inputs = (input_ids, attention_mask, position_ids, segment_ids, branch_ids, replay)
+            hidden, routes = self.routed_hidden(*map(pad, inputs))
+            return hidden[:, :length], None if routes is None else routes[:, :length]
         if segment_ids is not None:
             if attention_mask is not None or position_ids is None:
                 raise ValueError(
@@ -310,14 +352,15 @@ class _DecoderModel(nnx.Module):
             branch_ids=branch_ids,
             positions=None if branch_ids is None else position_ids,
         )
-        return self.model(input_ids, position_ids, visibility)[0]
+        out = self.model(input_ids, position_ids, visibility, replay=replay)
+        return out.hidden, out.routes
 
 
 def _pad_length(x: jax.Array | None, length: int) -> jax.Array | None:
-    """[B, T] right-padded with zeros to [B, length] (None stays None)."""
+    """[B, T, ...] right-padded with zeros to [B, length, ...] (None stays None)."""
     if x is None:
         return None
-    return jnp.pad(x, ((0, 0), (0, length - x.shape[1])))
+    return jnp.pad(x, ((0, 0), (0, length - x.shape[1])) + ((0, 0),) * (x.ndim - 2))
 
 
 class CausalLM(_DecoderModel):
@@ -384,7 +427,7 @@ class CausalLM(_DecoderModel):
         kv_mask: jax.Array,
         slots: tuple[jax.Array, jax.Array] | None = None,
         rope: RopeByPosition | None = None,
-    ) -> tuple[jax.Array, KVCache]:
+    ) -> DecoderOut:
         """Runs a chunk [B, T] against the cache (prefill: offset 0; decode: T = 1).
 
         The chunk's k/v go to columns cache_offset .. cache_offset+T-1 (the caller keeps
@@ -398,7 +441,8 @@ class CausalLM(_DecoderModel):
         padding, then generated tokens) the window spans the same positions as in the full
         forward.
         `rope` gives the rotary tables by position (`Decoder.position_tables`, covering every
-        position of the chunk). Returns (final-normed hidden [B, T, D], updated cache).
+        position of the chunk). Returns `DecoderOut`: final-normed hidden [B, T, D], the updated
+        cache, the experts each token used (None for a dense model).
         """
         offset = jnp.asarray(cache_offset, jnp.int32)
         valid = kv_mask.astype(jnp.bool_)

@@ -318,16 +318,30 @@ class DecoderLayer(nnx.Module):
         return self.self_attn.qkv(self.input_layernorm(x), rope)
 
     def combine(
-        self, x: jax.Array, q: jax.Array, k: jax.Array, v: jax.Array, visibility: Visibility
-    ) -> jax.Array:
-        """Adds attention of q over k/v (keys as `visibility` allows) and then the MLP to x."""
+        self,
+        x: jax.Array,
+        q: jax.Array,
+        k: jax.Array,
+        v: jax.Array,
+        visibility: Visibility,
+        replay: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array | None]:
+        """Adds attention of q over k/v (keys as `visibility` allows) and then the MLP to x;
+        returns it with the experts each token used [B, T, k] (None for a dense MLP). A sparse
+        block replays `replay` [B, T, k] where given (`SparseMoE.route`)."""
         attn = self.self_attn.attend(q, k, v, visibility)
         ffn = getattr(self, self.ffn_name)
-        if isinstance(ffn, SparseMoE):  # a full forward records the router's load
-            real = visibility.kv_valid if visibility.self_attention else None
-            ffn = functools.partial(ffn, token_mask=real)
+        real = visibility.kv_valid if visibility.self_attention else None
+
+        def feed(h: jax.Array) -> tuple[jax.Array, jax.Array | None]:
+            if isinstance(ffn, SparseMoE):  # a full forward records the router's load
+                return ffn(h, token_mask=real, replay=replay)
+            return ffn(h), None
+
         if self.sandwich:
             x = x + self.post_attention_layernorm(attn)
-            return x + self.post_feedforward_layernorm(ffn(self.pre_feedforward_layernorm(x)))
+            out, used = feed(self.pre_feedforward_layernorm(x))
+            return x + self.post_feedforward_layernorm(out), used
         x = x + attn
-        return x + ffn(self.post_attention_layernorm(x))
+        out, used = feed(self.post_attention_layernorm(x))
+        return x + out, used

@@ -11,6 +11,12 @@ The experts' weights are stacked [E, H, I] / [E, I, H] (logical axes ``expert``,
 ``mlp``). A training forward (one that knows which tokens are real) also records each block's
 router load for transformers' load-balancing loss (`load_balancing_loss`).
 
+Router replay (verl's R2 / R3): a block given `replay` [N, k] experts uses those where they are
+>= 0 (and its own top-k elsewhere), weighted by the router's probabilities there,
+w_j = p[replay_j] (renormalised as the family does), so the gradient still reaches the router.
+Every block returns the experts it used, so a forward can record them (`ROUTE_NONE` marks a
+token without a recorded route).
+
 `moe_implementation` picks how f runs: ``ragged`` sorts the N * k (token, expert) pairs by
 expert and runs each matmul as one grouped matmul (`jax.lax.ragged_dot`), so each token pays for
 its k experts only; ``dense`` runs every expert on every token and weighs the outputs (the
@@ -36,6 +42,12 @@ from jrl.parallel.sharding import EXPERT_AXIS, logical_axes
 # The name under which a sparse block records its router's load in a training forward: the
 # experts picked and the router's probabilities, summed over the real tokens, and their count.
 ROUTER_LOAD = "router_load"
+# A recorded route's entry for a token that has none (the last generated token of a rollout row,
+# padding): the block routes such a token itself.
+ROUTE_NONE = -1
+# The batch tensor of recorded routes [B, T, sparse layers, k], aligned with ``input_ids``: the
+# rollout's (R3) or the old-log-prob pass's (R2); a forward given it replays it.
+ROUTED_EXPERTS = "routed_experts"
 # The routers' parameters, by their names in every mixture-of-experts family (an NNX filter).
 ROUTERS = nnx.Any(
     *(nnx.PathContains(name) for name in {f.sparse.router for f in FAMILIES.values() if f.sparse})
@@ -95,22 +107,35 @@ class SparseMoE(nnx.Module):
         self.activation = activation
         self.dtype = dtype
 
-    def route(self, tokens: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        """(router logits [N, E], the top-k experts' weights [N, k], their indices [N, k])."""
+    def route(
+        self, tokens: jax.Array, replay: jax.Array | None = None
+    ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(router logits [N, E], the top-k experts' weights [N, k], their indices [N, k]); the
+        indices are `replay`'s [N, k] where it holds a route (>= 0)."""
         logits = getattr(self, self.router_name)(tokens)
         probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
         weights, chosen = jax.lax.top_k(probs, self.top_k)
+        if replay is not None:
+            chosen = jnp.where(replay >= 0, replay.astype(chosen.dtype), chosen)
+            weights = jnp.take_along_axis(probs, chosen, axis=-1)
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdims=True)
         if self.weights_in_logits_dtype:
             weights = weights.astype(logits.dtype)
         return logits, weights, chosen
 
-    def __call__(self, x: jax.Array, token_mask: jax.Array | None = None) -> jax.Array:
-        """The block's output for x [..., H]; with `token_mask` (same leading shape, 1 on real
-        tokens) it records the router's load over those tokens (`ROUTER_LOAD`)."""
+    def __call__(
+        self,
+        x: jax.Array,
+        token_mask: jax.Array | None = None,
+        replay: jax.Array | None = None,
+    ) -> tuple[jax.Array, jax.Array]:
+        """(the block's output for x [..., H], the experts each token used [..., k] int32);
+        with `token_mask` (x's leading shape, 1 on real tokens) it records the router's load
+        over those tokens (`ROUTER_LOAD`); `replay` [..., k] gives routes to use (`route`)."""
         tokens = x.reshape(-1, x.shape[-1])
-        logits, weights, chosen = self.route(tokens)
+        replay = None if replay is None else replay.reshape(-1, self.top_k)
+        logits, weights, chosen = self.route(tokens, replay)
         if token_mask is not None:
             real = token_mask.reshape(-1).astype(jnp.float32)
             picked = jax.nn.one_hot(chosen, logits.shape[-1], dtype=jnp.float32).sum(1)
@@ -122,7 +147,8 @@ class SparseMoE(nnx.Module):
         if runs_per_device(gate.shape[0]):
             run = parallel_experts
         out = run(tokens.astype(dtype), weights, chosen, (gate, up, down), self.activation)
-        return out.reshape(x.shape).astype(dtype)
+        used = chosen.astype(jnp.int32).reshape(*x.shape[:-1], self.top_k)
+        return out.reshape(x.shape).astype(dtype), used
 
 
 def load_balancing_loss(model: nnx.Module) -> jax.Array | None:

@@ -22,6 +22,7 @@ __all__, __getattr__ = lazy_exports(
         "build_rollout": "jrl.rollout.build",
         "generate_tokens": "jrl.rollout.sampler",
         "log_prob_mismatch_metrics": "jrl.rollout.metrics",
+        "route_mismatch_metrics": "jrl.rollout.metrics",
         "make_rollout": "jrl.rollout.build",
         "sampling_params": "jrl.rollout.build",
     },

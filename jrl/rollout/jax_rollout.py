@@ -17,6 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jrl.batch import Batch
 from jrl.models import CausalLM
 from jrl.models.dtypes import cache_dtype
+from jrl.models.moe import ROUTE_NONE
 from jrl.parallel import (
     ROLLOUT_RULES,
     agreed_minimum,
@@ -73,7 +74,9 @@ class JaxRollout:
     devices of `mesh` and replicated over the rest, which generate as data-parallel replicas.
     Each call cuts the prompts to a power-of-two bucket of their longest length and runs one
     compiled loop per (rows, bucket, slot plan); `limits` bound the slots and the cache, and
-    `continuous_batching=False` runs static batches instead (for comparison).
+    `continuous_batching=False` runs static batches instead (for comparison). With
+    `record_routes` a mixture-of-experts model's rows come with the experts each token used
+    (``routed_experts``, for verl's router replay R3).
     """
 
     def __init__(
@@ -87,6 +90,7 @@ class JaxRollout:
         tensor_parallel_size: int = 1,
         limits: EngineLimits | None = None,
         continuous_batching: bool = True,
+        record_routes: bool = False,
     ):
         if response_length < 1:
             raise ValueError(f"response_length={response_length} must be at least 1")
@@ -102,6 +106,7 @@ class JaxRollout:
         self.eos_token_ids = as_token_ids(eos_token_ids)
         self.limits = limits or EngineLimits()
         self.continuous_batching = continuous_batching
+        self.record_routes = bool(record_routes and model.config.sparse_layers)
         self._budget: int | None = None
         self._budget_measured = False
         self._cache: SlotCache | None = None
@@ -127,6 +132,7 @@ class JaxRollout:
             mesh=mesh,
             tensor_parallel_size=spec.tensor_parallel_size,
             limits=spec.limits,
+            record_routes=spec.record_routes,
         )
 
     @property
@@ -364,11 +370,17 @@ class JaxRollout:
         mask = np.asarray(batch["attention_mask"])
         out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, key, turn)
         width = self.response_length - sampling.max_new_tokens
+        routes = out.pop("routed_experts", None)
         fill = {"responses": self.pad_token_id, "response_mask": 0, "rollout_log_probs": 0.0}
         out = {k: jnp.pad(v, ((0, 0), (0, width)), constant_values=fill[k]) for k, v in out.items()}
 
         log_probs = out["rollout_log_probs"] if sampling.calculate_log_probs else None
-        return rollout_batch(batch, out["responses"], out["response_mask"], log_probs)
+        done = rollout_batch(batch, out["responses"], out["response_mask"], log_probs)
+        if routes is not None:  # prompt columns cut to the bucket: back to the batch's width
+            cut = mask.shape[1] - (routes.shape[1] - sampling.max_new_tokens)
+            pads = ((0, 0), (cut, width), (0, 0), (0, 0))
+            done.tensors["routed_experts"] = jnp.pad(routes, pads, constant_values=ROUTE_NONE)
+        return done
 
     def slot_bytes(self, prompt_length: int, sampling: SamplingParams) -> int:
         """Device bytes one slot takes for prompts `prompt_length` wide (`slot_bytes`)."""
@@ -490,6 +502,7 @@ class JaxRollout:
             params=sampling,
             plan=plan,
             mesh=self.mesh,
+            record_routes=self.record_routes,
         )
 
     def _generate_rows(

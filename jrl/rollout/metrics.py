@@ -1,4 +1,5 @@
-"""How far the rollout's token probabilities are from the trainer's recomputation of them."""
+"""How far the rollout's token probabilities, and a mixture of experts' routes, are from the
+trainer's recomputation of them."""
 
 from __future__ import annotations
 
@@ -44,3 +45,25 @@ def _pearson(x: np.ndarray, y: np.ndarray) -> float:
     if scale == 0:
         return float(np.array_equal(x, y))
     return float(np.sum(dx * dy) / scale)
+
+
+def route_mismatch_metrics(
+    recorded: np.ndarray, used: np.ndarray, attention_mask: np.ndarray
+) -> dict[str, float]:
+    """How often training's experts differ from the recorded ones (the rollout's, verl's
+    ``routed_experts``), over the real tokens that have a recorded route: routes [B, T, sparse
+    layers, k], compared as sets of k experts per layer.
+
+    `training/routes_differ_fraction`: tokens with a different set in at least one layer;
+    `training/route_layers_differ_fraction`: (token, layer) pairs with a different set;
+    `training/routed_tokens`: the tokens compared.
+    """
+    recorded, used = np.sort(np.asarray(recorded), -1), np.sort(np.asarray(used), -1)
+    routed = (np.asarray(attention_mask) > 0) & (recorded >= 0).all(axis=(-2, -1))
+    differs = (recorded != used).any(-1)[routed]  # [tokens, layers]
+    count = int(routed.sum())
+    return {
+        "training/routed_tokens": float(count),
+        "training/routes_differ_fraction": float(differs.any(-1).mean()) if count else 0.0,
+        "training/route_layers_differ_fraction": float(differs.mean()) if count else 0.0,
+    }

@@ -22,6 +22,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jrl.models import CausalLM, KVCache
 from jrl.models.decoder import RopeByPosition
 from jrl.models.kv_layout import KVLayout
+from jrl.models.moe import ROUTE_NONE
 from jrl.parallel import batch_axes
 from jrl.rollout.limits import SlotPlan
 from jrl.rollout.sampling import SamplingParams
@@ -102,19 +103,26 @@ class _Slots(NamedTuple):
     responses: jax.Array  # [N, R] int32
     log_probs: jax.Array  # [N, R] float32
     decode_steps: jax.Array  # [] decode steps run so far
+    routes: jax.Array  # [N, P + R, sparse layers, k] experts each token used ([N, 0, 0, 0]: none)
+
+
+def route_dtype(num_experts: int) -> Any:
+    """The smallest integer type of a recorded route: experts 0 .. E-1 and `ROUTE_NONE`."""
+    return jnp.int8 if num_experts <= jnp.iinfo(jnp.int8).max else jnp.int16
 
 
 def _decode_slots(
     model: CausalLM, s: _Slots, prompt_length: int, ring: int, rope: RopeByPosition
-) -> tuple[jax.Array, SlotCache]:
+) -> tuple[jax.Array, SlotCache, jax.Array | None]:
     """One cached decode step of every slot, each writing the ring's shared column, with the
-    rotary tables of every position it can reach (`rope`); hidden [S, D]."""
+    rotary tables of every position it can reach (`rope`); hidden [S, D] and the experts each
+    slot's token used [S, sparse layers, k] (None for a dense model)."""
     ring_slot, ring_valid = ring_slots(s.decode_steps, s.step, prompt_length, ring)
     prompt_slot = jnp.broadcast_to(jnp.arange(prompt_length, dtype=jnp.int32), s.prompt_mask.shape)
     columns = jnp.concatenate([prompt_slot, ring_slot], axis=1)
     kv_mask = jnp.concatenate([s.prompt_mask, ring_valid], axis=1)
     query = prompt_length + s.step - 1
-    hidden, cache = model.forward_cached(
+    hidden, cache, routes = model.forward_cached(
         s.last[:, None],
         (s.length + s.step - 1)[:, None],
         KVCache(*s.cache),
@@ -123,14 +131,12 @@ def _decode_slots(
         slots=(query[:, None], columns),
         rope=rope,
     )
-    return hidden[:, 0], SlotCache(*cache)
+    return hidden[:, 0], SlotCache(*cache), None if routes is None else routes[:, 0]
 
 
-def _prefill(
-    model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any
-) -> tuple[jax.Array, KVCache]:
-    """Hidden states [G, P, D] and the keys and values (laid out as the model's cache) of G
-    left-padded prompts."""
+def _prefill(model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any) -> Any:
+    """`DecoderOut` of G left-padded prompts: hidden states [G, P, D], their keys and values
+    (laid out as the model's cache), the experts their tokens used."""
     fresh = model.init_cache(ids.shape[0], ids.shape[1], dtype=dtype)
     return model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
 
@@ -171,9 +177,10 @@ def _resume_prefill(
     mask: jax.Array,
     chunk: int,
     layout: KVLayout,
-) -> tuple[jax.Array, KVCache]:
+) -> Any:
     """`_prefill` of G left-padded prompts [G, P] whose `slot`s' first P - `chunk` columns
-    already hold their keys and values: only the last `chunk` columns run, against those."""
+    already hold their keys and values: only the last `chunk` columns run, against those (the
+    experts used: of those columns)."""
     prompt_len = ids.shape[1]
     history = slot_columns(layout, cache, slot, prompt_len)
     positions = prompt_positions(mask)[:, -chunk:]
@@ -200,9 +207,12 @@ def _generate_replica(
     params: SamplingParams,
     plan: SlotPlan,
     layout: KVLayout,
-) -> tuple[jax.Array, jax.Array, jax.Array, SlotCache]:
+    record_routes: bool,
+) -> tuple[dict[str, jax.Array], jax.Array, SlotCache]:
     prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous = request
     model = nnx.merge(graphdef, state)
+    sparse, experts = model.config.sparse_layers, model.config.experts
+    record_routes = record_routes and bool(sparse)
     rows, prompt_len = prompt_ids.shape
     slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
     ring = ring_length(prompt_len, params, layout)
@@ -221,12 +231,18 @@ def _generate_replica(
         out_row = jnp.where(valid, row, rows)  # lanes past the last prompt write nothing
         ids, mask = prompt_ids[row], prompt_mask[row]
         if plan.resume_chunk:
-            hidden, fresh = _resume_prefill(
+            hidden, fresh, used = _resume_prefill(
                 model, s.cache, jnp.minimum(slot, slots - 1), ids, mask, plan.resume_chunk, layout
             )
         else:
-            hidden, fresh = _prefill(model, ids[::shared], mask[::shared], cache.k[0].dtype)
+            hidden, fresh, used = _prefill(model, ids[::shared], mask[::shared], cache.k[0].dtype)
         last = jnp.repeat(hidden[:, -1], shared, axis=0)
+        routes = s.routes
+        if record_routes:  # the prompt's real columns (a resumed prefill's last ones)
+            used = jnp.repeat(used, len(ids) // len(used), axis=0)
+            columns = slice(prompt_len - used.shape[1], prompt_len)
+            used = jnp.where(mask[:, columns, None, None], used, ROUTE_NONE)
+            routes = routes.at[out_row, columns].set(used.astype(routes.dtype), mode="drop")
         keys = row_keys(rng, row_ids[row], jnp.zeros(group, jnp.int32))
         token, logp = select_tokens(model.logits(last), keys, params)
         finished = is_eos(token, params) | (steps == 1)
@@ -247,6 +263,7 @@ def _generate_replica(
             head=s.head + jnp.sum(valid),
             responses=s.responses.at[out_row, 0].set(token, mode="drop"),
             log_probs=s.log_probs.at[out_row, 0].set(logp, mode="drop"),
+            routes=routes,
         )
 
     def admission(s: _Slots) -> _Slots:
@@ -263,11 +280,15 @@ def _generate_replica(
 
     def decode(s: _Slots) -> _Slots:
         """One token for every slot; finished slots compute but write nothing."""
-        hidden, new_cache = _decode_slots(model, s, prompt_len, ring, rope)
+        hidden, new_cache, used = _decode_slots(model, s, prompt_len, ring, rope)
         keys = row_keys(rng, row_ids[jnp.minimum(s.row, rows - 1)], s.step)
         token, logp = select_tokens(model.logits(hidden), keys, params)
         out_row = jnp.where(s.active, s.row, rows)
         finished = is_eos(token, params) | (s.step + 1 >= steps)
+        routes = s.routes
+        if record_routes:  # the token fed: generated token step - 1
+            column = prompt_len + s.step - 1
+            routes = routes.at[out_row, column].set(used.astype(routes.dtype), mode="drop")
         return s._replace(
             cache=new_cache,
             step=s.step + s.active,
@@ -276,6 +297,7 @@ def _generate_replica(
             responses=s.responses.at[out_row, s.step].set(token, mode="drop"),
             log_probs=s.log_probs.at[out_row, s.step].set(logp, mode="drop"),
             decode_steps=s.decode_steps + 1,
+            routes=routes,
         )
 
     def running(s: _Slots) -> jax.Array:
@@ -292,17 +314,31 @@ def _generate_replica(
         responses=jnp.full((rows, steps), params.pad_token_id, jnp.int32),
         log_probs=jnp.zeros((rows, steps), jnp.float32),
         decode_steps=jnp.int32(0),
+        routes=(
+            jnp.full(
+                (rows, prompt_len + steps, len(sparse), experts.experts_per_token),
+                ROUTE_NONE,
+                route_dtype(experts.num_experts),
+            )
+            if record_routes
+            else jnp.zeros((rows, 0, 0, 0), jnp.int8)
+        ),
     )
     # The loop's values differ per replica, as the carry that starts from these constants will.
     start = _Slots(cache=cache, **jax.lax.pcast(fresh, batch_axes(), to="varying"))
     # With one token per row every sequence ends at its prefill: no step decodes.
     step = admission if steps == 1 else lambda s: decode(admission(s))
     end = jax.lax.while_loop(running, step, start)
-    return end.responses, end.log_probs, end.decode_steps[None], end.cache
+    out = {"responses": end.responses, "log_probs": end.log_probs}
+    if record_routes:
+        out["routed_experts"] = end.routes
+    return out, end.decode_steps[None], end.cache
 
 
 @functools.partial(
-    jax.jit, static_argnames=("graphdef", "params", "plan", "mesh"), donate_argnames=("cache",)
+    jax.jit,
+    static_argnames=("graphdef", "params", "plan", "mesh", "record_routes"),
+    donate_argnames=("cache",),
 )
 def generate_tokens(
     graphdef: nnx.GraphDef,
@@ -318,6 +354,7 @@ def generate_tokens(
     params: SamplingParams,
     plan: SlotPlan,
     mesh: Mesh,
+    record_routes: bool = False,
 ) -> tuple[dict[str, jax.Array], jax.Array, SlotCache]:
     """Generate up to `params.max_new_tokens` tokens after each left-padded prompt.
 
@@ -330,7 +367,10 @@ def generate_tokens(
     Returns ({`responses` [R * N, max_new_tokens] int32 with `pad_token_id` after EOS,
     `response_mask` (1 up to and including EOS), `rollout_log_probs` float32 at the rollout
     temperature, 0 where masked}, the decode steps each replica ran [R], the cache to reuse or
-    drop).
+    drop). With `record_routes` (and a mixture-of-experts model) the dict also holds
+    `routed_experts` [R * N, P + max_new_tokens, sparse layers, k]: the experts each token of
+    the prompt and the response used (`ROUTE_NONE` for padding, for a response's last token,
+    which no step feeds, and for the columns a resumed prefill did not run).
     """
     rows = PartitionSpec(batch_axes())
     config = nnx.merge(graphdef, state).config
@@ -338,17 +378,26 @@ def generate_tokens(
     layers = (None,) * layout.layer_axes
     slots = PartitionSpec(*layers, batch_axes())  # a cache buffer [(layers,) slots, ...]
     request_specs = _Request(rows, rows, rows, rows, PartitionSpec(), PartitionSpec())
+    replica = functools.partial(
+        _generate_replica,
+        graphdef,
+        params=params,
+        plan=plan,
+        layout=layout,
+        record_routes=record_routes,
+    )
     run = jax.shard_map(
-        functools.partial(_generate_replica, graphdef, params=params, plan=plan, layout=layout),
+        replica,
         mesh=mesh,
         in_specs=(PartitionSpec(), request_specs, slots),
-        out_specs=(rows, rows, rows, slots),
+        out_specs=(rows, rows, slots),
         axis_names=frozenset(batch_axes()),
     )
     request = _Request(prompt_ids, prompt_mask, row_ids, real_rows, rng, continuous)
-    responses, log_probs, decode_steps, cache = run(state, request, cache)
+    generated, decode_steps, cache = run(state, request, cache)
     kept = SlotCache(*cache_sharding(mesh, config))  # the kept cache's layout
     cache = jax.lax.with_sharding_constraint(cache, kept)
+    responses, log_probs = generated.pop("responses"), generated.pop("log_probs")
     mask = response_mask(responses, params)
     out = {"responses": responses, "response_mask": mask, "rollout_log_probs": log_probs * mask}
-    return out, decode_steps, cache
+    return {**out, **generated}, decode_steps, cache

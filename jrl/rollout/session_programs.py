@@ -94,7 +94,7 @@ def _admit_replica(
     chunk = admission.ids.shape[1]
     positions = admission.start[:, None] + jnp.arange(chunk, dtype=jnp.int32)
     history = slot_columns(layout, session.cache, slot, columns)
-    hidden, written = model.forward_cached(
+    hidden, written, _ = model.forward_cached(
         admission.ids, positions, history, admission.start, kv_mask
     )
     last = jnp.take_along_axis(hidden, (admission.count - 1)[:, None, None], axis=1)[:, 0]
@@ -141,7 +141,7 @@ def _decode_replica(
         (past the first `columns`: nowhere)."""
         done, s = carry
         kv_mask = jnp.arange(columns)[None, :] <= s.length[:, None]
-        hidden, cache = model.forward_cached(
+        hidden, cache, _ = model.forward_cached(
             s.last[:, None], s.length[:, None], KVCache(*s.cache), s.length, kv_mask, rope=rope
         )
         keys = turn_keys(rng, s.turn, s.row, s.step)

@@ -23,7 +23,9 @@ class RolloutSpec:
     over the actor's parameters, `tensor_parallel_size` devices per model replica; vLLM builds
     from the Hugging Face folder `model_path` and seeds with `seed`. `section` is the key of the
     rollout's config section, named in messages (``actor_rollout_ref.rollout`` in a PPO run,
-    ``rollout`` in offline generation).
+    ``rollout`` in offline generation). With `record_routes` (verl's
+    ``enable_rollout_routing_replay``) a mixture-of-experts model's rows carry the experts
+    each token used (``routed_experts``).
     """
 
     engine: str
@@ -37,6 +39,7 @@ class RolloutSpec:
     seed: int = 0
     trust_remote_code: bool = False
     section: str = "actor_rollout_ref.rollout"
+    record_routes: bool = False
 
     def __post_init__(self) -> None:
         rules = {"tensor_parallel_size": (self.tensor_parallel_size >= 1, "must be at least 1")}

@@ -22,7 +22,7 @@ ARR = "actor_rollout_ref"
 ROLLOUT = f"{ARR}.rollout"
 FSDP = "torch FSDP's scheduling: jrl shards every parameter by its logical axes with XLA"
 ENTROPY = "torch's entropy memory options: jrl's log-prob/entropy kernel follows use_fused_kernels"
-ROUTER_REPLAY = "router replay (R2/R3) is not implemented yet: training routes afresh"
+ROUTES_IN_BATCH = "verl's files of recorded routes: jrl carries the routes in the batch"
 TEXT_ONLY = "multi-modal inputs: jrl's model families are text-only"
 WEIGHT_TRANSFER = "verl's weight transfer between Ray workers: jrl hands weights over in process"
 RAY = "Ray's placement: jrl runs every role in one process per host, on the trainer's devices"
@@ -56,7 +56,6 @@ UNREAD = {
     f"{ROLLOUT}.mode": "verl's rollout servers: jrl's sampler runs in the trainer",
     f"{ROLLOUT}.prompt_length": "jrl's rollout takes prompts as data.max_prompt_length",
     **{f"{ROLLOUT}.{key}": WEIGHT_TRANSFER for key in WEIGHT_TRANSFER_KEYS},
-    f"{ROLLOUT}.enable_rollout_routing_replay": ROUTER_REPLAY,
     "*.rollout_n": "verl's copy of actor_rollout_ref.rollout.n, which jrl reads",
     "*.strategy": "a torch training backend: jrl trains with JAX on its own mesh",
     "*.use_torch_compile": "torch.compile: XLA compiles every jrl program",
@@ -71,6 +70,10 @@ UNREAD = {
     "*.fsdp_config.ulysses_sequence_parallel_size": (
         "the engine's copy of the role's ulysses_sequence_parallel_size, which jrl reads"
     ),
+    f"{ARR}.actor.megatron.router_replay.mode": (
+        "current verl's engine spelling: jrl reads it as actor.router_replay.mode"
+    ),
+    f"{ARR}.ref.router_replay.*": "the reference policy routes its tokens itself",
     "*.megatron.*_offload": (
         "Megatron's offload: jrl's is the role's fsdp_config.param_offload and optimizer_offload"
     ),
@@ -83,7 +86,7 @@ UNREAD = {
         "fsdp_config.tensor_parallel_size and expert_parallel_size)"
     ),
     **dict.fromkeys(("*.entropy_from_logits_with_chunking", "*.entropy_checkpointing"), ENTROPY),
-    "*.router_replay.*": ROUTER_REPLAY,
+    **{f"*.router_replay.{key}": ROUTES_IN_BATCH for key in ("record_file", "replay_file")},
     "*.optim.clip_grad": "Megatron's clipping: verl's FSDP roles clip at grad_clip",
     "*.optim.optimizer_impl": "the torch module of verl's optimizer: jrl's are optax's",
     "*.optim.total_training_steps": "set from the run's total steps (as verl sets it)",

@@ -107,7 +107,8 @@ class UpdateSettings:
 @dataclasses.dataclass(frozen=True)
 class ActorSettings:
     """The actor: its model, mesh and offloads, its log-prob pass (`log_probs`, at the rollout's
-    `temperature`, by the kernel `log_prob_impl`) and its update."""
+    `temperature`, by the kernel `log_prob_impl`), its update, and how a mixture of experts
+    replays routes (`router_replay`: one of `jrl.runspec.router_replay.ROUTER_REPLAY_MODES`)."""
 
     model: ModelSettings
     mesh: RoleMesh
@@ -116,6 +117,7 @@ class ActorSettings:
     update: UpdateSettings
     temperature: float
     log_prob_impl: str
+    router_replay: str = "disabled"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,6 +283,7 @@ def actor_settings(config: KeyReads, policy: Packing) -> ActorSettings:
         update=update_settings(actor, ACTOR, policy),
         temperature=float(arr.rollout.temperature),
         log_prob_impl=log_prob_impl(arr, "actor"),
+        router_replay=str(actor.router_replay.mode),
     )
 
 

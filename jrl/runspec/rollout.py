@@ -213,6 +213,7 @@ def _resolve(
                 dtype=str(_read(section, "dtype", prefix)),
                 tensor_parallel_size=int(_read(section, "tensor_model_parallel_size", prefix)),
                 **{key: int(seed) for key, seed in _given(section, ("seed",)).items()},
+                record_routes=bool(section.get("enable_rollout_routing_replay") or False),
                 **parts,
                 **model,
             )

@@ -24,6 +24,7 @@ from jrl.runspec.placement import placement_problems
 from jrl.runspec.reward import reward_manager_problems
 from jrl.runspec.rollout import rollout_problems
 from jrl.runspec.rollout_correction_checks import rollout_correction_problems
+from jrl.runspec.router_replay import router_replay_problems
 from jrl.runspec.run import CHECKPOINT_ITEMS
 from jrl.runspec.shape import estimator_needs_critic, n_gpus, uses_critic, uses_reference
 from jrl.runspec.unsupported import unsupported_settings
@@ -363,6 +364,7 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
     problems += _response_length(config)
     problems += rollout_correction_problems(config)
     problems += dynamic_sampling_problems(config)
+    problems += router_replay_problems(config)
     problems += rollout_problems(config)
     problems += placement_problems(config, num_devices)
     problems += _memory_options(config.actor_rollout_ref.model, "actor_rollout_ref.model")

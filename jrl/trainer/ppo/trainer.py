@@ -27,6 +27,7 @@ from jrl.config.loading import yaml_of
 from jrl.data.loader import DataLoader
 from jrl.data.rl_dataset import create_rl_dataset
 from jrl.data.tokenizer import tokenizer_of
+from jrl.models.moe import ROUTED_EXPERTS
 from jrl.parallel import (
     barrier,
     batch_axes,
@@ -41,7 +42,7 @@ from jrl.parallel.distributed import exchange_on
 from jrl.parallel.mesh import split_devices
 from jrl.reward.guard import fault_metrics, finite_rewards
 from jrl.reward.manager import load_reward_manager
-from jrl.rollout import log_prob_mismatch_metrics
+from jrl.rollout import log_prob_mismatch_metrics, route_mismatch_metrics
 from jrl.rollout.build import build_rollout, sampling_params
 from jrl.runspec.spec import RunSpec, resolve_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
@@ -351,10 +352,17 @@ class PPOTrainer:
         return finite_rewards(score_per_process(reward_fn, batch), reward_fn)
 
     def add_old_log_probs(self, batch: Batch, metrics: dict[str, float]) -> Batch:
-        """`batch` with the actor's ``old_log_probs``; logs ``actor/entropy`` and, when the
-        rollout gave log-probs, their mismatch to the actor's into `metrics`."""
-        old_log_probs, entropy = self.actor.compute_log_prob(batch, calculate_entropy=True)
+        """`batch` with the actor's ``old_log_probs`` (and under router replay R2 the routes the
+        update replays); logs ``actor/entropy`` and, when the rollout gave log-probs or routes,
+        their mismatch to the actor's into `metrics`."""
+        old_log_probs, entropy, routes = self.actor.old_log_probs(batch)
         batch = batch.union(Batch({"old_log_probs": old_log_probs}))
+        recorded = batch.tensors.get(ROUTED_EXPERTS)
+        if routes is not None and recorded is not None:
+            attention = batch.tensors["attention_mask"]
+            metrics.update(route_mismatch_metrics(recorded, routes, attention))
+        if routes is not None and self.actor.spec.router_replay == "R2":
+            batch = batch.union(Batch({ROUTED_EXPERTS: routes}))
         mask = batch.tensors["response_mask"]
         if "rollout_log_probs" in batch.tensors:
             rollout = batch.tensors["rollout_log_probs"]

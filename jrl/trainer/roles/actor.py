@@ -23,12 +23,12 @@ from jrl import algos
 from jrl.algos.rollout_correction import METRIC_PREFIX
 from jrl.algos.settings import KLLoss, PolicyLossSettings
 from jrl.batch import Batch
-from jrl.models.moe import load_balancing_loss
+from jrl.models.moe import ROUTED_EXPERTS, load_balancing_loss
 from jrl.runspec.algorithm import AlgorithmSpec
 from jrl.runspec.models import ModelSettings
 from jrl.runspec.roles import ActorSettings
 from jrl.trainer.roles import log_probs
-from jrl.trainer.roles.log_probs import FORWARD_KEYS, LogProbForward
+from jrl.trainer.roles.log_probs import FORWARD_KEYS, LogProbForward, ResponseScores
 from jrl.trainer.roles.specs import ForwardSpec, TrainSpec, load_learner, role_mesh_of
 from jrl.trainer.update.learner import Learner
 
@@ -119,12 +119,14 @@ class ActorLoss:
 @dataclasses.dataclass(frozen=True)
 class ActorSpec:
     """The actor's settings on its mesh: its model, how its log-prob pass and its update split a
-    batch, its loss and learning-rate schedule."""
+    batch, its loss and learning-rate schedule, and its router replay mode
+    (`jrl.runspec.router_replay`)."""
 
     model: ModelSettings
     forward: ForwardSpec
     train: TrainSpec
     loss: ActorLoss
+    router_replay: str = "disabled"
 
     @classmethod
     def of(
@@ -141,6 +143,7 @@ class ActorSpec:
             forward=ForwardSpec.of(settings.log_probs, mesh),
             train=TrainSpec.of(settings.update, mesh, total_training_steps),
             loss=ActorLoss.resolve(algorithm, settings.temperature, settings.log_prob_impl),
+            router_replay=settings.router_replay,
         )
 
 
@@ -192,14 +195,29 @@ class Actor:
         """Log-probs [B, R] of the batch's responses (and entropy, only computed when asked)."""
         return self.log_probs(self.params, batch, calculate_entropy)
 
+    def old_log_probs(self, batch: Batch) -> ResponseScores:
+        """The old-log-prob pass: log-probs and entropy [B, R], and where the batch carries the
+        rollout's routes or the mode is R2 the experts each token used (R3 replays the
+        rollout's routes; R2 records the ones the update replays)."""
+        mode, recorded = self.spec.router_replay, ROUTED_EXPERTS in batch.tensors
+        return self.log_probs.scores(
+            self.params,
+            batch,
+            calculate_entropy=True,
+            replay=mode == "R3" and recorded,
+            record_routes=mode == "R2" or recorded,
+        )
+
     def update_tensors(self, tensors: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """The batch tensors the update reads (the reference's log-probs with the KL loss,
-        importance weights when the batch has them)."""
+        importance weights when the batch has them, the routes it replays under R2 / R3)."""
         keys = [*FORWARD_KEYS, "response_mask", "old_log_probs", "advantages"]
         if self.spec.loss.kl_loss is not None:
             keys.append("ref_log_prob")
         if "rollout_is_weights" in tensors:
             keys.append("rollout_is_weights")
+        if self.spec.router_replay != "disabled" and ROUTED_EXPERTS in tensors:
+            keys.append(ROUTED_EXPERTS)
         return {k: np.asarray(tensors[k]) for k in keys}
 
     def update_loss(self, rows: int) -> ActorLoss:

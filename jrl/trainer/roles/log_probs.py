@@ -8,7 +8,7 @@ the rollout temperature, here and in the sampler alike."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -17,12 +17,21 @@ from jax.sharding import Mesh
 
 from jrl.batch import Batch
 from jrl.models import CausalLM
+from jrl.models.moe import ROUTED_EXPERTS
 from jrl.parallel import batch_sharding, on_mesh
 from jrl.trainer.roles.specs import ForwardSpec
-from jrl.trainer.update.packing import PackLayout, response_window
+from jrl.trainer.update.packing import PackLayout, routed_window
 from jrl_kernels import logprob_entropy
 
 FORWARD_KEYS = ("input_ids", "attention_mask", "position_ids", "responses")
+
+
+class ResponseScores(NamedTuple):
+    """What a policy's forward gives of a batch."""
+
+    log_prob: jax.Array  # [B, R] float32
+    entropy: jax.Array | None  # [B, R] float32, where asked
+    routes: jax.Array | None  # [B, T, sparse layers, k]: the experts used (None: dense model)
 
 
 def response_log_probs(
@@ -34,12 +43,29 @@ def response_log_probs(
     impl: str = "naive",
     calculate_entropy: bool = True,
 ) -> tuple[jax.Array, jax.Array | None]:
+    """Per-token log-prob and entropy [B, R] of `responses` (`response_scores`')."""
+    scores = response_scores(
+        model, tensors, temperature, packing, impl=impl, calculate_entropy=calculate_entropy
+    )
+    return scores.log_prob, scores.entropy
+
+
+def response_scores(
+    model: CausalLM,
+    tensors: dict[str, jax.Array],
+    temperature: float,
+    packing: PackLayout | None = None,
+    *,
+    impl: str = "naive",
+    calculate_entropy: bool = True,
+) -> ResponseScores:
     """Per-token log-prob and entropy [B, R] of `responses` under `model` at `temperature` by
     the `jrl_kernels.logprob_entropy` implementation `impl` (entropy None unless
-    `calculate_entropy`); with `packing` the model runs on packed rows (see
-    `jrl.trainer.update.packing`)."""
+    `calculate_entropy`), and the experts every token used; with `packing` the model runs on
+    packed rows (see `jrl.trainer.update.packing`). A mixture of experts replays the batch's
+    recorded routes where it has them (`ROUTED_EXPERTS`, verl's router replay)."""
     width = tensors["responses"].shape[1]
-    hidden = response_window(model.hidden, tensors, width, packing)
+    hidden, routes = routed_window(model.routed_hidden, tensors, width, packing)
     log_prob, entropy = logprob_entropy(
         hidden,
         model.lm_head_kernel(),
@@ -48,7 +74,7 @@ def response_log_probs(
         impl=impl,
         softcap=model.config.final_logit_softcapping,
     )
-    return log_prob, (entropy if calculate_entropy else None)
+    return ResponseScores(log_prob, entropy if calculate_entropy else None, routes)
 
 
 class LogProbForward:
@@ -69,15 +95,15 @@ class LogProbForward:
         # The pass as compiled; run (and lower) it under the mesh (`on_mesh`).
         self.jitted = jax.jit(
             self._forward_fn,
-            static_argnums=(2, 3),
+            static_argnums=(2, 3, 4),
             in_shardings=(param_shardings, rows),
             out_shardings=rows,
         )
         self._forward = on_mesh(self.jitted, mesh)
 
-    def _forward_fn(self, params, tensors, packing, calculate_entropy):
+    def _forward_fn(self, params, tensors, packing, calculate_entropy, record_routes=False):
         model = nnx.merge(self.graphdef, params)
-        return response_log_probs(
+        scores = response_scores(
             model,
             tensors,
             self.temperature,
@@ -85,15 +111,34 @@ class LogProbForward:
             impl=self.impl,
             calculate_entropy=calculate_entropy,
         )
+        return scores if record_routes else scores._replace(routes=None)
 
     def __call__(
         self, params: Any, batch: Batch, calculate_entropy: bool = False
     ) -> tuple[np.ndarray, np.ndarray | None]:
         """Log-probs [B, R] of the batch's responses under `params` (and entropy, only computed
         when asked)."""
-        tensors = {k: np.asarray(batch.tensors[k]) for k in FORWARD_KEYS}
+        scores = self.scores(params, batch, calculate_entropy)
+        return scores.log_prob, scores.entropy
+
+    def scores(
+        self,
+        params: Any,
+        batch: Batch,
+        calculate_entropy: bool = False,
+        *,
+        replay: bool = False,
+        record_routes: bool = False,
+    ) -> ResponseScores:
+        """`__call__`'s log-probs and entropy, and with `record_routes` the experts each token
+        used [B, T, sparse layers, k]; with `replay` the model replays the batch's
+        `ROUTED_EXPERTS`."""
+        keys = (*FORWARD_KEYS, *((ROUTED_EXPERTS,) if replay else ()))
+        tensors = {k: np.asarray(batch.tensors[k]) for k in keys}
         return self.forward.run(
-            lambda micro, layout: self._forward(params, micro, layout, calculate_entropy),
+            lambda micro, layout: self._forward(
+                params, micro, layout, calculate_entropy, record_routes
+            ),
             tensors,
             self.mesh,
         )

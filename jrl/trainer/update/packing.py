@@ -32,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding
 
+from jrl.models.moe import ROUTE_NONE, ROUTED_EXPERTS
 from jrl.parallel import batch_axes, batch_sharding
 
 # The batch tensor holding, per sequence, the slot in its micro-batch's flat packed buffer of its
@@ -62,7 +63,8 @@ class Packed(NamedTuple):
     sequence (or group sharing a prompt) has a segment of its own. index: [B, T], the flat slot
     (row * length + column) of every token of the padded batch, rows * length for padding.
     branch_ids: [rows, length] with shared prompts (0 for a prompt, b + 1 for the answer of batch
-    row b), else None.
+    row b), else None. routes: [rows, length, sparse layers, k], the batch's `ROUTED_EXPERTS`
+    moved with their tokens (`ROUTE_NONE` at padding), None where it has none.
     """
 
     input_ids: jax.Array
@@ -70,6 +72,7 @@ class Packed(NamedTuple):
     segment_ids: jax.Array
     index: jax.Array
     branch_ids: jax.Array | None = None
+    routes: jax.Array | None = None
 
 
 def first_fit(lengths: np.ndarray, capacity: int) -> tuple[np.ndarray, int]:
@@ -235,9 +238,9 @@ def packing_plan(
 
 def pack(tensors: dict[str, jax.Array], layout: PackLayout) -> Packed:
     """Moves the valid tokens of a padded micro-batch [B, T] (``input_ids``, ``attention_mask``,
-    ``position_ids``) to the slots its plan chose (`PACK_START`, with shared prompts also
-    `PACK_SOURCE` and `PACK_SHARED`), keeping their order and position ids. Jittable; the layout
-    is static."""
+    ``position_ids``, and `ROUTED_EXPERTS` [B, T, ...] where given) to the slots its plan chose
+    (`PACK_START`, with shared prompts also `PACK_SOURCE` and `PACK_SHARED`), keeping their order
+    and position ids. Jittable; the layout is static."""
     ids, mask, positions = (tensors[k] for k in ("input_ids", "attention_mask", "position_ids"))
     batch, width = ids.shape
     size = layout.rows * layout.length
@@ -260,19 +263,24 @@ def pack(tensors: dict[str, jax.Array], layout: PackLayout) -> Packed:
     index = jnp.where(valid, slot, size)
     targets = jnp.where(written, slot, size).ravel()
 
-    def scatter(values: jax.Array) -> jax.Array:
-        flat = jnp.zeros(size, values.dtype).at[targets].set(values.ravel(), mode="drop")
-        flat = flat.reshape(layout.rows, layout.length)
+    def scatter(values: jax.Array, fill: int = 0) -> jax.Array:
+        rest = values.shape[2:]
+        flat = jnp.full((size, *rest), fill, values.dtype)
+        flat = flat.at[targets].set(values.reshape(-1, *rest), mode="drop")
+        flat = flat.reshape(layout.rows, layout.length, *rest)
         if layout.sharding is None:
             return flat
-        return jax.lax.with_sharding_constraint(flat, layout.sharding)
+        spec = jax.sharding.PartitionSpec(*layout.sharding.spec, *(None,) * len(rest))
+        return jax.lax.with_sharding_constraint(flat, NamedSharding(layout.sharding.mesh, spec))
 
+    routes = tensors.get(ROUTED_EXPERTS)
     return Packed(
         scatter(ids),
         scatter(positions),
         scatter(segments),
         index,
         None if branches is None else scatter(branches),
+        None if routes is None else scatter(routes, ROUTE_NONE),
     )
 
 
@@ -296,11 +304,36 @@ def response_window(
     Without `layout` the forward runs on the padded rows; with it, on packed rows (the tensors
     then carry their packing plan), and the outputs at padding are zero.
     """
+
+    def unrouted(*inputs: Any, replay: Any = None) -> tuple[jax.Array, None]:
+        return forward(*inputs), None
+
+    return routed_window(unrouted, tensors, width, layout)[0]
+
+
+def routed_window(
+    forward: Callable[..., tuple[jax.Array, jax.Array | None]],
+    tensors: dict[str, Any],
+    width: int,
+    layout: PackLayout | None = None,
+) -> tuple[jax.Array, jax.Array | None]:
+    """`response_window` of a forward that also returns the experts each token used
+    (`CausalLM.routed_hidden`, given the batch's `ROUTED_EXPERTS` to replay where it has them),
+    and those experts at every padded position [B, T, sparse layers, k] (None for a dense
+    model; 0 at padding when packed)."""
+    replay = tensors.get(ROUTED_EXPERTS)
     if layout is None:
         padded = (tensors[k] for k in ("input_ids", "attention_mask", "position_ids"))
-        return forward(*padded, None, None)[:, -width - 1 : -1]
+        out, routes = forward(*padded, None, None, replay=replay)
+        return out[:, -width - 1 : -1], routes
     packed = pack(tensors, layout)
-    out = forward(
-        packed.input_ids, None, packed.position_ids, packed.segment_ids, packed.branch_ids
+    out, routes = forward(
+        packed.input_ids,
+        None,
+        packed.position_ids,
+        packed.segment_ids,
+        packed.branch_ids,
+        replay=packed.routes,
     )
-    return unpack(out, packed.index[:, -width - 1 : -1])
+    window = unpack(out, packed.index[:, -width - 1 : -1])
+    return window, None if routes is None else unpack(routes, packed.index)
