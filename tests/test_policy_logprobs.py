@@ -125,13 +125,13 @@ def logprob_calls(monkeypatch):
     from jrl.trainer.roles import log_probs
 
     calls = []
-    real = log_probs.response_log_probs
+    real = log_probs.response_scores
 
     def recording(*args, impl="naive", calculate_entropy=True, **kwargs):
         calls.append((impl, calculate_entropy))
         return real(*args, impl=impl, calculate_entropy=calculate_entropy, **kwargs)
 
-    monkeypatch.setattr(log_probs, "response_log_probs", recording)
+    monkeypatch.setattr(log_probs, "response_scores", recording)
     return calls
 
 

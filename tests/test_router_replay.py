@@ -137,9 +137,7 @@ def test_r3_replays_the_rollouts_routes_in_the_old_log_prob_pass_and_the_update(
     # The update's forward replays them too: other routes, other log-probs.
     model = trainer.actor.learner.model()
     temperature = trainer.actor.spec.loss.temperature
-    given, shuffled_given = (
-        trainer.actor.update_tensors(b.tensors) for b in (batch, shuffled)
-    )
+    given, shuffled_given = (trainer.actor.update_tensors(b.tensors) for b in (batch, shuffled))
     assert ROUTED_EXPERTS in given
     log_probs = [response_scores(model, t, temperature).log_prob for t in (given, shuffled_given)]
     assert np.abs(np.asarray(log_probs[0] - log_probs[1])).max() > 1e-3

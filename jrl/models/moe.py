@@ -48,6 +48,13 @@ ROUTE_NONE = -1
 # The batch tensor of recorded routes [B, T, sparse layers, k], aligned with ``input_ids``: the
 # rollout's (R3) or the old-log-prob pass's (R2); a forward given it replays it.
 ROUTED_EXPERTS = "routed_experts"
+
+
+def route_dtype(num_experts: int) -> Any:
+    """The smallest integer type of a recorded route: experts 0 .. E-1 and `ROUTE_NONE`."""
+    return jnp.int8 if num_experts <= jnp.iinfo(jnp.int8).max else jnp.int16
+
+
 # The routers' parameters, by their names in every mixture-of-experts family (an NNX filter).
 ROUTERS = nnx.Any(
     *(nnx.PathContains(name) for name in {f.sparse.router for f in FAMILIES.values() if f.sparse})

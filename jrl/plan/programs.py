@@ -25,6 +25,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jrl.models.config import ModelConfig
+from jrl.models.moe import ROUTED_EXPERTS, route_dtype
 from jrl.parallel import data_parallel_size, replicated
 from jrl.plan.roles import Roles
 from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
@@ -80,8 +82,11 @@ def per_chip_bytes(tree: Any, memory_kind: str | None = "device") -> int:
     return total
 
 
-def full_batch(rows: int, prompt: int, response: int) -> dict[str, np.ndarray]:
-    """A batch of `rows` full-length rows with every tensor a step's updates may read."""
+def full_batch(
+    rows: int, prompt: int, response: int, routes: ModelConfig | None = None
+) -> dict[str, np.ndarray]:
+    """A batch of `rows` full-length rows with every tensor a step's updates may read (with
+    `routes`, the recorded experts of that mixture of experts' tokens, `ROUTED_EXPERTS`)."""
     width = prompt + response
     ints = {
         "input_ids": np.zeros((rows, width), np.int32),
@@ -91,7 +96,12 @@ def full_batch(rows: int, prompt: int, response: int) -> dict[str, np.ndarray]:
         "response_mask": np.ones((rows, response), np.int32),
     }
     names = ("old_log_probs", "advantages", "ref_log_prob", "values", "returns")
-    return {**ints, **{k: np.zeros((rows, response), np.float32) for k in names}}
+    batch = {**ints, **{k: np.zeros((rows, response), np.float32) for k in names}}
+    if routes is not None:
+        layers, experts = len(routes.sparse_layers), routes.experts
+        shape = (rows, width, layers, experts.experts_per_token)
+        batch[ROUTED_EXPERTS] = np.zeros(shape, route_dtype(experts.num_experts))
+    return batch
 
 
 def _host_bytes(tensors: dict[str, np.ndarray]) -> int:
@@ -282,8 +292,11 @@ def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) 
     data = config.data
     rows = int(data.train_batch_size) * int(roles.sampling.n)
     prompt, response = int(data.max_prompt_length), int(data.max_response_length)
-    batch = full_batch(rows, prompt, response)
     model_config = roles.actor.learner.model().config
+    replay = roles.actor.spec.router_replay
+    records = replay == "R2" or roles.rollout.record_routes
+    routed = model_config if records and model_config.sparse_layers else None
+    batch = full_batch(rows, prompt, response, routed)
     train = train_flops(model_config, [prompt + response] * rows)
     forward = train / 3
     out = list(_rollout_programs(roles, rows, prompt, response, forward))
@@ -297,8 +310,14 @@ def step_programs(roles: Roles, config: Any, largest_bucket_only: bool = False) 
             out += _later_turn_programs(roles, rows, prompt, response)
     actor = roles.actor
     log_prob_keys = {k: batch[k] for k in FORWARD_KEYS}
+    replayed = {ROUTED_EXPERTS: batch[ROUTED_EXPERTS]} if routed and replay == "R3" else {}
     out += _forward_programs(
-        "old_log_prob", actor.log_probs, actor.params, log_prob_keys, (True,), forward
+        "old_log_prob",
+        actor.log_probs,
+        actor.params,
+        {**log_prob_keys, **replayed},
+        (True, routed is not None),
+        forward,
     )
     if roles.ref is not None:
         out += _forward_programs(

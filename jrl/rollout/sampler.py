@@ -22,7 +22,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jrl.models import CausalLM, KVCache
 from jrl.models.decoder import RopeByPosition
 from jrl.models.kv_layout import KVLayout
-from jrl.models.moe import ROUTE_NONE
+from jrl.models.moe import ROUTE_NONE, route_dtype
 from jrl.parallel import batch_axes
 from jrl.rollout.limits import SlotPlan
 from jrl.rollout.sampling import SamplingParams
@@ -104,11 +104,6 @@ class _Slots(NamedTuple):
     log_probs: jax.Array  # [N, R] float32
     decode_steps: jax.Array  # [] decode steps run so far
     routes: jax.Array  # [N, P + R, sparse layers, k] experts each token used ([N, 0, 0, 0]: none)
-
-
-def route_dtype(num_experts: int) -> Any:
-    """The smallest integer type of a recorded route: experts 0 .. E-1 and `ROUTE_NONE`."""
-    return jnp.int8 if num_experts <= jnp.iinfo(jnp.int8).max else jnp.int16
 
 
 def _decode_slots(
