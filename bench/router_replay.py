@@ -57,14 +57,14 @@ PLACEMENTS = ("colocated", "one_step_off")
 def placement_overrides(placement: str, devices: int) -> list[str]:
     """The keys of `placement` on `devices` devices (the card's 64 answers per mini-batch split
     over the trainer's devices)."""
-    if placement == "colocated":
-        return [f"trainer.n_gpus_per_node={devices}"]
-    return [
-        "actor_rollout_ref.hybrid_engine=False",
-        f"trainer.n_gpus_per_node={devices // 2}",
-        f"rollout.n_gpus_per_node={devices // 2}",
-        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={64 // (devices // 2)}",
+    trainer = devices if placement == "colocated" else devices // 2
+    keys = [
+        f"trainer.n_gpus_per_node={trainer}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={max(64 // trainer, 1)}",
     ]
+    if placement == "colocated":
+        return keys
+    return [*keys, "actor_rollout_ref.hybrid_engine=False", f"rollout.n_gpus_per_node={trainer}"]
 
 
 def summary(placement: str, replay: str, rows: list[dict], wall_s: float) -> dict:
