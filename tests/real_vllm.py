@@ -3,6 +3,15 @@ cache they give it and the log-prob tolerance they hold it to."""
 
 import importlib.util
 
+import jax
+import jax.numpy as jnp
+import numpy as np
+from fake_vllm import prompt_batch
+from helpers import jit_call
+
+from jrl.rollout import SamplingParams
+from jrl.rollout.selection import apply_top_k, apply_top_p
+
 # vLLM's KV cache on the CPU: 64 MiB, asked for outright (gpu_memory_utilization would reserve that
 # share of the host's memory, less the process's own, and fill it with zeros up front).
 KV_CACHE = {"kv_cache_memory_bytes": 2**26}
@@ -20,3 +29,34 @@ def why_no_real_vllm() -> str | None:
 
     device = vllm_device()
     return None if device == "cpu" else f"vLLM here runs on {device}, not on the CPU"
+
+
+# Prompt and response tokens of the rows the real-engine tests generate.
+P, R = 40, 12
+
+
+def vllm_prompts(vocab_size: int, rows: int = 6, seed: int = 0):
+    """`rows` left-padded prompts of P tokens below `vocab_size` (row i with i % 4 padding
+    tokens)."""
+    rng = np.random.RandomState(seed)
+    ids = rng.randint(2, vocab_size, (rows, P))
+    mask = np.ones((rows, P), np.int32)
+    for row in range(rows):
+        mask[row, : row % 4] = 0
+    return prompt_batch(ids * mask, mask)
+
+
+def greedy_sampling(**changes):
+    """Greedy sampling of R tokens without EOS, with `changes`."""
+    settings = dict(max_new_tokens=R, eos_token_ids=(), pad_token_id=0, do_sample=False)
+    return SamplingParams(**(settings | changes))
+
+
+def trainer_log_probs(model, out, *, temperature=1.0, top_k=-1, top_p=1.0):
+    """The trainer's log-probs of each response token: log_softmax of the logits / temperature,
+    top-k then top-p masked (the processed distribution; raw with the defaults)."""
+    full = (out["input_ids"], out["attention_mask"], out["position_ids"])
+    logits = jit_call(model, full)[:, P - 1 : -1].astype(np.float32) / temperature
+    logits = apply_top_p(apply_top_k(jnp.asarray(logits), top_k), top_p)
+    picked = np.take_along_axis(jax.nn.log_softmax(logits), out["responses"][..., None], -1)
+    return np.asarray(picked[..., 0])

@@ -16,19 +16,25 @@ import io
 import json
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
-from fake_vllm import prompt_batch
 from flax import nnx
 from helpers import jit_call, tiny_llama, tiny_rollout_spec
-from real_vllm import KV_CACHE, LOG_PROB_TOLERANCE, why_no_real_vllm
+from real_vllm import (
+    KV_CACHE,
+    LOG_PROB_TOLERANCE,
+    P,
+    R,
+    vllm_prompts,
+    why_no_real_vllm,
+)
+from real_vllm import greedy_sampling as _sampling
+from real_vllm import trainer_log_probs as _trainer_log_probs
 
 from jrl.config import default_config, resolve
 from jrl.models import init_random, save_pretrained
 from jrl.parallel import make_mesh
-from jrl.rollout import JaxRollout, Rollout, SamplingParams, build_rollout
-from jrl.rollout.selection import apply_top_k, apply_top_p
+from jrl.rollout import JaxRollout, Rollout, build_rollout
 from jrl.runspec.rollout import rollout_spec
 
 pytestmark = pytest.mark.skipif(why_no_real_vllm() is not None, reason=str(why_no_real_vllm()))
@@ -37,7 +43,7 @@ MODEL = tiny_llama(
     vocab_size=256, hidden_size=128, intermediate_size=256, num_heads=2, num_kv_heads=1,
     head_dim=64, max_position_embeddings=128,
 )  # fmt: skip
-P, R, EOS = 40, 12, 1
+EOS = 1
 # vLLM's KV cache blocks of 32 tokens (the CPU's default is 128): the prompts fill one, which its
 # prefix cache keeps
 ENGINE_KWARGS = {**KV_CACHE, "block_size": 32}
@@ -52,18 +58,7 @@ def _spec(folder, **changes):
 
 
 def _prompts(rows: int = 6, seed: int = 0):
-    """`rows` left-padded prompts of P tokens (row i with i % 4 padding tokens)."""
-    rng = np.random.RandomState(seed)
-    ids = rng.randint(2, MODEL.vocab_size, (rows, P))
-    mask = np.ones((rows, P), np.int32)
-    for row in range(rows):
-        mask[row, : row % 4] = 0
-    return prompt_batch(ids * mask, mask)
-
-
-def _sampling(**changes) -> SamplingParams:
-    settings = dict(max_new_tokens=R, eos_token_ids=(), pad_token_id=0, do_sample=False)
-    return SamplingParams(**(settings | changes))
+    return vllm_prompts(MODEL.vocab_size, rows, seed)
 
 
 @pytest.fixture(scope="module")
@@ -139,16 +134,6 @@ def engines(model, folder):
     yield made
     made.live.clear()
     gc.collect()
-
-
-def _trainer_log_probs(model, out, *, temperature=1.0, top_k=-1, top_p=1.0):
-    """The trainer's log-probs of each response token: log_softmax of the logits / temperature,
-    top-k then top-p masked (the processed distribution; raw with the defaults)."""
-    full = (out["input_ids"], out["attention_mask"], out["position_ids"])
-    logits = jit_call(model, full)[:, P - 1 : -1].astype(np.float32) / temperature
-    logits = apply_top_p(apply_top_k(jnp.asarray(logits), top_k), top_p)
-    picked = np.take_along_axis(jax.nn.log_softmax(logits), out["responses"][..., None], -1)
-    return np.asarray(picked[..., 0])
 
 
 def test_the_engine_is_built_from_the_rollout_keys_on_the_host_devices(engines):

@@ -32,7 +32,7 @@ import importlib.util
 import inspect
 import os
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -203,16 +203,31 @@ def reloads_in_place(runner: Any) -> bool:
     return reload is not None and "weights_iterator" in inspect.signature(reload).parameters
 
 
-def unloaded_parameters(model: Any, names: Iterable[str]) -> list[str]:
-    """The parameters of vLLM's `model` that none of the HF `names` loads: an HF name's shards
-    (q/k/v_proj, gate/up_proj) go into the packed parameter its `packed_modules_mapping` names."""
-    packed_of = {
-        shard: packed
-        for packed, shards in getattr(model, "packed_modules_mapping", {}).items()
-        for shard in shards
-    }
-    loaded = {".".join(packed_of.get(part, part) for part in name.split(".")) for name in names}
-    return sorted({name for name, _ in model.named_parameters()} - loaded)
+def unloaded_parameters(model: Any, loaded: Iterable[str]) -> list[str]:
+    """The parameters of vLLM's `model` missing from the names its `load_weights` reported
+    loaded (vLLM's own mapping of HF names: shards packed into one parameter, the experts of a
+    mixture fused into one)."""
+    return sorted({name for name, _ in model.named_parameters()} - set(loaded))
+
+
+def _reload_reporting(runner: Any, weights: Iterable[tuple[str, Any]]) -> set[str]:
+    """`runner.reload_weights` over `weights`, and the names the model's `load_weights` reported
+    loaded on the way (the reload does not pass them on)."""
+    model = runner.model
+    own = model.load_weights
+    loaded: set[str] = set()
+
+    def reporting(*args: Any, **kwargs: Any) -> Any:
+        names = own(*args, **kwargs)
+        loaded.update(names or ())
+        return names
+
+    model.load_weights = reporting
+    try:
+        runner.reload_weights(weights_iterator=iter(weights))
+    finally:
+        del model.load_weights
+    return loaded
 
 
 def _redo_tied_processing(model: Any) -> None:
@@ -229,6 +244,22 @@ def _redo_tied_processing(model: Any) -> None:
             module.quant_method.process_weights_after_loading(module)
 
 
+def _redo_cpu_expert_packing(model: Any) -> None:
+    """Redo the CPU's packing of a mixture of experts' weights. On a weight update vLLM's fused
+    MoE method (0.32) copies the reloaded experts, unpacked, into the packed parameters and
+    leaves out the experts' own processing, which on the CPU packs them for its grouped GEMM:
+    its kernel would read unpacked weights as packed."""
+    from vllm.platforms import current_platform
+
+    if not current_platform.is_cpu():
+        return
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is not None:
+            experts.process_weights_after_loading(module)
+
+
 def load_hf_weights(worker: Any, weights: Iterable[tuple[str, Any]]) -> list[str]:
     """Run inside vLLM's worker: load (HF name, tensor) pairs in place, through the path vLLM
     supports there; returns the model's parameters that no tensor loads.
@@ -236,23 +267,18 @@ def load_hf_weights(worker: Any, weights: Iterable[tuple[str, Any]]) -> list[str
     Where the model runner has `reload_weights(weights_iterator=...)` (`reloads_in_place`) that is
     the path on every platform: vLLM restores each layer's checkpoint layout, loads it and redoes
     its processing (on CPU the linear layers repack their weights for the GEMM and drop `weight`,
-    so the model's own `load_weights` cannot load them), and the tied layers' processing is
-    redone here (`_redo_tied_processing`). Older vLLM (0.10.2, GPU only) loads through the model's
-    `load_weights`."""
+    so the model's own `load_weights` cannot load them), and what the reload leaves out is
+    redone here: the tied layers' processing (`_redo_tied_processing`) and the CPU's packing of
+    the experts (`_redo_cpu_expert_packing`). Older vLLM (0.10.2, GPU only) loads through the
+    model's `load_weights`. What is loaded is what the model's `load_weights` reports."""
     runner = worker.model_runner
-    names: list[str] = []
-
-    def recorded() -> Iterator[tuple[str, Any]]:
-        for name, tensor in weights:
-            names.append(name)
-            yield name, tensor
-
     if reloads_in_place(runner):
-        runner.reload_weights(weights_iterator=recorded())
+        loaded = _reload_reporting(runner, weights)
         _redo_tied_processing(runner.model)
+        _redo_cpu_expert_packing(runner.model)
     else:
-        runner.model.load_weights(weights=recorded())
-    return unloaded_parameters(runner.model, names)
+        loaded = runner.model.load_weights(weights=iter(weights))
+    return unloaded_parameters(runner.model, loaded)
 
 
 def platform_kwargs(kwargs: Mapping[str, Any], platform: Any, section: str) -> dict[str, Any]:
