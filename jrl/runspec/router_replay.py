@@ -47,8 +47,10 @@ def router_replay_problems(config: ConfigDict) -> Iterator[str]:
     rollout = config.actor_rollout_ref.rollout
     if rollout.name != "jax":
         yield (
-            f"{RECORD_KEY}=True: only jrl's JAX sampler records the experts it routes to; set "
-            f"actor_rollout_ref.rollout.name=jax (it is {rollout.name!r})"
+            f"{RECORD_KEY}=True: only jrl's JAX sampler records the experts it routes to here "
+            "(vLLM's capture, enable_return_routed_experts, needs its V2 model runner, which "
+            "needs Triton, and jrl does not wire it); set actor_rollout_ref.rollout.name=jax "
+            f"(it is {rollout.name!r})"
         )
     loops = rollout.multi_turn.enable or rollout.agent.default_agent_loop != "single_turn_agent"
     if loops or rollout.agent.agent_loop_config_path:
