@@ -305,3 +305,34 @@ def test_a_mixture_of_experts_card_compiles_with_expert_parallelism():
     layers = 2  # the tiny MoE's sparse layers
     assert counts[2]["old_log_prob"] >= counts[1]["old_log_prob"] + 2 * layers, counts
     assert counts[2]["update_actor"] > counts[1]["update_actor"], counts
+
+
+@needs_libtpu
+def test_router_replay_programs_compile_for_tpu():
+    """The digits MoE card with router replay R3 on 4 v5p chips: the TPU compiler takes the
+    rollout that records each token's experts (more output than without), the old-log-prob pass
+    that replays and records them (more input and output) and the update that replays them
+    (more input), and the run fits."""
+    from jrl.assets import prepare_digits_moe
+
+    common = [
+        "--config=configs/digits_grpo.py",
+        "--topology=v5p:2x2x1",
+        f"actor_rollout_ref.model.path={prepare_digits_moe()['model_path']}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    ]
+    replay = [
+        "actor_rollout_ref.actor.router_replay.mode=R3",
+        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+    ]
+    memory = {}
+    for name, extra in (("plain", []), ("R3", replay)):
+        status, report = _plan(*common, *extra)
+        assert status == 0 and report["fits"]
+        memory[name] = {p["phase"]: p["programs"][0]["memory"] for p in report["phases"]}
+    plain, replayed = memory["plain"], memory["R3"]
+    assert replayed["rollout"]["output"] > plain["rollout"]["output"]
+    for kind in ("argument", "output"):
+        assert replayed["old_log_prob"][kind] > plain["old_log_prob"][kind], kind
+    assert replayed["update_actor"]["argument"] > plain["update_actor"]["argument"]
