@@ -5,6 +5,7 @@ with 2-way expert x 4-way FSDP parallelism (the experts never gathered whole).""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 import jax
@@ -17,7 +18,7 @@ from helpers import build_actor, tiny_llama
 from jax.sharding import PartitionSpec as P
 
 from jrl.assets import prepare_digits_moe
-from jrl.models import LoraSettings, apply_lora, from_pretrained, init_random
+from jrl.models import CausalLM, LoraSettings, apply_lora, from_pretrained, init_random
 from jrl.parallel import ROLLOUT_RULES, make_mesh, param_shardings, role_mesh
 from jrl.parallel.sharding import axes_of
 from jrl.rollout.tensor_parallel import rollout_mesh
@@ -169,6 +170,29 @@ def test_expert_parallel_update_equals_the_one_device_update():
     whole = ",".join(map(str, stack.shape))  # [4,64,64]: every expert's gate
     gathers = [line for line in program.splitlines() if "all-gather" in line and whole in line]
     assert not gathers, gathers[:2]
+
+
+def test_the_dense_expert_path_holds_under_expert_parallelism():
+    """``moe_implementation="dense"`` (every expert on every received row) is what each device
+    runs under 2-way expert x 4-way FSDP too, and its logits are the grouped matmul's."""
+    mesh = make_mesh(8, fsdp_size=4)
+    model = from_pretrained(prepare_digits_moe()["model_path"])
+    ids = jnp.asarray(np.random.default_rng(0).integers(2, model.config.vocab_size, (8, 12)))
+    logits, programs = {}, {}
+    for implementation in ("ragged", "dense"):
+        config = dataclasses.replace(model.config, moe_implementation=implementation)
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda c=config: CausalLM(c, rngs=nnx.Rngs(0))))
+        params = jax.device_put(nnx.state(model), param_shardings(nnx.state(model), mesh))
+
+        def forward(params, ids, graphdef=graphdef):
+            return nnx.merge(graphdef, params)(ids)
+
+        with jax.set_mesh(mesh):
+            logits[implementation] = np.asarray(jax.jit(forward)(params, ids))
+            programs[implementation] = str(jax.make_jaxpr(forward)(params, ids))
+    assert all("all_to_all" in program for program in programs.values())
+    assert "ragged_dot" in programs["ragged"] and "ragged_dot" not in programs["dense"]
+    np.testing.assert_allclose(logits["dense"], logits["ragged"], rtol=1e-5, atol=1e-5)
 
 
 def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):

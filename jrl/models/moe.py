@@ -25,6 +25,7 @@ reference path: E / k times the work).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -152,7 +153,7 @@ class SparseMoE(nnx.Module):
         gate, up, down = self.experts.weights(dtype)
         run = ragged_experts if self.implementation == "ragged" else dense_experts
         if runs_per_device(gate.shape[0]):
-            run = parallel_experts
+            run = functools.partial(parallel_experts, per_device=run)
         out = run(tokens.astype(dtype), weights, chosen, (gate, up, down), self.activation)
         used = chosen.astype(jnp.int32).reshape(*x.shape[:-1], self.top_k)
         return out.reshape(x.shape).astype(dtype), used
@@ -227,16 +228,18 @@ def parallel_experts(
     chosen: jax.Array,
     experts: tuple[jax.Array, jax.Array, jax.Array],
     activation: Callable[[jax.Array], jax.Array],
+    per_device: Callable[..., jax.Array] = ragged_experts,
 ) -> jax.Array:
-    """`ragged_experts` per device, inside one `shard_map` over the ambient mesh: tokens
-    [N, H], weights and choices [N, k] split by rows over the batch axes (and ``sequence``), each
-    device holding E / D experts whole (D: the ``data`` axis, the expert axis `EXPERT_AXIS`;
-    gathered over ``fsdp`` and ``tensor`` only). With D = 1 each device runs its own tokens
-    through every expert (left to the partitioner, the block would gather every device's tokens
-    onto each). With D > 1 each device sends each of its (token, expert) pairs to the device
-    holding the expert (`jax.lax.all_to_all`, a slot for every pair a device could send: no pair
-    is dropped), runs its experts over what it received, and sends the outputs back; no device
-    ever holds another's experts."""
+    """`per_device` (`ragged_experts` or `dense_experts`) on each device, inside one `shard_map`
+    over the ambient mesh: tokens [N, H], weights and choices [N, k] split by rows over the
+    batch axes (and ``sequence``), each device holding E / D experts whole (D: the ``data``
+    axis, the expert axis `EXPERT_AXIS`; gathered over ``fsdp`` and ``tensor`` only). With D = 1
+    each device runs its own tokens through every expert (left to the partitioner, the block
+    would gather every device's tokens onto each). With D > 1 each device sends each of its
+    (token, expert) pairs to the device holding the expert (`jax.lax.all_to_all`, a slot for
+    every pair a device could send: no pair is dropped), runs its experts over what it received
+    (each received row with its one expert, weight 1; an empty slot names no expert held and
+    comes out 0), and sends the outputs back; no device ever holds another's experts."""
     mesh = jax.sharding.get_abstract_mesh()
     rows = (*batch_axes(), *((SEQUENCE_AXIS,) if sequence_parallel_size(mesh) > 1 else ()))
     by_rows, by_expert = P(rows), P(EXPERT_AXIS)
@@ -244,7 +247,7 @@ def parallel_experts(
     def local(tokens, weights, chosen, gate, up, down):
         devices, held, k = jax.lax.axis_size(EXPERT_AXIS), gate.shape[0], chosen.shape[1]
         if devices == 1:  # every expert here: the device's own tokens only
-            return ragged_experts(tokens, weights, chosen, (gate, up, down), activation)
+            return per_device(tokens, weights, chosen, (gate, up, down), activation)
         pairs = chosen.reshape(-1)
         to, expert = pairs // held, pairs % held
         sent = jax.nn.one_hot(to, devices, dtype=jnp.int32)
@@ -254,11 +257,10 @@ def parallel_experts(
         outbox = outbox.at[to, slot].set(tokens[jnp.arange(capacity) // k])
         labels = jnp.full((devices, capacity), held, jnp.int32).at[to, slot].set(expert)
         inbox = jax.lax.all_to_all(outbox, EXPERT_AXIS, 0, 0).reshape(-1, width)
-        owners = jax.lax.all_to_all(labels, EXPERT_AXIS, 0, 0).reshape(-1)
-        order = jnp.argsort(owners, stable=True)  # empty slots (label `held`) last: out 0
-        sizes = jnp.bincount(owners, length=held + 1)[:held].astype(jnp.int32)
-        out = grouped_ffn(inbox[order], sizes, (gate, up, down), activation)
-        out = out[jnp.argsort(order)].reshape(devices, capacity, width)
+        owners = jax.lax.all_to_all(labels, EXPERT_AXIS, 0, 0).reshape(-1, 1)
+        ones = jnp.ones(owners.shape, weights.dtype)
+        out = per_device(inbox, ones, owners, (gate, up, down), activation)
+        out = out.reshape(devices, capacity, width)
         back = jax.lax.all_to_all(out, EXPERT_AXIS, 0, 0)[to, slot]  # [pairs, H]
         back = back * weights.reshape(-1)[:, None].astype(tokens.dtype)
         return back.reshape(-1, k, width).sum(1)
