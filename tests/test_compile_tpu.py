@@ -279,6 +279,19 @@ def test_a_split_card_plans_both_meshes_and_the_weight_sync(capsys):
     assert "weight sync: " in printed and "at 600 GB/s per chip" in printed
 
 
+def _moe_card() -> list[str]:
+    """The digits GRPO card with its tiny Qwen3-MoE on 4 v5p chips."""
+    from jrl.assets import prepare_digits_moe
+
+    return [
+        "--config=configs/digits_grpo.py",
+        "--topology=v5p:2x2x1",
+        f"actor_rollout_ref.model.path={prepare_digits_moe()['model_path']}",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
+    ]
+
+
 @needs_libtpu
 def test_a_mixture_of_experts_card_compiles_with_expert_parallelism():
     """The digits GRPO card with its tiny Qwen3-MoE on 4 v5p chips, 2-way expert x 2-way FSDP
@@ -286,15 +299,7 @@ def test_a_mixture_of_experts_card_compiles_with_expert_parallelism():
     experts' dispatch, at least 2 more all-to-alls per sparse layer in the old-log-prob pass
     (the pairs with their experts out, which the compiler may combine into one; the outputs
     back), and both runs fit."""
-    from jrl.assets import prepare_digits_moe
-
-    common = [
-        "--config=configs/digits_grpo.py",
-        "--topology=v5p:2x2x1",
-        f"actor_rollout_ref.model.path={prepare_digits_moe()['model_path']}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-    ]
+    common = _moe_card()
     counts = {}
     for experts in (1, 2):
         key = f"actor_rollout_ref.actor.megatron.expert_model_parallel_size={experts}"
@@ -313,15 +318,7 @@ def test_router_replay_programs_compile_for_tpu():
     rollout that records each token's experts (more output than without), the old-log-prob pass
     that replays and records them (more input and output) and the update that replays them
     (more input), and the run fits."""
-    from jrl.assets import prepare_digits_moe
-
-    common = [
-        "--config=configs/digits_grpo.py",
-        "--topology=v5p:2x2x1",
-        f"actor_rollout_ref.model.path={prepare_digits_moe()['model_path']}",
-        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8",
-        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=8",
-    ]
+    common = _moe_card()
     replay = [
         "actor_rollout_ref.actor.router_replay.mode=R3",
         "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
