@@ -14,13 +14,15 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import build_actor, tiny_llama
+from helpers import build_actor, left_padded_prompts, tiny_llama
 from jax.sharding import PartitionSpec as P
 
 from jrl.assets import prepare_digits_moe
 from jrl.models import CausalLM, LoraSettings, apply_lora, from_pretrained, init_random
 from jrl.parallel import ROLLOUT_RULES, make_mesh, param_shardings, role_mesh
 from jrl.parallel.sharding import axes_of
+from jrl.rollout.jax_rollout import JaxRollout
+from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.tensor_parallel import rollout_mesh
 from jrl.trainer.update.learner import Learner, build_update, normalisers
 
@@ -193,6 +195,39 @@ def test_the_dense_expert_path_holds_under_expert_parallelism():
     assert all("all_to_all" in program for program in programs.values())
     assert "ragged_dot" in programs["ragged"] and "ragged_dot" not in programs["dense"]
     np.testing.assert_allclose(logits["dense"], logits["ragged"], rtol=1e-5, atol=1e-5)
+
+
+def test_the_rollouts_expert_parallelism_splits_each_replicas_experts():
+    """``rollout.expert_parallel_size`` = ``tensor_model_parallel_size`` = 2 on 8 devices: each
+    replica's 2 devices hold 2 of the tiny MoE's 4 experts whole (not half of every expert's
+    width), the rows are those of the width split, and no program gathers an expert stack."""
+    model = from_pretrained(prepare_digits_moe()["model_path"])
+    prompts = left_padded_prompts((8, 6, 3, 5), 8, model.config.vocab_size, seed=3)
+    sampling = SamplingParams(
+        max_new_tokens=6, temperature=1.0, n=2, ignore_eos=True, calculate_log_probs=True
+    )
+    out, engines = {}, {}
+    for experts in (1, 2):
+        engines[experts] = JaxRollout(
+            model,
+            response_length=6,
+            pad_token_id=0,
+            eos_token_ids=None,
+            mesh=make_mesh(8),
+            tensor_parallel_size=2,
+            expert_parallel_size=experts,
+        )
+        out[experts] = engines[experts].generate(prompts, sampling, jax.random.key(0)).to_numpy()
+    stack = engines[2].state["model"]["layers"][0]["mlp"]["experts"]["gate_proj"]
+    assert stack.get_value().sharding.spec == P("tensor", None, None)
+    np.testing.assert_array_equal(out[2]["responses"], out[1]["responses"])
+    np.testing.assert_allclose(out[2]["rollout_log_probs"], out[1]["rollout_log_probs"], atol=1e-5)
+    program = engines[2].lower(8, 8, sampling).compile().as_text()
+    shape = ",".join(map(str, stack.get_value().shape))
+    assert not [line for line in program.splitlines() if "all-gather" in line and shape in line]
+    with pytest.raises(ValueError, match="tensor_model_parallel_size=2 devices"):
+        JaxRollout(model, response_length=6, pad_token_id=0, eos_token_ids=None,
+                   mesh=make_mesh(8), tensor_parallel_size=2, expert_parallel_size=4)  # fmt: skip
 
 
 def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):

@@ -114,6 +114,9 @@ class SparseMoE(nnx.Module):
         self.implementation = config.moe_implementation
         self.activation = activation
         self.dtype = dtype
+        # The mesh axis whose devices split the experts inside a program that runs per batch
+        # shard (the rollout's replicas: `split_experts_over`); None: `EXPERT_AXIS`'s dispatch.
+        self.replica_axis: str | None = None
 
     def route(
         self, tokens: jax.Array, replay: jax.Array | None = None
@@ -152,7 +155,9 @@ class SparseMoE(nnx.Module):
         dtype = self.dtype or x.dtype
         gate, up, down = self.experts.weights(dtype)
         run = ragged_experts if self.implementation == "ragged" else dense_experts
-        if runs_per_device(gate.shape[0]):
+        if self.replica_axis is not None and splits(self.replica_axis):
+            run = functools.partial(replica_experts, per_device=run, axis=self.replica_axis)
+        elif runs_per_device(gate.shape[0]):
             run = functools.partial(parallel_experts, per_device=run)
         out = run(tokens.astype(dtype), weights, chosen, (gate, up, down), self.activation)
         used = chosen.astype(jnp.int32).reshape(*x.shape[:-1], self.top_k)
@@ -271,6 +276,55 @@ def parallel_experts(
         out_specs=by_rows,
     )
     return spread(tokens, weights, chosen, *experts)
+
+
+def replica_experts(
+    tokens: jax.Array,
+    weights: jax.Array,
+    chosen: jax.Array,
+    experts: tuple[jax.Array, jax.Array, jax.Array],
+    activation: Callable[[jax.Array], jax.Array],
+    per_device: Callable[..., jax.Array],
+    axis: str,
+) -> jax.Array:
+    """`per_device` inside one `shard_map` over the mesh axis `axis` (within a program that
+    already runs per batch shard, such as the rollout's replicas): every device of `axis` sees
+    every token and holds E / D experts whole; it runs the (token, expert) pairs of its own
+    experts (the others weighted 0, their expert one it does not hold, which comes out 0), and
+    the outputs are summed over `axis`. As vLLM's expert parallelism within a tensor-parallel
+    group: one all-reduce, no all-to-all."""
+
+    def local(tokens, weights, chosen, gate, up, down):
+        held = gate.shape[0]
+        first = jax.lax.axis_index(axis) * held
+        mine = (chosen >= first) & (chosen < first + held)
+        local_chosen = jnp.where(mine, chosen - first, held)
+        local_weights = jnp.where(mine, weights, jnp.zeros_like(weights))
+        out = per_device(tokens, local_weights, local_chosen, (gate, up, down), activation)
+        return jax.lax.psum(out, axis)
+
+    whole, split = P(), P(axis)
+    spread = jax.shard_map(
+        local,
+        in_specs=(whole, whole, whole, split, split, split),
+        out_specs=whole,
+        axis_names=frozenset({axis}),
+    )
+    return spread(tokens, weights, chosen, *experts)
+
+
+def splits(axis: str) -> bool:
+    """Whether the ambient mesh has `axis` with more than one device, not yet manual."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and axis not in mesh.manual_axes and dict(mesh.shape).get(axis, 1) > 1
+
+
+def split_experts_over(model: nnx.Module, axis: str) -> None:
+    """Makes every sparse block of `model` split its experts over the mesh axis `axis` inside
+    programs that run per batch shard (`replica_experts`); in place, before `nnx.split`."""
+    for _, module in model.iter_modules():
+        if isinstance(module, SparseMoE):
+            module.replica_axis = axis
 
 
 def runs_per_device(count: int) -> bool:

@@ -33,6 +33,7 @@ __all__, __getattr__ = lazy_exports(
         "Offload": "jrl.parallel.offload",
         "memory_bytes": "jrl.parallel.offload",
         "ROLLOUT_RULES": "jrl.parallel.sharding",
+        "ROLLOUT_EXPERT_RULES": "jrl.parallel.sharding",
         "TRAINING_RULES": "jrl.parallel.sharding",
         "Rules": "jrl.parallel.sharding",
         "is_abstract": "jrl.parallel.sharding",

@@ -10,7 +10,8 @@ head). A rules table maps each name to the mesh axis (or axes) that splits it, o
   parallelism over ``tensor``: ``heads``, ``kv_heads``, ``mlp`` and ``vocab``.
 - `ROLLOUT_RULES` (tensor only, data-parallel replicas): the same ``tensor`` split with
   ``embed`` whole, so attention heads and MLP columns go in, the matching rows come out, and the
-  embedding and LM head split the vocabulary.
+  embedding and LM head split the vocabulary; `ROLLOUT_EXPERT_RULES` split a mixture's experts
+  over ``tensor`` instead of their width (the rollout's ``expert_parallel_size``).
 
 `param_shardings` applies a table to parameters and to anything that mirrors them (optax's
 ``mu`` / ``nu`` keep the variables' metadata). A dimension of size n split over mesh axes of
@@ -46,8 +47,11 @@ TRAINING_RULES: Rules = {
     "norm": None,
     "lora_rank": None,
 }
-# The rollout keeps every expert on each device (its tensor axis splits their width).
+# The rollout keeps every expert on each device (its tensor axis splits their width)...
 ROLLOUT_RULES: Rules = {**TRAINING_RULES, "embed": None, "expert": None}
+# ... or, with the rollout's expert parallelism, splits a replica's experts over its tensor axis
+# (each expert whole: its width no longer split).
+ROLLOUT_EXPERT_RULES: Rules = {**ROLLOUT_RULES, "expert": "tensor"}
 # The variable metadata key that holds the logical axes (Flax's own, see `nnx.get_partition_spec`).
 _AXES_KEY = "out_sharding"
 

@@ -135,7 +135,6 @@ ENGINES = {
                 "cudagraph_capture_sizes",
                 "max_model_len",
                 "data_parallel_size",
-                "expert_parallel_size",
                 "pipeline_model_parallel_size",
                 "engine_kwargs.vllm.*",
             ),

@@ -17,8 +17,9 @@ from jax.sharding import Mesh, NamedSharding
 from jrl.batch import Batch
 from jrl.models import CausalLM
 from jrl.models.dtypes import cache_dtype
-from jrl.models.moe import ROUTE_NONE
+from jrl.models.moe import ROUTE_NONE, split_experts_over
 from jrl.parallel import (
+    ROLLOUT_EXPERT_RULES,
     ROLLOUT_RULES,
     agreed_minimum,
     batch_sharding,
@@ -76,7 +77,10 @@ class JaxRollout:
     compiled loop per (rows, bucket, slot plan); `limits` bound the slots and the cache, and
     `continuous_batching=False` runs static batches instead (for comparison). With
     `record_routes` a mixture-of-experts model's rows come with the experts each token used
-    (``routed_experts``, for verl's router replay R3).
+    (``routed_experts``, for verl's router replay R3). With `expert_parallel_size` equal to
+    `tensor_parallel_size` a mixture's experts split over each replica's tensor devices, each
+    expert whole (`ROLLOUT_EXPERT_RULES`, `jrl.models.moe.replica_experts`), instead of every
+    expert's width.
     """
 
     def __init__(
@@ -91,6 +95,7 @@ class JaxRollout:
         limits: EngineLimits | None = None,
         continuous_batching: bool = True,
         record_routes: bool = False,
+        expert_parallel_size: int = 1,
     ):
         if response_length < 1:
             raise ValueError(f"response_length={response_length} must be at least 1")
@@ -99,7 +104,13 @@ class JaxRollout:
         self.dtype = model.dtype
         self._kv_layout = kv_layout(self.mesh, self.config)
         self._graphdef, state = nnx.split(model)
-        self._shardings = param_shardings(state, self.mesh, ROLLOUT_RULES)
+        rules = ROLLOUT_RULES
+        if expert_parallel_size > 1:
+            self._graphdef = _experts_split(
+                self._graphdef, state, self.config, expert_parallel_size, int(tensor_parallel_size)
+            )
+            rules = ROLLOUT_EXPERT_RULES
+        self._shardings = param_shardings(state, self.mesh, rules)
         self._state = self._place(state)
         self.response_length = int(response_length)
         self.pad_token_id = int(pad_token_id)
@@ -133,6 +144,7 @@ class JaxRollout:
             tensor_parallel_size=spec.tensor_parallel_size,
             limits=spec.limits,
             record_routes=spec.record_routes,
+            expert_parallel_size=spec.expert_parallel_size,
         )
 
     @property
@@ -678,6 +690,28 @@ class JaxRollout:
     def resume(self) -> None:
         """Measure the KV budget again (the next call allocates its cache within it)."""
         self._budget_measured = False
+
+
+def _experts_split(
+    graphdef: nnx.GraphDef, state: nnx.State, config: Any, size: int, tensor_parallel: int
+) -> nnx.GraphDef:
+    """`graphdef` with its sparse blocks splitting their experts over the ``tensor`` axis (the
+    rollout's expert parallelism); a size the replicas or the experts cannot take is an
+    error naming the key."""
+    key = "actor_rollout_ref.rollout.expert_parallel_size"
+    if size != tensor_parallel:
+        raise ValueError(
+            f"{key}={size}: jrl's sampler splits a replica's experts over its "
+            f"tensor_model_parallel_size={tensor_parallel} devices; set it to 1 or to "
+            f"{tensor_parallel}"
+        )
+    experts = config.experts
+    if experts is None or experts.num_experts % size:
+        count = "a dense model" if experts is None else f"{experts.num_experts} experts"
+        raise ValueError(f"{key}={size} cannot split {count}; set it to 1")
+    model = nnx.merge(graphdef, state)
+    split_experts_over(model, "tensor")
+    return nnx.graphdef(model)
 
 
 def _key_rows(turn: TurnCall | None, layout: RowLayout) -> np.ndarray:

@@ -25,7 +25,8 @@ class RolloutSpec:
     rollout's config section, named in messages (``actor_rollout_ref.rollout`` in a PPO run,
     ``rollout`` in offline generation). With `record_routes` (verl's
     ``enable_rollout_routing_replay``) a mixture-of-experts model's rows carry the experts
-    each token used (``routed_experts``).
+    each token used (``routed_experts``); `expert_parallel_size` > 1 splits a mixture's
+    experts over each replica's tensor-parallel devices.
     """
 
     engine: str
@@ -40,9 +41,17 @@ class RolloutSpec:
     trust_remote_code: bool = False
     section: str = "actor_rollout_ref.rollout"
     record_routes: bool = False
+    expert_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        rules = {"tensor_parallel_size": (self.tensor_parallel_size >= 1, "must be at least 1")}
+        rules = {
+            "tensor_parallel_size": (self.tensor_parallel_size >= 1, "must be at least 1"),
+            "expert_parallel_size": (
+                self.expert_parallel_size in (1, self.tensor_parallel_size),
+                f"must be 1 or tensor_model_parallel_size ({self.tensor_parallel_size}): the "
+                "experts split over a replica's tensor-parallel devices",
+            ),
+        }
         check_settings(self, rules)
 
     @property

@@ -214,6 +214,7 @@ def _resolve(
                 tensor_parallel_size=int(_read(section, "tensor_model_parallel_size", prefix)),
                 **{key: int(seed) for key, seed in _given(section, ("seed",)).items()},
                 record_routes=bool(section.get("enable_rollout_routing_replay") or False),
+                expert_parallel_size=int(section.get("expert_parallel_size") or 1),
                 **parts,
                 **model,
             )
