@@ -200,7 +200,7 @@ def test_the_dense_expert_path_holds_under_expert_parallelism():
 def test_the_rollouts_expert_parallelism_splits_each_replicas_experts():
     """``rollout.expert_parallel_size`` = ``tensor_model_parallel_size`` = 2 on 8 devices: each
     replica's 2 devices hold 2 of the tiny MoE's 4 experts whole (not half of every expert's
-    width), the rows are those of the width split, and no program gathers an expert stack."""
+    width), the rows are those of the width split, and the program gathers nothing."""
     model = from_pretrained(prepare_digits_moe()["model_path"])
     prompts = left_padded_prompts((8, 6, 3, 5), 8, model.config.vocab_size, seed=3)
     sampling = SamplingParams(
@@ -222,9 +222,10 @@ def test_the_rollouts_expert_parallelism_splits_each_replicas_experts():
     assert stack.get_value().sharding.spec == P("tensor", None, None)
     np.testing.assert_array_equal(out[2]["responses"], out[1]["responses"])
     np.testing.assert_allclose(out[2]["rollout_log_probs"], out[1]["rollout_log_probs"], atol=1e-5)
+    # Each device runs its own experts over the replica's tokens and one all-reduce sums them:
+    # nothing is gathered (left to the partitioner, the grouped matmul gathers group sizes).
     program = engines[2].lower(8, 8, sampling).compile().as_text()
-    shape = ",".join(map(str, stack.get_value().shape))
-    assert not [line for line in program.splitlines() if "all-gather" in line and shape in line]
+    assert "all-gather(" not in program
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2 devices"):
         JaxRollout(model, response_length=6, pad_token_id=0, eos_token_ids=None,
                    mesh=make_mesh(8), tensor_parallel_size=2, expert_parallel_size=4)  # fmt: skip
