@@ -333,3 +333,21 @@ def test_router_replay_programs_compile_for_tpu():
     for kind in ("argument", "output"):
         assert replayed["old_log_prob"][kind] > plain["old_log_prob"][kind], kind
     assert replayed["update_actor"]["argument"] > plain["update_actor"]["argument"]
+
+
+@needs_libtpu
+def test_the_rollouts_expert_parallelism_compiles_for_tpu():
+    """The digits MoE card on 4 v5p chips with the rollout in 2 replicas of 2-way tensor
+    parallelism, its experts split over the 2 (``rollout.expert_parallel_size=2``): the TPU
+    compiler takes the rollout, which gathers nothing, and the run fits."""
+    rollout = "actor_rollout_ref.rollout"
+    status, report = _plan(
+        *_moe_card(),
+        f"{rollout}.name=jax",
+        f"{rollout}.tensor_model_parallel_size=2",
+        f"{rollout}.expert_parallel_size=2",
+    )
+    assert status == 0 and report["fits"]
+    phases = {p["phase"]: p for p in report["phases"]}
+    assert phases["rollout"]["collectives"].get("all-gather", 0) == 0
+    assert phases["rollout"]["collectives"]["all-reduce"] > 0

@@ -14,10 +14,11 @@ import numpy as np
 import optax
 import pytest
 from flax import nnx
-from helpers import build_actor, left_padded_prompts, tiny_llama
+from helpers import build_actor, left_padded_prompts, tiny_llama, tiny_rollout_spec
 from jax.sharding import PartitionSpec as P
 
 from jrl.assets import prepare_digits_moe
+from jrl.config.errors import ConfigError
 from jrl.models import CausalLM, LoraSettings, apply_lora, from_pretrained, init_random
 from jrl.parallel import ROLLOUT_RULES, make_mesh, param_shardings, role_mesh
 from jrl.parallel.sharding import axes_of
@@ -229,6 +230,11 @@ def test_the_rollouts_expert_parallelism_splits_each_replicas_experts():
     with pytest.raises(ValueError, match="tensor_model_parallel_size=2 devices"):
         JaxRollout(model, response_length=6, pad_token_id=0, eos_token_ids=None,
                    mesh=make_mesh(8), tensor_parallel_size=2, expert_parallel_size=4)  # fmt: skip
+    # The key, as the engines read it: the jax engine's too, and refused where no tensor split is.
+    keys = dict(name="jax", expert_parallel_size=2)
+    assert tiny_rollout_spec(tensor_model_parallel_size=2, **keys).expert_parallel_size == 2
+    with pytest.raises(ConfigError, match=r"rollout.expert_parallel_size=2 must be 1 or"):
+        tiny_rollout_spec(**keys)
 
 
 def test_the_tensor_parallel_key_reaches_the_actor(tmp_path):
