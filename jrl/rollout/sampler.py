@@ -20,7 +20,7 @@ from flax import nnx
 from jax.sharding import Mesh, PartitionSpec
 
 from jrl.models import CausalLM, KVCache
-from jrl.models.decoder import RopeByPosition
+from jrl.models.decoder import DecoderOut, RopeByPosition
 from jrl.models.kv_layout import KVLayout
 from jrl.models.moe import ROUTE_NONE, route_dtype
 from jrl.parallel import batch_axes
@@ -129,7 +129,7 @@ def _decode_slots(
     return hidden[:, 0], SlotCache(*cache), None if routes is None else routes[:, 0]
 
 
-def _prefill(model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any) -> Any:
+def _prefill(model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any) -> DecoderOut:
     """`DecoderOut` of G left-padded prompts: hidden states [G, P, D], their keys and values
     (laid out as the model's cache), the experts their tokens used."""
     fresh = model.init_cache(ids.shape[0], ids.shape[1], dtype=dtype)
@@ -172,7 +172,7 @@ def _resume_prefill(
     mask: jax.Array,
     chunk: int,
     layout: KVLayout,
-) -> Any:
+) -> DecoderOut:
     """`_prefill` of G left-padded prompts [G, P] whose `slot`s' first P - `chunk` columns
     already hold their keys and values: only the last `chunk` columns run, against those (the
     experts used: of those columns)."""
