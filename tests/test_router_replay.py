@@ -170,6 +170,7 @@ def test_router_replay_keys_follow_verls_rules(moe_path):
         (f"{MODE}=R3",): f"set {RECORD}=True",
         (f"{MODE}=R2", f"{RECORD}=True"): "the two conflict",
         (f"{MODE}=R5",): "use one of disabled, R2, R3",
+        (f"{MODE}=R2", "algorithm.rollout_correction.bypass_mode=True"): "bypass_mode=True skips",
         (f"{RECORD}=True", "actor_rollout_ref.rollout.name=vllm"): "rollout.name=jax",
         (f"{RECORD}=True", "actor_rollout_ref.rollout.multi_turn.enable=True"): "single-turn",
     }

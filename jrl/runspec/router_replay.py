@@ -42,6 +42,12 @@ def router_replay_problems(config: ConfigDict) -> Iterator[str]:
             f"{MODE_KEY}=R2 records the experts in the old-log-prob pass; {RECORD_KEY}=True "
             "belongs to R3 (as in verl, the two conflict): drop one of them"
         )
+    if mode == "R2" and config.algorithm.rollout_correction.bypass_mode:
+        yield (
+            f"{MODE_KEY}=R2 records the experts in the old-log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode=True skips: use R3 (the rollout records "
+            "them) or turn bypass_mode off"
+        )
     if not records:
         return
     rollout = config.actor_rollout_ref.rollout
