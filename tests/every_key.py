@@ -108,6 +108,11 @@ CONTEXTS = {
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": _TWO_DEVICES,
     "actor_rollout_ref.ref.fsdp_config.tensor_parallel_size": _TWO_DEVICES,
     f"{ROLLOUT}.tensor_model_parallel_size": _TWO_DEVICES,
+    f"{ROLLOUT}.expert_parallel_size": {
+        **_TWO_DEVICES,
+        f"{ROLLOUT}.name": "jax",
+        f"{ROLLOUT}.tensor_model_parallel_size": 2,
+    },
     **{
         f"{role}.megatron.tensor_model_parallel_size": _TWO_DEVICES
         for role in (ACTOR, "actor_rollout_ref.ref", "critic")
@@ -181,6 +186,8 @@ VALUES = {
     f"{ACTOR}.data_loader_seed": 7,
     "critic.data_loader_seed": 7,
     f"{ROLLOUT}.top_k": 5,  # 0 disables top-k, as -1 does
+    f"{ROLLOUT}.expert_parallel_size": 2,  # the context's tensor-parallel size
+    f"{ACTOR}.megatron.router_replay.mode": "R2",  # current verl's spelling of the actor's mode
     f"{ROLLOUT}.logprobs_mode": "raw_logprobs",
     f"{ROLLOUT}.max_num_seqs": 2,
     f"{ROLLOUT}.max_num_batched_tokens": 64,

@@ -70,9 +70,6 @@ UNREAD = {
     "*.fsdp_config.ulysses_sequence_parallel_size": (
         "the engine's copy of the role's ulysses_sequence_parallel_size, which jrl reads"
     ),
-    f"{ARR}.actor.megatron.router_replay.mode": (
-        "current verl's engine spelling: jrl reads it as actor.router_replay.mode"
-    ),
     f"{ARR}.ref.router_replay.*": "the reference policy routes its tokens itself",
     "*.megatron.*_offload": (
         "Megatron's offload: jrl's is the role's fsdp_config.param_offload and optimizer_offload"
