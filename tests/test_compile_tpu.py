@@ -313,41 +313,33 @@ def test_a_mixture_of_experts_card_compiles_with_expert_parallelism():
 
 
 @needs_libtpu
-def test_router_replay_programs_compile_for_tpu():
-    """The digits MoE card with router replay R3 on 4 v5p chips: the TPU compiler takes the
-    rollout that records each token's experts (more output than without), the old-log-prob pass
-    that replays and records them (more input and output) and the update that replays them
-    (more input), and the run fits."""
-    common = _moe_card()
-    replay = [
+def test_router_replay_and_the_rollouts_expert_parallelism_compile_for_tpu():
+    """The digits MoE card on 4 v5p chips, its rollout in 2 replicas of 2-way tensor parallelism,
+    with router replay R3 and the replicas' experts split over their 2 devices
+    (``rollout.expert_parallel_size``), against the same card without either. The TPU compiler
+    takes:
+    - the rollout that records each token's experts (more output), splitting the experts without
+      gathering anything;
+    - the old-log-prob pass that replays and records them (more input and output);
+    - the update that replays them (more input);
+    and both runs fit."""
+    rollout = "actor_rollout_ref.rollout"
+    replicas = [f"{rollout}.name=jax", f"{rollout}.tensor_model_parallel_size=2"]
+    changed = [
         "actor_rollout_ref.actor.router_replay.mode=R3",
-        "actor_rollout_ref.rollout.enable_rollout_routing_replay=True",
+        f"{rollout}.enable_rollout_routing_replay=True",
+        f"{rollout}.expert_parallel_size=2",
     ]
-    memory = {}
-    for name, extra in (("plain", []), ("R3", replay)):
-        status, report = _plan(*common, *extra)
+    memory, collectives = {}, {}
+    for name, extra in (("plain", []), ("changed", changed)):
+        status, report = _plan(*_moe_card(), *replicas, *extra)
         assert status == 0 and report["fits"]
         memory[name] = {p["phase"]: p["programs"][0]["memory"] for p in report["phases"]}
-    plain, replayed = memory["plain"], memory["R3"]
+        collectives[name] = {p["phase"]: p["collectives"] for p in report["phases"]}
+    plain, replayed = memory["plain"], memory["changed"]
     assert replayed["rollout"]["output"] > plain["rollout"]["output"]
     for kind in ("argument", "output"):
         assert replayed["old_log_prob"][kind] > plain["old_log_prob"][kind], kind
     assert replayed["update_actor"]["argument"] > plain["update_actor"]["argument"]
-
-
-@needs_libtpu
-def test_the_rollouts_expert_parallelism_compiles_for_tpu():
-    """The digits MoE card on 4 v5p chips with the rollout in 2 replicas of 2-way tensor
-    parallelism, its experts split over the 2 (``rollout.expert_parallel_size=2``): the TPU
-    compiler takes the rollout, which gathers nothing, and the run fits."""
-    rollout = "actor_rollout_ref.rollout"
-    status, report = _plan(
-        *_moe_card(),
-        f"{rollout}.name=jax",
-        f"{rollout}.tensor_model_parallel_size=2",
-        f"{rollout}.expert_parallel_size=2",
-    )
-    assert status == 0 and report["fits"]
-    phases = {p["phase"]: p for p in report["phases"]}
-    assert phases["rollout"]["collectives"].get("all-gather", 0) == 0
-    assert phases["rollout"]["collectives"]["all-reduce"] > 0
+    split = collectives["changed"]["rollout"]
+    assert split.get("all-gather", 0) == 0 and split["all-reduce"] > 0
