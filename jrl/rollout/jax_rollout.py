@@ -17,7 +17,7 @@ from jax.sharding import Mesh, NamedSharding
 from jrl.batch import Batch
 from jrl.models import CausalLM
 from jrl.models.dtypes import cache_dtype
-from jrl.models.moe import ROUTE_NONE, split_experts_over
+from jrl.models.moe import ROUTE_NONE, ROUTED_EXPERTS, split_experts_over
 from jrl.parallel import (
     ROLLOUT_EXPERT_RULES,
     ROLLOUT_RULES,
@@ -117,7 +117,7 @@ class JaxRollout:
         self.eos_token_ids = as_token_ids(eos_token_ids)
         self.limits = limits or EngineLimits()
         self.continuous_batching = continuous_batching
-        self.record_routes = bool(record_routes and model.config.sparse_layers)
+        self.record_routes = record_routes
         self._budget: int | None = None
         self._budget_measured = False
         self._cache: SlotCache | None = None
@@ -382,7 +382,7 @@ class JaxRollout:
         mask = np.asarray(batch["attention_mask"])
         out = self._generate_rows(np.asarray(batch["input_ids"]), mask, sampling, key, turn)
         width = self.response_length - sampling.max_new_tokens
-        routes = out.pop("routed_experts", None)
+        routes = out.pop(ROUTED_EXPERTS, None)
         fill = {"responses": self.pad_token_id, "response_mask": 0, "rollout_log_probs": 0.0}
         out = {k: jnp.pad(v, ((0, 0), (0, width)), constant_values=fill[k]) for k, v in out.items()}
 
@@ -391,7 +391,7 @@ class JaxRollout:
         if routes is not None:  # prompt columns cut to the bucket: back to the batch's width
             cut = mask.shape[1] - (routes.shape[1] - sampling.max_new_tokens)
             pads = ((0, 0), (cut, width), (0, 0), (0, 0))
-            done.tensors["routed_experts"] = jnp.pad(routes, pads, constant_values=ROUTE_NONE)
+            done.tensors[ROUTED_EXPERTS] = jnp.pad(routes, pads, constant_values=ROUTE_NONE)
         return done
 
     def slot_bytes(self, prompt_length: int, sampling: SamplingParams) -> int:

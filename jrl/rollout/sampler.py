@@ -22,7 +22,7 @@ from jax.sharding import Mesh, PartitionSpec
 from jrl.models import CausalLM, KVCache
 from jrl.models.decoder import DecoderOut, RopeByPosition
 from jrl.models.kv_layout import KVLayout
-from jrl.models.moe import ROUTE_NONE, route_dtype
+from jrl.models.moe import ROUTE_NONE, ROUTED_EXPERTS, route_dtype
 from jrl.parallel import batch_axes
 from jrl.rollout.limits import SlotPlan
 from jrl.rollout.sampling import SamplingParams
@@ -326,7 +326,7 @@ def _generate_replica(
     end = jax.lax.while_loop(running, step, start)
     out = {"responses": end.responses, "log_probs": end.log_probs}
     if record_routes:
-        out["routed_experts"] = end.routes
+        out[ROUTED_EXPERTS] = end.routes
     return out, end.decode_steps[None], end.cache
 
 
