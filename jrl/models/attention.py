@@ -40,6 +40,8 @@ SPLASH_BLOCK = 128
 SP_KEY = "ulysses_sequence_parallel_size"
 # The mesh axis that splits attention heads in tensor parallelism.
 TENSOR_AXIS = "tensor"
+# Queries per block where the eager kernel skips the key columns after a block's last query.
+CAUSAL_BLOCK = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,7 +58,9 @@ class Visibility:
     `segment_ids`) hold answers sharing their prompt: a key of branch 0 (the prompt) is visible to
     its whole segment, any other key only to queries of its own branch. The answers' slots then
     no longer count the distance from the prompt, so a sliding window counts `positions` ([B, S]
-    int, the tokens' position ids) instead.
+    int, the tokens' position ids) instead. `first_query_slot` (static) says that query t
+    sits at slot first_query_slot + t and key columns at their index: then no query sees a
+    column after its own slot, which the eager kernel uses to skip them (`causal_blocks`).
     """
 
     kv_valid: jax.Array
@@ -66,6 +70,7 @@ class Visibility:
     kv_slots: jax.Array | None = None
     branch_ids: jax.Array | None = None
     positions: jax.Array | None = None
+    first_query_slot: int | None = None
 
     def mask(self, window: int | None) -> jax.Array:
         """The bool mask [B, T, S]."""
@@ -129,6 +134,36 @@ def eager_attention(
         probs, v, (((4,), (1,)), ((0, 1), (0, 2))), preferred_element_type=product_dtype()
     )
     return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d).astype(q.dtype)
+
+
+def causal_blocks(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    mask: jax.Array,
+    *,
+    first_query_slot: int,
+    scale: float,
+    softcap: float | None = None,
+) -> jax.Array:
+    """`eager_attention` of `CAUSAL_BLOCK` queries at a time, each block over the key columns
+    up to its last query's slot (first_query_slot + t; later columns are masked for all of the
+    block's queries, so the result is the same). A prefill or full forward of T tokens then
+    computes about (T / CAUSAL_BLOCK + 1) / (2 T / CAUSAL_BLOCK) of the scores: 62% at 512."""
+    blocks = []
+    for start in range(0, q.shape[1], CAUSAL_BLOCK):
+        stop = min(start + CAUSAL_BLOCK, q.shape[1])
+        seen = min(first_query_slot + stop, k.shape[1])
+        block = eager_attention(
+            q[:, start:stop],
+            k[:, :seen],
+            v[:, :seen],
+            mask[:, start:stop, :seen],
+            scale=scale,
+            softcap=softcap,
+        )
+        blocks.append(block)
+    return jnp.concatenate(blocks, axis=1)
 
 
 def _splash_module() -> Any:
@@ -367,7 +402,10 @@ def ulysses_attention(
     ) -> jax.Array:
         q, k, v = (jax.lax.all_to_all(x, SEQUENCE_AXIS, 2, 1, tiled=True) for x in (q, k, v))
         packed = segment_ids if visibility.segment_ids is not None else None
-        out = _local_attention(q, k, v, Visibility(kv_valid, q_slots, True, packed), **kwargs)
+        local_visibility = Visibility(
+            kv_valid, q_slots, True, packed, first_query_slot=visibility.first_query_slot
+        )
+        out = _local_attention(q, k, v, local_visibility, **kwargs)
         return jax.lax.all_to_all(out, SEQUENCE_AXIS, 1, 2, tiled=True)
 
     return jax.shard_map(
@@ -432,4 +470,7 @@ def _local_attention(
             kernel = _fall_back(implementation, f"cuDNN rejected the call ({err})", "sdpa")
     if kernel == "sdpa":
         return jax.nn.dot_product_attention(q, k, v, mask=mask[:, None], scale=scale)
+    first = visibility.first_query_slot
+    if first is not None and q.shape[1] > CAUSAL_BLOCK:
+        return causal_blocks(q, k, v, mask, first_query_slot=first, scale=scale, softcap=softcap)
     return eager_attention(q, k, v, mask, scale=scale, softcap=softcap)

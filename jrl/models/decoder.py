@@ -351,6 +351,7 @@ class _DecoderModel(nnx.Module):
             segment_ids=segment_ids,
             branch_ids=branch_ids,
             positions=None if branch_ids is None else position_ids,
+            first_query_slot=0,
         )
         out = self.model(input_ids, position_ids, visibility, replay=replay)
         return out.hidden, out.routes
@@ -448,7 +449,8 @@ class CausalLM(_DecoderModel):
         valid = kv_mask.astype(jnp.bool_)
         if slots is None:
             queries = offset[..., None] + jnp.arange(input_ids.shape[1], dtype=jnp.int32)
-            visibility = Visibility(valid, queries, self_attention=False)
+            first = cache_offset if isinstance(cache_offset, int) else None
+            visibility = Visibility(valid, queries, False, first_query_slot=first)
         else:
             visibility = Visibility(valid, slots[0], self_attention=False, kv_slots=slots[1])
         return self.model(input_ids, position_ids, visibility, cache, offset, rope)

@@ -129,11 +129,13 @@ def _decode_slots(
     return hidden[:, 0], SlotCache(*cache), None if routes is None else routes[:, 0]
 
 
-def _prefill(model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any) -> DecoderOut:
+def _prefill(
+    model: CausalLM, ids: jax.Array, mask: jax.Array, dtype: Any, rope: RopeByPosition
+) -> DecoderOut:
     """`DecoderOut` of G left-padded prompts: hidden states [G, P, D], their keys and values
-    (laid out as the model's cache), the experts their tokens used."""
+    (laid out as the model's cache), the experts their tokens used; rotary tables from `rope`."""
     fresh = model.init_cache(ids.shape[0], ids.shape[1], dtype=dtype)
-    return model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask)
+    return model.forward_cached(ids, prompt_positions(mask), fresh, 0, mask, rope=rope)
 
 
 def slot_columns(layout: KVLayout, cache: SlotCache, slot: jax.Array, columns: int) -> KVCache:
@@ -172,6 +174,7 @@ def _resume_prefill(
     mask: jax.Array,
     chunk: int,
     layout: KVLayout,
+    rope: RopeByPosition,
 ) -> DecoderOut:
     """`_prefill` of G left-padded prompts [G, P] whose `slot`s' first P - `chunk` columns
     already hold their keys and values: only the last `chunk` columns run, against those (the
@@ -179,7 +182,9 @@ def _resume_prefill(
     prompt_len = ids.shape[1]
     history = slot_columns(layout, cache, slot, prompt_len)
     positions = prompt_positions(mask)[:, -chunk:]
-    return model.forward_cached(ids[:, -chunk:], positions, history, prompt_len - chunk, mask)
+    return model.forward_cached(
+        ids[:, -chunk:], positions, history, prompt_len - chunk, mask, rope=rope
+    )
 
 
 class _Request(NamedTuple):
@@ -211,7 +216,7 @@ def _generate_replica(
     rows, prompt_len = prompt_ids.shape
     slots, group, steps = plan.slots, plan.prefill_rows, params.max_new_tokens
     ring = ring_length(prompt_len, params, layout)
-    rope = model.model.position_tables(prompt_len + steps)  # once, outside the decode loop
+    rope = model.model.position_tables(prompt_len + steps)  # once, outside the loop
     shared = plan.shared_prefill
     prompt_mask = prompt_mask.astype(bool)
     real_rows = real_rows[0]
@@ -226,11 +231,13 @@ def _generate_replica(
         out_row = jnp.where(valid, row, rows)  # lanes past the last prompt write nothing
         ids, mask = prompt_ids[row], prompt_mask[row]
         if plan.resume_chunk:
+            held = jnp.minimum(slot, slots - 1)
             hidden, fresh, used = _resume_prefill(
-                model, s.cache, jnp.minimum(slot, slots - 1), ids, mask, plan.resume_chunk, layout
+                model, s.cache, held, ids, mask, plan.resume_chunk, layout, rope
             )
         else:
-            hidden, fresh, used = _prefill(model, ids[::shared], mask[::shared], cache.k[0].dtype)
+            prefill_ids, prefill_mask = ids[::shared], mask[::shared]
+            hidden, fresh, used = _prefill(model, prefill_ids, prefill_mask, cache.k[0].dtype, rope)
         last = jnp.repeat(hidden[:, -1], shared, axis=0)
         routes = s.routes
         if record_routes:  # the prompt's real columns (a resumed prefill's last ones)
