@@ -150,6 +150,40 @@ def test_sdpa_equals_eager_with_padding_gqa_window_and_cache(window):
     np.testing.assert_allclose(_attend(q1, k, poisoned, *decode, impl="sdpa", **kw), out, atol=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("first", "window", "softcap", "seen"),
+    [
+        (0, None, None, {128, 256, 300}),
+        (0, 50, 2.0, {128, 256, 300}),
+        (100, None, None, {228, 300}),
+    ],
+)
+def test_eager_causal_blocks_skip_unseen_columns_and_equal_the_whole_product(
+    first, window, softcap, seen
+):
+    """Queries in blocks of `CAUSAL_BLOCK` over the columns up to each block's last query: the
+    same output as one product over every column, with fewer columns in the blocks' products."""
+    columns = 300
+    q, k, v = _qkv(columns - first, columns)
+    valid = _left_padded(columns, pads=(0, 37))
+    slots = first + np.arange(columns - first)
+    kw = dict(scale=0.3, window=window, softcap=softcap, implementation="eager")
+
+    def attend(q, k, v, first_query_slot):
+        visibility = Visibility(valid, slots, first == 0, first_query_slot=first_query_slot)
+        return attention(q, k, v, visibility, **kw)
+
+    blocked = functools.partial(attend, first_query_slot=first)
+    whole = functools.partial(attend, first_query_slot=None)
+    np.testing.assert_allclose(jax.jit(blocked)(q, k, v), jax.jit(whole)(q, k, v), atol=1e-6)
+    key_lengths = {
+        eq.invars[1].aval.shape[1]
+        for eq in jax.make_jaxpr(blocked)(q, k, v).jaxpr.eqns
+        if eq.primitive.name == "dot_general" and eq.invars[1].aval.ndim == 4
+    }
+    assert key_lengths == seen
+
+
 @pytest.mark.parametrize("requested", ["sdpa", "flash_attention_2"])
 def test_unsupported_choices_fall_back_with_a_warning(requested):
     q, k, v = _qkv(5, 5)
