@@ -351,7 +351,6 @@ class _DecoderModel(nnx.Module):
             segment_ids=segment_ids,
             branch_ids=branch_ids,
             positions=None if branch_ids is None else position_ids,
-            first_query_slot=0,
         )
         out = self.model(input_ids, position_ids, visibility, replay=replay)
         return out.hidden, out.routes
