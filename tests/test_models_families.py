@@ -184,6 +184,34 @@ def test_eager_causal_blocks_skip_unseen_columns_and_equal_the_whole_product(
     assert key_lengths == seen
 
 
+@pytest.mark.parametrize("softcap", [None, 2.0])
+def test_a_float32_decode_query_sums_its_scores_on_cpu_and_matches_float64(softcap):
+    """One query per row (a decode step) in float32 on CPU: the scores are a multiply and a sum
+    over the head dimension (only the second product is a `dot_general`), equal to attention
+    computed in float64; in bfloat16 both products stay products."""
+    q, k, v = _qkv(1, 9, seed=3)
+    valid = _left_padded(9, pads=(0, 4))
+    kw = dict(scale=0.3, softcap=softcap, self_attention=False, impl="eager")
+    out = _attend(q, k, v, valid, np.array([8]), **kw)
+    by_head = np.repeat(k.astype(np.float64), 2, axis=2), np.repeat(v.astype(np.float64), 2, axis=2)
+    scores = 0.3 * np.einsum("bhd,bshd->bhs", q[:, 0].astype(np.float64), by_head[0])
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
+    scores = np.where(valid[:, None, :], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want = np.einsum("bhs,bshd->bhd", probs, by_head[1])[:, None]
+    np.testing.assert_allclose(out, want, atol=2e-6)
+
+    def products(dtype):
+        args = (q.astype(dtype), k.astype(dtype), v.astype(dtype), valid, np.array([8]))
+        jaxpr = jax.make_jaxpr(functools.partial(_attend, **kw))(*args)
+        return [e for e in jaxpr.eqns[0].params["jaxpr"].eqns if e.primitive.name == "dot_general"]
+
+    assert len(products(np.float32)) == 1
+    assert len(products(jnp.bfloat16)) == 2
+
+
 @pytest.mark.parametrize("requested", ["sdpa", "flash_attention_2"])
 def test_unsupported_choices_fall_back_with_a_warning(requested):
     q, k, v = _qkv(5, 5)

@@ -125,9 +125,7 @@ def eager_attention(
     b, t, h, d = q.shape
     kv_heads = k.shape[2]
     q = q.reshape(b, t, kv_heads, h // kv_heads, d)
-    batch = ((0, 2), (0, 2))  # (B, K) of q [B, T, K, G, D] and of k, v [B, S, K, D]
-    scores = jax.lax.dot_general(q, k, (((4,), (3,)), batch), preferred_element_type=jnp.float32)
-    scores = scores * scale  # [B, K, T, G, S]
+    scores = _scores(q, k) * scale  # [B, K, T, G, S]
     if softcap is not None:
         scores = softcap * jnp.tanh(scores / softcap)
     scores = jnp.where(mask[:, None, :, None, :], scores, MASKED_SCORE)
@@ -136,6 +134,23 @@ def eager_attention(
         probs, v, (((4,), (1,)), ((0, 1), (0, 2))), preferred_element_type=product_dtype()
     )
     return out.transpose(0, 2, 1, 3, 4).reshape(b, t, h, d).astype(q.dtype)
+
+
+def _scores(q: jax.Array, k: jax.Array) -> jax.Array:
+    """q.k in float32: q [B, T, K, G, D], k [B, S, K, D] -> [B, K, T, G, S].
+
+    One float32 query per row (a decode step) on CPU is summed as q * k over D: XLA:CPU fuses
+    that into one pass over the cache, where the product runs as B * K products [G, D] @ [D, S]
+    of a few rows each; the quickstart model's fp32 decode is 3.5% faster, with the same tokens.
+    Elsewhere the product stays: in bfloat16 the sum gains nothing and rounds differently, and
+    the value product summed the same way is slower.
+    """
+    if q.shape[1] == 1 and q.dtype == jnp.float32 and mesh_platform() == "cpu":
+        by_head = q.transpose(0, 2, 1, 3, 4)[..., None]  # [B, K, T, G, D, 1]
+        keys = k.astype(jnp.float32).transpose(0, 2, 3, 1)[:, :, None, None]  # [B, K, 1, 1, D, S]
+        return jnp.sum(by_head * keys, axis=4)
+    batch = ((0, 2), (0, 2))  # (B, K) of q [B, T, K, G, D] and of k [B, S, K, D]
+    return jax.lax.dot_general(q, k, (((4,), (3,)), batch), preferred_element_type=jnp.float32)
 
 
 def causal_blocks(
