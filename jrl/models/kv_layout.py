@@ -12,8 +12,8 @@ odd count (prompt + response - 1) the entry was laid out unpadded and the loop p
 tokens-major cache keeps the exact count.
 
 On a CPU the values are heads-major and the keys transposed, [batch, kv_heads, head_dim, tokens],
-for every head_dim, unrounded: a decode step's two attention products are then plain batched
-matrix products over (batch, kv_heads) that XLA:CPU runs on the layers as they lie. SmolLM2-135M
+for every head_dim, unrounded: a decode step's two attention products (batched over (batch,
+kv_heads), or summed, `attention.eager_attention`) then read the layers as they lie. SmolLM2-135M
 (head_dim 64, fp32, 128 slots of 95 tokens, one layer's attention): tokens-major keys and values
 were transposed into copies at every step (a quarter of the decode loop's time); heads-major keys
 took 2.1 ms, transposed keys 1.2 ms (reading the layer's keys and values once: 0.45 ms). There
