@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -352,20 +353,56 @@ def run_hf(args: argparse.Namespace) -> list[dict[str, Any]]:
     return results
 
 
-def run_worker(impl: str, argv: list[str], weights: str) -> list[dict[str, Any]]:
-    """Runs one worker in a fresh Python process; returns its JSON lines."""
+def worker_command(impl: str, argv: list[str], weights: str) -> tuple[list[str], dict[str, str]]:
+    """(command, environment) of a worker in a fresh Python process."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"  # measure what jrl uses, not a pool
     if impl == "weights":
         env["JAX_PLATFORMS"] = "cpu"  # leave the accelerator to the measured workers
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--weights", weights]
-    proc = subprocess.run([*cmd, "--worker", impl], capture_output=True, text=True, env=env)
+    return [*cmd, "--worker", impl], env
+
+
+def run_worker(impl: str, argv: list[str], weights: str) -> list[dict[str, Any]]:
+    """Runs one worker in a fresh Python process; returns its JSON lines."""
+    cmd, env = worker_command(impl, argv, weights)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
         sys.stderr.write(proc.stderr)
         raise SystemExit(f"the {impl} benchmark failed (exit code {proc.returncode}); see above")
     return lines
+
+
+def interleaved_workers(
+    impls: tuple[str, ...], argv: list[str], weights: str, logs: str
+) -> Iterator[dict[str, Any]]:
+    """`--vs vllm`: the sides' workers alive together, their calls alternating
+    (`rollout_vllm.interleaved`); a worker's stderr goes to `logs` and is shown if it fails."""
+    files: dict[str, Any] = {}
+
+    def start(impl: str) -> subprocess.Popen:
+        cmd, env = worker_command(impl, argv, weights)
+        files[impl] = (Path(logs) / f"{impl}.stderr").open("w")
+        return subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=files[impl],
+            text=True,
+            env=env,
+        )
+
+    try:
+        yield from rollout_vllm.interleaved(parse_args(argv), impls, start)
+    except RuntimeError as err:
+        for impl in files:
+            sys.stderr.write((Path(logs) / f"{impl}.stderr").read_text()[-8000:])
+        raise SystemExit(f"the benchmark failed: {err}") from err
+    finally:
+        for file in files.values():
+            file.close()
 
 
 def ratios(results: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -397,12 +434,13 @@ def main(argv: list[str] | None = None) -> None:
     JSON lines, then the ratio lines."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.worker:
-        workers = {"hf": run_hf, "vllm": rollout_vllm.run_vllm, "weights": write_weights}
-        workers["jrl"] = rollout_vllm.run_jrl if args.vs == "vllm" else run_jrl
+    if args.worker == "weights" or (args.worker and args.vs != "vllm"):
+        workers = {"hf": run_hf, "jrl": run_jrl, "weights": write_weights}
         for line in workers[args.worker](args):
             print(json.dumps(line, default=float), flush=True)
         return
+    if args.worker:
+        return rollout_vllm.serve(args, args.worker)
     impls = IMPLS[args.vs] if args.impl == "both" else (args.impl,)
     dtypes = DTYPES if args.dtype == "both" else (args.dtype,)
     with tempfile.TemporaryDirectory() as scratch:
@@ -411,10 +449,18 @@ def main(argv: list[str] | None = None) -> None:
             weights = run_worker("weights", argv, weights)[0]["folder"]
         results = []
         for dtype in dtypes:
-            for impl in impls:
-                for line in run_worker(impl, [*argv, "--dtype", dtype], weights):
-                    print(json.dumps(line), flush=True)
-                    results.append(line)
+            runs = (
+                interleaved_workers(impls, [*argv, "--dtype", dtype], weights, scratch)
+                if args.vs == "vllm"
+                else (
+                    ln
+                    for impl in impls
+                    for ln in run_worker(impl, [*argv, "--dtype", dtype], weights)
+                )
+            )
+            for line in runs:
+                print(json.dumps(line), flush=True)
+                results.append(line)
     ratio_lines = rollout_vllm.ratios(results) if args.vs == "vllm" else ratios(results)
     for line in ratio_lines:
         print(json.dumps(line), flush=True)

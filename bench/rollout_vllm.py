@@ -1,7 +1,8 @@
 """`bench/rollout.py --vs vllm`: jrl's JAX sampler against vLLM's own `LLM.generate`, same chip.
 
 Each (workload, rows, sampling) runs on both sides with the same prompts, the same token count
-and the same engine limits, each side in its own subprocess (one per dtype; jrl, then vLLM):
+and the same engine limits, each side in its own subprocess (one per side and dtype, both alive
+for the whole dtype; `--impl` picks one side):
 
 - workloads, per shape (`VS_WORKLOADS`): `decode` (short prompt, long answer) and `prefill` (long
   prompt, short answer); `--prompt` / `--new` given on the command line make one `fixed`
@@ -12,18 +13,23 @@ and the same engine limits, each side in its own subprocess (one per dtype; jrl,
 - sampling: `sample` (temperature 1, no top-k / top-p) and `greedy`; EOS is ignored, so every
   row makes exactly `new` tokens on both sides.
 
-A side first makes one untimed call of each configuration (compilation, vLLM's warm-up), then
+Per configuration each side makes one untimed call (compilation, vLLM's warm-up), then
 `--repeats` timed calls, each on fresh random prompts (the same on both sides: a prompt is never
-in vLLM's prefix cache from an earlier call). A line reports the median; `load_1min` is the
-machine's load average when the line was printed (other jobs on the cores move every figure).
+in vLLM's prefix cache from an earlier call). The calls alternate, jrl's call i, vLLM's call i,
+jrl's call i + 1, so that what moves the shared cores' speed over a run (other tenants, clocks;
+runs of the same program drift by up to 8% over an hour) moves both sides' figures alike; one
+side waits while the other runs. A line reports the median and when each timed call started
+(`started_s`, seconds into the run); `load_1min` is the machine's load average when the line
+was printed.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -90,37 +96,13 @@ def prompts(args: argparse.Namespace, config: dict[str, Any], call: int) -> np.n
     return rng.integers(1, vocab_size(args.weights), (count, config["prompt"]), dtype=np.int32)
 
 
-def timed_calls(
-    args: argparse.Namespace, config: dict[str, Any], generate: Callable[[np.ndarray, int], int]
-) -> dict[str, Any]:
-    """One untimed call, then `--repeats` timed ones of `generate(prompt ids, call) -> tokens`;
-    the configuration's JSON fields."""
-    generate(prompts(args, config, 0), 0)
-    times, tokens = [], []
-    for call in range(1, args.repeats + 1):
-        ids = prompts(args, config, call)
-        start = time.perf_counter()
-        tokens.append(generate(ids, call))
-        times.append(time.perf_counter() - start)
-    median = float(np.median(times))
-    if len(set(tokens)) != 1:
-        raise RuntimeError(f"calls made different token counts {tokens} for {config}")
-    return {
-        "shape": args.shape,
-        **config,
-        "n": args.n,
-        "dtype": args.dtype,
-        "slots": min(args.slots, config["rows"]),
-        "tokens": tokens[0],
-        "time_s": median,
-        "times_s": times,
-        "tokens_per_s": tokens[0] / median,
-        "load_1min": os.getloadavg()[0],
-    }
+# A side's engine for one configuration: generate(prompt ids, call) -> (tokens made, fields).
+Generate = Callable[[np.ndarray, int], tuple[int, dict[str, Any]]]
 
 
-def run_jrl(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """jrl's `JaxRollout.generate` on one device, continuous batching."""
+def jrl_side(args: argparse.Namespace) -> tuple[Callable[[dict[str, Any]], Generate], dict]:
+    """jrl's `JaxRollout.generate` on one device, continuous batching: (an engine per
+    configuration, the side's fields)."""
     import jax
     import jax.numpy as jnp
 
@@ -132,32 +114,31 @@ def run_jrl(args: argparse.Namespace) -> list[dict[str, Any]]:
     model = from_pretrained(args.weights, dtype=dtype, param_dtype=dtype)
     device = jax.devices()[0]
 
-    def generate(rollout: JaxRollout, sampling: SamplingParams, ids: np.ndarray, call: int) -> int:
-        mask = np.ones_like(ids)
-        batch = Batch(
-            {"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1}
-        )
-        out = rollout.generate(batch, sampling, jax.random.key(call))
-        return int(np.asarray(out["response_mask"]).sum())
-
-    results = []
-    for config in configurations(args):
+    def engine(config: dict[str, Any]) -> Generate:
         limits = EngineLimits(max_num_seqs=args.slots, max_num_batched_tokens=args.batched_tokens)
         rollout = JaxRollout(
             model, response_length=config["new"], pad_token_id=0, eos_token_ids=(), limits=limits
         )
         do_sample = config["sampling"] == "sample"
         sampling = SamplingParams(config["new"], n=args.n, ignore_eos=True, do_sample=do_sample)
-        line = timed_calls(args, config, functools.partial(generate, rollout, sampling))
-        line["decode_steps"] = int(rollout.stats["rollout/decode_steps"])
-        line["device"] = device.device_kind if device.platform != "cpu" else "cpu"
-        results.append({"impl": "jrl", **line})
-    return results
+
+        def generate(ids: np.ndarray, call: int) -> tuple[int, dict[str, Any]]:
+            mask = np.ones_like(ids)
+            batch = Batch(
+                {"input_ids": ids, "attention_mask": mask, "position_ids": mask.cumsum(1) - 1}
+            )
+            out = rollout.generate(batch, sampling, jax.random.key(call))
+            tokens = int(np.asarray(out["response_mask"]).sum())
+            return tokens, {"decode_steps": int(rollout.stats["rollout/decode_steps"])}
+
+        return generate
+
+    return engine, {"device": device.device_kind if device.platform != "cpu" else "cpu"}
 
 
-def run_vllm(args: argparse.Namespace) -> list[dict[str, Any]]:
+def vllm_side(args: argparse.Namespace) -> tuple[Callable[[dict[str, Any]], Generate], dict]:
     """vLLM's `LLM.generate` (token-id prompts, its V1 engine in this process), one engine for
-    all configurations of the dtype."""
+    all configurations of the dtype: (a sampling per configuration, the side's fields)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     platform = vllm_platform()  # a CPU build: VLLM_TARGET_DEVICE=cpu first, libtpu or not
     import vllm
@@ -178,17 +159,8 @@ def run_vllm(args: argparse.Namespace) -> list[dict[str, Any]]:
         kv_cache_memory_bytes=kv_bytes,
         enforce_eager=args.shape == "tiny",  # the toy shape: no compilation, a quick start
     )
-    device = platform.device_name
 
-    def generate(sampling: vllm.SamplingParams, ids: np.ndarray, call: int) -> int:
-        copies = args.n // sampling.n  # vLLM samples greedy rows one request each
-        rows = np.repeat(ids, copies, axis=0)
-        requests = [TokensPrompt(prompt_token_ids=row.tolist()) for row in rows]
-        outs = llm.generate(requests, sampling, use_tqdm=False)
-        return sum(len(o.token_ids) for request in outs for o in request.outputs)
-
-    results = []
-    for config in configs:
+    def engine(config: dict[str, Any]) -> Generate:
         greedy = config["sampling"] == "greedy"
         sampling = vllm.SamplingParams(
             n=1 if greedy else args.n,
@@ -197,9 +169,99 @@ def run_vllm(args: argparse.Namespace) -> list[dict[str, Any]]:
             max_tokens=config["new"],
             ignore_eos=True,
         )
-        line = timed_calls(args, config, functools.partial(generate, sampling))
-        results.append({"impl": "vllm", **line, "vllm": vllm_version(), "device": device})
-    return results
+
+        def generate(ids: np.ndarray, call: int) -> tuple[int, dict[str, Any]]:
+            copies = args.n // sampling.n  # vLLM samples greedy rows one request each
+            rows = np.repeat(ids, copies, axis=0)
+            requests = [TokensPrompt(prompt_token_ids=row.tolist()) for row in rows]
+            outs = llm.generate(requests, sampling, use_tqdm=False)
+            return sum(len(o.token_ids) for request in outs for o in request.outputs), {}
+
+        return generate
+
+    return engine, {"vllm": vllm_version(), "device": platform.device_name}
+
+
+SIDES = {"jrl": jrl_side, "vllm": vllm_side}
+
+
+def serve(args: argparse.Namespace, side: str) -> None:
+    """A side's worker: prints its fields as a JSON line, then answers each request line
+    {"config", "call"} on stdin with {"time_s", "tokens", ...} (the prompts of that call)."""
+    engine, fields = SIDES[side](args)
+    print(json.dumps(fields), flush=True)
+    current, generate = None, None
+    for request in sys.stdin:
+        config, call = json.loads(request).values()
+        if config != current:
+            current, generate = config, engine(config)
+        ids = prompts(args, config, call)
+        start = time.perf_counter()
+        tokens, more = generate(ids, call)
+        elapsed = time.perf_counter() - start
+        print(json.dumps({"time_s": elapsed, "tokens": tokens, **more}), flush=True)
+
+
+def interleaved(
+    args: argparse.Namespace, sides: tuple[str, ...], start: Callable[[str], subprocess.Popen]
+) -> Iterator[dict[str, Any]]:
+    """Every configuration's line per side, the sides' calls alternating (module docstring);
+    `start(side)` starts a side's worker (`serve`)."""
+    clock = time.perf_counter()
+    workers: dict[str, subprocess.Popen] = {}
+    try:
+        for side in sides:
+            workers[side] = start(side)
+        fields = {side: _reply(worker, side) for side, worker in workers.items()}
+        for config in configurations(args):
+            calls: dict[str, list[dict[str, Any]]] = {side: [] for side in sides}
+            for call in range(args.repeats + 1):
+                for side, worker in workers.items():
+                    began = time.perf_counter() - clock
+                    worker.stdin.write(json.dumps({"config": config, "call": call}) + "\n")
+                    worker.stdin.flush()
+                    calls[side].append({**_reply(worker, side), "started_s": began})
+            for side in sides:
+                yield {"impl": side, **_line(args, config, calls[side][1:]), **fields[side]}
+    finally:
+        for worker in workers.values():
+            worker.stdin.close()
+            try:
+                worker.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                worker.kill()
+
+
+def _reply(worker: subprocess.Popen, side: str) -> dict[str, Any]:
+    """The worker's next JSON line (other output skipped); a clear error when it died instead."""
+    for line in worker.stdout:
+        if line.startswith("{"):
+            return json.loads(line)
+    raise RuntimeError(f"the {side} worker stopped (exit code {worker.wait()}); see above")
+
+
+def _line(args: argparse.Namespace, config: dict[str, Any], calls: list[dict]) -> dict[str, Any]:
+    """A configuration's JSON fields from its timed calls: the median time, tokens/s."""
+    times, tokens = [c["time_s"] for c in calls], {c["tokens"] for c in calls}
+    if len(tokens) != 1:
+        raise RuntimeError(f"calls made different token counts {sorted(tokens)} for {config}")
+    median = float(np.median(times))
+    made = tokens.pop()
+    extra = {k: v for k, v in calls[-1].items() if k not in ("time_s", "tokens", "started_s")}
+    return {
+        "shape": args.shape,
+        **config,
+        "n": args.n,
+        "dtype": args.dtype,
+        "slots": min(args.slots, config["rows"]),
+        "tokens": made,
+        "time_s": median,
+        "times_s": times,
+        "started_s": [c["started_s"] for c in calls],
+        "tokens_per_s": made / median,
+        "load_1min": os.getloadavg()[0],
+        **extra,
+    }
 
 
 def _kv_cache_bytes(weights: str, dtype: str, tokens: int) -> int:

@@ -47,9 +47,10 @@ def test_rollout_bench_tiny_reports_every_workload():
 
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vllm is not installed")
 def test_rollout_bench_against_vllm_tiny():
-    """`--vs vllm` at the tiny shape: both sides make the same tokens per configuration, and the
-    ratio lines divide jrl's tokens/s by vLLM's."""
-    args = "--vs vllm --shape tiny --dtype fp32 --batches 8 --prompt 8 --new 6 --repeats 1"
+    """`--vs vllm` at the tiny shape: both sides make the same tokens per configuration, their
+    timed calls alternate (jrl's call i, vLLM's call i, jrl's call i + 1), and the ratio lines
+    divide jrl's tokens/s by vLLM's."""
+    args = "--vs vllm --shape tiny --dtype fp32 --batches 8 --prompt 8 --new 6 --repeats 2"
     cmd = [sys.executable, "bench/rollout.py", *args.split()]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-4000:]
@@ -57,8 +58,8 @@ def test_rollout_bench_against_vllm_tiny():
     runs = {(r["impl"], r["sampling"]): r for r in lines}
     assert list(runs) == [
         ("jrl", "sample"),
-        ("jrl", "greedy"),
         ("vllm", "sample"),
+        ("jrl", "greedy"),
         ("vllm", "greedy"),
         ("jrl/vllm", "sample"),
         ("jrl/vllm", "greedy"),
@@ -67,6 +68,8 @@ def test_rollout_bench_against_vllm_tiny():
         jrl, vllm = runs[("jrl", sampling)], runs[("vllm", sampling)]
         assert jrl["tokens"] == vllm["tokens"] == 8 * 6  # EOS ignored: every row makes --new
         assert (jrl["workload"], jrl["rows"], vllm["n"]) == ("fixed", 8, 4)
+        starts = [t for pair in zip(jrl["started_s"], vllm["started_s"], strict=True) for t in pair]
+        assert len(starts) == 4 and starts == sorted(starts)
         ratio = runs[("jrl/vllm", sampling)]
         assert (ratio["rows"], ratio["dtype"]) == (8, "fp32")
         expected = jrl["tokens_per_s"] / vllm["tokens_per_s"]
