@@ -207,3 +207,27 @@ def test_the_sampler_draws_jax_s_own_categorical_bit_for_bit():
     assert len(set(np.asarray(tokens).tolist())) > 30
     ties = jnp.asarray([[1.0, 3.0, 3.0, 0.0], [2.0, 2.0, 2.0, 2.0], [0.0, 0.0, 0.0, 5.0]])
     np.testing.assert_array_equal(first_argmax(ties), jnp.argmax(ties, axis=-1))
+
+
+@pytest.mark.parametrize("width", [512, 500])  # in blocks of ARGMAX_BLOCK, and not
+def test_first_argmax_finds_the_first_maximum_in_blocks_and_not(width):
+    """Rows with many ties (a few distinct values), the maximum in the last block only, all
+    equal, -inf entries: the first index of the maximum, as `jnp.argmax`; an all-NaN row: the last
+    index. The Gumbel draw over such a width is JAX's own too."""
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 4, size=(16, width)).astype(np.float32)
+    x[1] = 0.0
+    x[1, -3] = 1.0  # only in the last block
+    x[2] = 7.0
+    x[3, ::2] = -np.inf
+    x[4, [5, 300]] = 9.0  # the same maximum in two blocks
+    x[5, [300, 5]] = [9.0, 8.0]
+    got = jax.jit(first_argmax)(jnp.asarray(x))
+    np.testing.assert_array_equal(got, np.argmax(x, axis=-1))
+    x[6] = np.nan
+    assert int(jax.jit(first_argmax)(jnp.asarray(x))[6]) == width - 1
+    keys = jax.random.split(jax.random.key(3), 16)
+    logits = jnp.asarray(rng.normal(size=(16, width)), jnp.float32)
+    np.testing.assert_array_equal(
+        jax.jit(categorical)(keys, logits), jax.vmap(jax.random.categorical)(keys, logits)
+    )

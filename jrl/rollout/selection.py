@@ -95,14 +95,38 @@ def gumbel_noise(keys: jax.Array, width: int) -> jax.Array:
     return -jnp.log(-jnp.log(uniform))
 
 
+ARGMAX_BLOCK = 128  # columns per block of `first_argmax`'s first pass
+
+
 def first_argmax(x: jax.Array) -> jax.Array:
     """`jnp.argmax(x, axis=-1)` (the first index of each row's maximum, int32) for finite `x`,
-    as a max and a min-index reduction: XLA:CPU runs argmax's paired (value, index) reduction
-    without vectorising it, and with the Gumbel noise fused into it took 4x the whole draw."""
-    top = jnp.max(x, axis=-1, keepdims=True)
+    as max and min-index reductions: XLA:CPU runs argmax's paired (value, index) reduction
+    without vectorising it, and with the Gumbel noise fused into it took 4x the whole draw.
+
+    A width that is a multiple of `ARGMAX_BLOCK` is searched in two passes: each block's
+    maximum (one pass over x), then the first block holding the row's maximum, then the first
+    column of that block holding it; XLA:CPU's second pass over the whole row (128 x 49152
+    float32: 15.6 ms against 6.0) goes. A NaN row gives the last index.
+    """
+    rows, width = x.shape
+    if width % ARGMAX_BLOCK:
+        first = _first_index_of(x, jnp.max(x, axis=-1, keepdims=True))
+    else:
+        count = width // ARGMAX_BLOCK
+        blocks = x.reshape(rows, count, ARGMAX_BLOCK)
+        block_top = jnp.max(blocks, axis=-1)  # [B, count]
+        top = jnp.max(block_top, axis=-1, keepdims=True)
+        block = jnp.minimum(_first_index_of(block_top, top), count - 1)
+        within = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]  # [B, block]
+        column = _first_index_of(within, top)
+        first = jnp.where(column < ARGMAX_BLOCK, block * ARGMAX_BLOCK + column, width)
+    return jnp.minimum(first, width - 1)  # a NaN row: the last token, not past the vocabulary
+
+
+def _first_index_of(x: jax.Array, top: jax.Array) -> jax.Array:
+    """The first column of each row of x [B, W] equal to top [B, 1] (int32), W where none is."""
     index = jnp.arange(x.shape[-1], dtype=jnp.int32)
-    first = jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
-    return jnp.minimum(first, x.shape[-1] - 1)  # a NaN row: the last token, not past the vocabulary
+    return jnp.min(jnp.where(x == top, index, x.shape[-1]), axis=-1)
 
 
 def _draws_like_jax(keys: jax.Array) -> bool:
