@@ -215,6 +215,30 @@ def test_a_decode_query_sums_its_products_on_cpu_and_matches_float64(
     assert sum(e.primitive.name == "dot_general" for e in eqns) == products
 
 
+def test_a_bfloat16_prefill_multiplies_a_float32_cache_of_bfloat16_values_in_bfloat16():
+    """Several bfloat16 queries against float32 keys and values holding bfloat16 values (the
+    CPU's cache): both products take bfloat16 operands (XLA:CPU's matrix units), and the output
+    equals attention computed in float64."""
+    q, k, v = (np.asarray(jnp.asarray(x, jnp.bfloat16)) for x in _qkv(5, 9, seed=4))
+    k, v = k.astype(np.float32), v.astype(np.float32)
+    valid = _left_padded(9, pads=(0, 4))
+    kw = dict(scale=0.3, self_attention=False, impl="eager")
+    out = _attend(q, k, v, valid, np.arange(4, 9), **kw)
+    wide = (np.repeat(x.astype(np.float64), 2, axis=2) for x in (k, v))
+    keys, values = wide
+    scores = 0.3 * np.einsum("bthd,bshd->bhts", q.astype(np.float64), keys)
+    causal = np.arange(9)[None, :] <= np.arange(4, 9)[:, None]
+    scores = np.where(valid[:, None, None, :] & causal[None, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want = np.einsum("bhts,bshd->bthd", probs, values)
+    np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=3e-2)
+    jaxpr = jax.make_jaxpr(functools.partial(_attend, **kw))(q, k, v, valid, np.arange(4, 9))
+    dots = [e for e in jaxpr.eqns[0].params["jaxpr"].eqns if e.primitive.name == "dot_general"]
+    assert len(dots) == 2
+    assert all(x.aval.dtype == jnp.bfloat16 for e in dots for x in e.invars)
+
+
 @pytest.mark.parametrize("requested", ["sdpa", "flash_attention_2"])
 def test_unsupported_choices_fall_back_with_a_warning(requested):
     q, k, v = _qkv(5, 5)
