@@ -434,13 +434,13 @@ def main(argv: list[str] | None = None) -> None:
     JSON lines, then the ratio lines."""
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    if args.worker == "weights" or (args.worker and args.vs != "vllm"):
+    if args.worker:
+        if args.vs == "vllm" and args.worker != "weights":
+            return rollout_vllm.serve(args, args.worker)  # answers the parent's calls
         workers = {"hf": run_hf, "jrl": run_jrl, "weights": write_weights}
         for line in workers[args.worker](args):
             print(json.dumps(line, default=float), flush=True)
         return
-    if args.worker:
-        return rollout_vllm.serve(args, args.worker)
     impls = IMPLS[args.vs] if args.impl == "both" else (args.impl,)
     dtypes = DTYPES if args.dtype == "both" else (args.dtype,)
     with tempfile.TemporaryDirectory() as scratch:
@@ -449,15 +449,11 @@ def main(argv: list[str] | None = None) -> None:
             weights = run_worker("weights", argv, weights)[0]["folder"]
         results = []
         for dtype in dtypes:
-            runs = (
-                interleaved_workers(impls, [*argv, "--dtype", dtype], weights, scratch)
-                if args.vs == "vllm"
-                else (
-                    ln
-                    for impl in impls
-                    for ln in run_worker(impl, [*argv, "--dtype", dtype], weights)
-                )
-            )
+            dtype_argv = [*argv, "--dtype", dtype]
+            if args.vs == "vllm":
+                runs = interleaved_workers(impls, dtype_argv, weights, scratch)
+            else:
+                runs = (line for impl in impls for line in run_worker(impl, dtype_argv, weights))
             for line in runs:
                 print(json.dumps(line), flush=True)
                 results.append(line)

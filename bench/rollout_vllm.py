@@ -192,7 +192,8 @@ def serve(args: argparse.Namespace, side: str) -> None:
     print(json.dumps(fields), flush=True)
     current, generate = None, None
     for request in sys.stdin:
-        config, call = json.loads(request).values()
+        message = json.loads(request)
+        config, call = message["config"], message["call"]
         if config != current:
             current, generate = config, engine(config)
         ids = prompts(args, config, call)

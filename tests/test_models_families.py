@@ -184,6 +184,20 @@ def test_eager_causal_blocks_skip_unseen_columns_and_equal_the_whole_product(
     assert key_lengths == seen
 
 
+def _float64_attention(q, k, v, allowed, scale, softcap=None):
+    """Softmax attention in float64: q [B, T, H, D], k and v [B, S, K, D] (query head h uses
+    kv head h // (H / K)), allowed [B, T, S] bool -> [B, T, H, D]."""
+    group = q.shape[2] // k.shape[2]
+    keys, values = (np.repeat(x.astype(np.float64), group, axis=2) for x in (k, v))
+    scores = scale * np.einsum("bthd,bshd->bhts", q.astype(np.float64), keys)
+    if softcap is not None:
+        scores = softcap * np.tanh(scores / softcap)
+    scores = np.where(allowed[:, None], scores, -np.inf)
+    probs = np.exp(scores - scores.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    return np.einsum("bhts,bshd->bthd", probs, values)
+
+
 @pytest.mark.parametrize("softcap", [None, 2.0])
 @pytest.mark.parametrize(
     ("dtype", "atol", "products"), [(np.float32, 2e-6, 1), (jnp.bfloat16, 2e-2, 0)]
@@ -200,14 +214,7 @@ def test_a_decode_query_sums_its_products_on_cpu_and_matches_float64(
     valid = _left_padded(9, pads=(0, 4))
     kw = dict(scale=0.3, softcap=softcap, self_attention=False, impl="eager")
     out = _attend(q, k, v, valid, np.array([8]), **kw)
-    by_head = np.repeat(k.astype(np.float64), 2, axis=2), np.repeat(v.astype(np.float64), 2, axis=2)
-    scores = 0.3 * np.einsum("bhd,bshd->bhs", q[:, 0].astype(np.float64), by_head[0])
-    if softcap is not None:
-        scores = softcap * np.tanh(scores / softcap)
-    scores = np.where(valid[:, None, :], scores, -np.inf)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    want = np.einsum("bhs,bshd->bhd", probs, by_head[1])[:, None]
+    want = _float64_attention(q, k, v, valid[:, None], 0.3, softcap)
     assert out.dtype == dtype
     np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=atol)
     jaxpr = jax.make_jaxpr(functools.partial(_attend, **kw))(q, k, v, valid, np.array([8]))
@@ -224,14 +231,8 @@ def test_a_bfloat16_prefill_multiplies_a_float32_cache_of_bfloat16_values_in_bfl
     valid = _left_padded(9, pads=(0, 4))
     kw = dict(scale=0.3, self_attention=False, impl="eager")
     out = _attend(q, k, v, valid, np.arange(4, 9), **kw)
-    wide = (np.repeat(x.astype(np.float64), 2, axis=2) for x in (k, v))
-    keys, values = wide
-    scores = 0.3 * np.einsum("bthd,bshd->bhts", q.astype(np.float64), keys)
     causal = np.arange(9)[None, :] <= np.arange(4, 9)[:, None]
-    scores = np.where(valid[:, None, None, :] & causal[None, None], scores, -np.inf)
-    probs = np.exp(scores - scores.max(-1, keepdims=True))
-    probs /= probs.sum(-1, keepdims=True)
-    want = np.einsum("bhts,bshd->bthd", probs, values)
+    want = _float64_attention(q, k, v, valid[:, None, :] & causal[None], 0.3)
     np.testing.assert_allclose(np.asarray(out, np.float64), want, atol=3e-2)
     jaxpr = jax.make_jaxpr(functools.partial(_attend, **kw))(q, k, v, valid, np.arange(4, 9))
     dots = [e for e in jaxpr.eqns[0].params["jaxpr"].eqns if e.primitive.name == "dot_general"]
