@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers import REPO
-from real_vllm import why_no_real_vllm
+from real_vllm import KV_CACHE, why_no_real_vllm
 
 from jrl import train
 from jrl.agent import AgentContext, AgentRollout, AgentSettings
@@ -216,8 +216,12 @@ def test_the_tool_is_learnt_on_vllm_too(tmp_path):
     vLLM engine per process)."""
     run_dir = tmp_path / "run"
     args = ["--config=configs/lookup_tool_grpo.py", f"trainer.default_local_dir={run_dir}"]
+    # The tests' KV cache: without a size vLLM's CPU build reserves gpu_memory_utilization of the
+    # host's memory, more than is free beside this test process on a 24 GiB machine.
+    ((key, size),) = KV_CACHE.items()
+    vllm = [f"{AR}.rollout.name=vllm", f"++{AR}.rollout.engine_kwargs.vllm.{key}={size}"]
     done = subprocess.run(
-        [sys.executable, "-m", "jrl.train", *args, f"{AR}.rollout.name=vllm"],
+        [sys.executable, "-m", "jrl.train", *args, *vllm],
         cwd=REPO,
         env={**os.environ, "XLA_FLAGS": ""},
         capture_output=True,

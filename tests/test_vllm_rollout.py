@@ -323,6 +323,19 @@ def test_memory_handover_leaves_a_margin_and_names_the_keys():
     assert memory_shortfall(50 * gib, 100 * gib, 50 * gib, "to wake up", margin=0.0) is None
 
 
+def test_vllm_on_the_cpu_is_refused_before_start_up_when_its_reservation_is_not_available():
+    from jrl.rollout.vllm_rollout import cpu_reservation_problem
+
+    gib, section = 2**30, "actor_rollout_ref.rollout"
+    kwargs = {"gpu_memory_utilization": 0.5}
+    assert cpu_reservation_problem(12 * gib, 24 * gib, kwargs, section) is None
+    short = cpu_reservation_problem(10 * gib, 24 * gib, kwargs, section)
+    assert f"{section}.gpu_memory_utilization=0.5" in short and "12.00 GiB" in short
+    assert f"{section}.engine_kwargs.vllm.kv_cache_memory_bytes" in short
+    sized = {**kwargs, "kv_cache_memory_bytes": 2**26}
+    assert cpu_reservation_problem(1 * gib, 24 * gib, sized, section) is None
+
+
 # -- requests and outputs ---------------------------------------------------------------------
 def _fake_output(i, tokens, log_probs=None):
     """vLLM's output shape: one dict per token holding the sampled token (and maybe others)."""

@@ -186,6 +186,37 @@ def _require_free(needed: int, when: str, margin: float = HANDOVER_MARGIN) -> No
         raise RuntimeError(problem)
 
 
+def cpu_reservation_problem(
+    available: int, total: int, kwargs: Mapping[str, Any], section: str
+) -> str | None:
+    """Why vLLM's CPU build would refuse to start (None when it would not): without
+    `kv_cache_memory_bytes` it reserves gpu_memory_utilization x the host's `total` bytes and
+    needs that much `available` at start-up."""
+    if kwargs.get("kv_cache_memory_bytes") is not None:
+        return None
+    utilization = kwargs["gpu_memory_utilization"]
+    needed = utilization * total
+    if available >= needed:
+        return None
+    gib = 2**30
+    return (
+        f"vLLM on the CPU reserves {section}.gpu_memory_utilization={utilization} of the host's "
+        f"{total / gib:.2f} GiB ({needed / gib:.2f} GiB) at start-up, but {available / gib:.2f} "
+        f"GiB are available: lower {section}.gpu_memory_utilization, or size the KV cache with "
+        f"{section}.engine_kwargs.vllm.kv_cache_memory_bytes (vLLM then reserves only that)"
+    )
+
+
+def _host_memory() -> tuple[int, int] | None:
+    """(available, total) bytes of this host's memory from /proc/meminfo; None elsewhere."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            fields = dict(line.split(":", 1) for line in meminfo)
+        return tuple(int(fields[key].split()[0]) * 1024 for key in ("MemAvailable", "MemTotal"))
+    except (OSError, KeyError, ValueError):
+        return None
+
+
 def _in_process_v1() -> None:
     """Ask vLLM for its V1 engine in this process (the weight sync calls into its model)."""
     value = os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -336,7 +367,13 @@ def start_llm(spec: RolloutSpec) -> tuple[Any, dict[str, Any]]:
             "one per process: generate with that engine (validation does), or drop every "
             "reference to it before building another"
         )
-    kwargs = platform_kwargs(engine_kwargs(spec), vllm_platform(), spec.section)
+    platform = vllm_platform()
+    kwargs = platform_kwargs(engine_kwargs(spec), platform, spec.section)
+    sized = os.environ.get("VLLM_CPU_KVCACHE_SPACE")  # vLLM's own spelling of the KV cache's size
+    host = _host_memory() if platform.device_type == "cpu" and not sized else None
+    problem = host and cpu_reservation_problem(*host, kwargs, spec.section)
+    if problem:
+        raise ValueError(problem)
     problem = handover_problem(os.environ, kwargs["gpu_memory_utilization"])
     if problem and any(d.platform == "gpu" for d in jax.local_devices()):
         raise RuntimeError(problem)
