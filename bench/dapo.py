@@ -24,6 +24,7 @@ one line per algorithm and learning rate (and ``dapo_lr``) with the means over t
     python bench/dapo.py                                   # 3 seeds, 12 DAPO steps each
     python bench/dapo.py --lrs 1e-5 2e-5                   # both at each rate of the grid
     python bench/dapo.py --lrs 2e-5 --grpo-lrs 1e-5        # GRPO at another rate, same samples
+    python bench/dapo.py --lrs 2e-5 -- data.val_max_samples=64   # overrides behind -- here
     python bench/dapo.py --seeds 0 --steps 1 data.val_max_samples=8     # a smoke run
 """
 
@@ -101,7 +102,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "--grpo-lrs", nargs="+", type=float, help="GRPO's rates (default: each DAPO run's)"
     )
     parser.add_argument("--out", type=Path, default=ROOT / "outputs" / "dapo")
-    parser.add_argument("overrides", nargs="*", help="config overrides for every run")
+    parser.add_argument(
+        "overrides", nargs="*", help="config overrides for every run (after -- behind --lrs)"
+    )
     args = parser.parse_args(argv)
     if args.steps < 1 or args.gen_factor < 1:
         parser.error(f"--steps and --gen-factor must be positive: {args.steps}, {args.gen_factor}")
