@@ -189,10 +189,11 @@ def _require_free(needed: int, when: str, margin: float = HANDOVER_MARGIN) -> No
 def cpu_reservation_problem(
     available: int, total: int, kwargs: Mapping[str, Any], section: str
 ) -> str | None:
-    """Why vLLM's CPU build would refuse to start (None when it would not): without
-    `kv_cache_memory_bytes` it reserves gpu_memory_utilization x the host's `total` bytes and
-    needs that much `available` at start-up."""
-    if kwargs.get("kv_cache_memory_bytes") is not None:
+    """Why vLLM's CPU build would refuse to start (None when it would not): without a KV cache
+    size (`kv_cache_memory_bytes`, or vLLM's own `VLLM_CPU_KVCACHE_SPACE`) it reserves
+    gpu_memory_utilization x the host's `total` bytes and needs that much `available` at
+    start-up."""
+    if kwargs.get("kv_cache_memory_bytes") is not None or os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
         return None
     utilization = kwargs["gpu_memory_utilization"]
     needed = utilization * total
@@ -369,8 +370,7 @@ def start_llm(spec: RolloutSpec) -> tuple[Any, dict[str, Any]]:
         )
     platform = vllm_platform()
     kwargs = platform_kwargs(engine_kwargs(spec), platform, spec.section)
-    sized = os.environ.get("VLLM_CPU_KVCACHE_SPACE")  # vLLM's own spelling of the KV cache's size
-    host = _host_memory() if platform.device_type == "cpu" and not sized else None
+    host = _host_memory() if platform.device_type == "cpu" else None
     problem = host and cpu_reservation_problem(*host, kwargs, spec.section)
     if problem:
         raise ValueError(problem)
