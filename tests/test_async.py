@@ -24,7 +24,8 @@ from jrl.rollout import JaxRollout, SamplingParams
 from jrl.rollout.jax_rollout import SESSION_DECODE_STEPS
 from jrl.runspec import load_config
 from jrl.runspec.spec import resolve_run
-from jrl.trainer.overlap.fully_async import Rollouter, SingleTurns
+from jrl.trainer.loop.fit import Cadence
+from jrl.trainer.overlap.fully_async import Rollouter, SingleTurns, group_cap
 from jrl.trainer.overlap.split import split_rollout
 from jrl.trainer.overlap.versions import VERSIONS, version_metrics
 from jrl.trainer.ppo.trainer import PPOTrainer
@@ -295,12 +296,74 @@ def test_verls_fully_async_script_runs_under_its_config_name(tmp_path, monkeypat
     assert (run.data.files.train_batch_size, run.data.gen_batch_size) == (16, 16)
     assert run.cadence.total_training_steps == 3
     assert run.algorithm.rollout_correction.bypass_mode  # the recipe's rollout log-probs
+    # verl's fully-async trainer counts test_freq in weight versions: a sync every 2 steps here
+    cadence = Cadence.of(dataclasses.replace(run.cadence, test_freq=2, save_freq=3), 1)
+    assert [s for s in range(1, 9) if cadence.validates_at(s)] == [4, 8]
+    assert [s for s in range(1, 9) if cadence.saves_at(s)] == [3, 6, 8]
     metrics_file = tmp_path / "metrics.jsonl"
     monkeypatch.setenv("JRL_FILE_LOGGER_PATH", str(metrics_file))
     train.main(argv)
     rows = [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
     assert len(rows) == 3 and all("training/staleness_mean" in row for row in rows)
     assert rows[1]["sync/bytes"] > 0  # after 2 updates
+
+
+def test_verls_fully_async_recipe_runs_100_prompts_unless_told(tmp_path):
+    script = [k for k in FULLY_ASYNC_SCRIPT if not k.startswith("rollout.total_rollout_steps")]
+    argv = ["--config-name=fully_async_ppo_trainer", *digits_scale(tmp_path), *script]
+    config, _ = load_config(argv, num_devices=len(jax.devices()))
+    assert resolve_run(config).cadence.total_training_steps == 100 // 16  # steps of 16 prompts
+
+
+def test_the_cap_and_the_staleness_figures_count_as_verls():
+    # verl multiplies 5 * (0.2 + 1) * 9 = 54.0; (1 + 0.2) * 9 * 5 rounds down to 53.99...
+    assert group_cap(0.2, 9, 5) == 54
+    versions = np.array([[2, 3, -1], [-1, -1, -1], [3, 3, 3]], np.int32)  # row 1: no token
+    figures = version_metrics(versions, 3)
+    assert figures["training/staleness_mean"] == 0.5 and figures["training/partial_rows"] == 1
+    assert version_metrics(versions[1:2], 3) == {}
+
+
+def test_a_sync_between_the_trainers_starts_no_new_cap():
+    """A sync for validation between two of the trainer's (`SplitRun.idle`) relabels the
+    rows that start after it, but lets no more groups start before the trainer's next sync."""
+    model = init_random(TINY_LLAMA, seed=0)
+    engine = JaxRollout(model, response_length=4, pad_token_id=0, eos_token_ids=(1,))
+    ids = np.array([[0, 5, 9, 13], [3, 8, 2, 11], [7, 7, 4, 2], [6, 1, 9, 9]], np.int32)
+    prompts = prompt_batch(ids, (ids > 0).astype(np.int32))
+    rollouter = _partial_rollouter(engine, prompts, jax.random.key(0), 4)
+    rollouter.cap = 2
+    assert len(rollouter.take(2)) == 2  # the version's cap of groups
+    rollouter.pause(drain=False)
+    rollouter.resume(version=1, new_cap=False)
+    assert rollouter.version == 1 and rollouter.started == 2
+    with pytest.raises(RuntimeError, match="may start no group before the next sync"):
+        rollouter.take(1)
+    rollouter.pause(drain=False)
+    rollouter.resume(version=2)
+    groups = rollouter.take(2)
+    assert all((g.tensors[VERSIONS][g.tensors["response_mask"] > 0] == 2).all() for g in groups)
+
+
+def test_critic_warm_up_steps_count_as_versions_under_fully_async(tmp_path, monkeypatch):
+    """verl's split trainers count a critic's warm-up step as a version: with a cap of exactly
+    one version's groups, a run whose first step only warms the critic up syncs after step 2
+    and goes on (counting actor updates, step 3 found the cap spent and no sync to come)."""
+    rows = _run(
+        tmp_path,
+        3,
+        monkeypatch,
+        *FULLY_ASYNC_KEYS,
+        "algorithm.adv_estimator=gae",
+        "critic.enable=True",
+        "critic.model.fsdp_config.dtype=float32",
+        "critic.ppo_micro_batch_size_per_gpu=16",
+        "trainer.critic_warmup=2",  # step 1 updates only the critic
+        "trainer.save_freq=-1",
+    )
+    assert "actor/pg_loss" not in rows[1] and "actor/pg_loss" in rows[2]
+    assert [("sync/bytes" in rows[s]) for s in (1, 2, 3)] == [False, True, False]
+    assert [rows[s]["training/staleness_mean"] for s in (1, 2, 3)] == [0, 1, 0]
 
 
 def test_one_step_off_runs_agent_loops_in_the_rollouts_thread(tmp_path, monkeypatch):

@@ -211,6 +211,11 @@ def test_dapo_overlong_penalty(tokenizer, scorer_files):
     assert info["acc"] == [1.0] * 4  # the score before the penalty
     assert info["overlong_reward"] == [0.0, 0.0, -0.25, -0.5]
     assert info["overlong"] == [False, False, True, True]
+    # verl's main_ppo scripts name the buffer by the manager's argument, under reward_kwargs.
+    verl_spelling = {"overlong_buffer_cfg": buffer, "max_resp_len": 8}
+    cfg = config("dapo", path=path, name="always_one", reward_kwargs=verl_spelling)
+    out = load_reward_manager(cfg, tokenizer, 0)(length_batch([2, 4, 6, 8], width=8), True)
+    assert row_scores(out) == [1.0, 1.0, 0.75, 0.5]
 
     # Without reward_model.overlong_buffer (or with enable=False) there is no penalty.
     plain = load_reward_manager(config("dapo", path=path, name="always_one"), tokenizer, 0)

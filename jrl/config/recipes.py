@@ -12,10 +12,11 @@ turns them on. (``algorithm.filter_groups._target_`` names verl's dataclass and 
 ``verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml``: the rollout on
 devices of its own (their ``rollout`` section; ``hybrid_engine`` off, as their launch scripts set
 it), the rollout's log-probs as the old ones, and for the fully-async trainer its
-``async_training`` section (``async_training.mode`` is jrl's name for the choice of program).
+``async_training`` section (``async_training.mode`` is jrl's name for the choice of program)
+and its run of 100 prompts (``rollout.total_rollout_steps``, which caps the training steps).
 Their Ray, NCCL and vLLM-server keys (``checkpoint_engine``, ``free_cache_engine``,
-``standalone_gpu_memory_utilization``, ``total_rollout_steps``, ``concurrent_samples_per_replica``,
-the dynamic-schedule options) have no key here.
+``standalone_gpu_memory_utilization``, ``concurrent_samples_per_replica``, the dynamic-schedule
+options) have no key here.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ ONE_STEP_OFF_TRAINER: Layer = (
 FULLY_ASYNC_TRAINER: Layer = (
     *ONE_STEP_OFF_TRAINER,
     ("async_training.mode", "fully_async"),
+    ("rollout.total_rollout_steps", 100),
     ("async_training.staleness_threshold", 0.1),
     ("async_training.trigger_parameter_sync_step", 4),
     ("async_training.require_batches", 1),

@@ -94,6 +94,9 @@ class OverlongBuffer:
         return min(-exceed / self.len * self.penalty_factor, 0.0)
 
 
+VERL_BUFFER_NAME = "overlong_buffer_cfg"  # verl's DAPO manager's argument for the buffer
+
+
 @dataclasses.dataclass(frozen=True)
 class DAPOOptions(ManagerOptions):
     """`dapo`: `max_resp_len` (data.max_response_length) and the `overlong_buffer`; an enabled
@@ -101,6 +104,15 @@ class DAPOOptions(ManagerOptions):
 
     max_resp_len: int | None = None
     overlong_buffer: OverlongBuffer = OverlongBuffer()
+
+    @classmethod
+    def from_kwargs(cls, manager: str, kwargs: Mapping[str, Any]) -> DAPOOptions:
+        """The options of `kwargs`, verl's argument name ``overlong_buffer_cfg`` (what verl's
+        ``main_ppo`` scripts set under reward_kwargs) read as `overlong_buffer`."""
+        kwargs = dict(kwargs)
+        if VERL_BUFFER_NAME in kwargs:
+            kwargs["overlong_buffer"] = kwargs.pop(VERL_BUFFER_NAME)
+        return super().from_kwargs(manager, kwargs)
 
     def __post_init__(self) -> None:
         buffer = self.overlong_buffer

@@ -49,6 +49,12 @@ class AsyncSpec:
     require_batches: int = 1
     partial_rollout: bool = False
 
+    @property
+    def version_steps(self) -> int:
+        """Steps per weight version, the unit in which verl's fully-async trainer counts
+        ``trainer.test_freq`` (1 for one-step-off: a version a step)."""
+        return self.trigger_parameter_sync_step if self.fully_async else 1
+
 
 def streams(config: ConfigDict) -> bool:
     """Whether `config` runs verl's fully-async trainer (a split run in fully-async mode)."""

@@ -52,7 +52,10 @@ class MeshSpec:
 @dataclasses.dataclass(frozen=True)
 class CadenceSpec:
     """Steps and cadence: `total_training_steps` (None: `total_epochs` passes over the data),
-    validation every `test_freq` and a checkpoint every `save_freq` steps (verl's rules)."""
+    validation every `test_freq` weight versions of `version_steps` steps each and a checkpoint
+    every `save_freq` steps (verl's rules; a version is a step except in the fully-async
+    trainer, which syncs every ``trigger_parameter_sync_step`` steps and validates after a
+    sync)."""
 
     total_training_steps: int | None
     total_epochs: int
@@ -60,6 +63,7 @@ class CadenceSpec:
     save_freq: int
     val_before_train: bool
     val_only: bool
+    version_steps: int = 1
 
     def total_steps(self, batches_per_epoch: int) -> int:
         """`total_training_steps`, else `total_epochs` * `batches_per_epoch`."""
@@ -153,8 +157,9 @@ def mesh_spec(config: KeyReads) -> MeshSpec:
     )
 
 
-def cadence_spec(trainer: KeyReads) -> CadenceSpec:
-    """The cadence of a ``trainer`` section (PPO family or SFT)."""
+def cadence_spec(trainer: KeyReads, version_steps: int = 1) -> CadenceSpec:
+    """The cadence of a ``trainer`` section (PPO family or SFT), ``test_freq`` counted in
+    versions of `version_steps` steps."""
     before = bool(trainer.get("val_before_train", False))
     if not before:
         trainer.skip("val_only", "trainer.val_before_train is False (val_only stops after it)")
@@ -165,6 +170,7 @@ def cadence_spec(trainer: KeyReads) -> CadenceSpec:
         save_freq=int(trainer.save_freq),
         val_before_train=before,
         val_only=bool(trainer.get("val_only", False)) if before else False,
+        version_steps=version_steps,
     )
 
 

@@ -133,6 +133,8 @@ def resolve_run(config: ConfigDict) -> RunSpec:
     grouped = (*policy_roles, "critic") if trains_critic else policy_roles
     group_size = view.resolve(grouped, lambda: int(arr.rollout.n))
     policy = view.resolve(policy_roles, packing, arr.model, group_size)
+    placement = view.resolve("placement", async_spec, view)
+    version_steps = placement.version_steps if placement else 1
     return RunSpec(
         mesh=view.resolve("mesh", mesh_spec, view),
         data=view.resolve("data", data_spec, view),
@@ -142,13 +144,13 @@ def resolve_run(config: ConfigDict) -> RunSpec:
         reward_model=view.resolve("reward_model", reward_model_settings, view) if scores else None,
         algorithm=resolve_algorithm(view),
         trainer=view.resolve("trainer", trainer_spec, view),
-        cadence=view.resolve("cadence", cadence_spec, view.trainer),
+        cadence=view.resolve("cadence", cadence_spec, view.trainer, version_steps),
         checkpoint=view.resolve("checkpoint", ppo_checkpoint_spec, view, trains_critic),
         logging=view.resolve("logging", logging_spec, view),
         reward=view.resolve("reward", reward_settings, view),
         rollout=view.resolve("rollout", rollout_spec, view),
         agent=view.resolve("agent", agent_settings, view),
-        placement=view.resolve("placement", async_spec, view),
+        placement=placement,
         keys=view.ledger.record(),
     )
 

@@ -33,9 +33,13 @@ from jrl.trainer.loop.stopping import DataExhausted, StopRequest, check_losses_f
 
 @dataclasses.dataclass(frozen=True)
 class Cadence:
-    """When a run validates and saves (verl's rules): every ``test_freq`` / ``save_freq`` steps
-    when > 0 and at the last step (`total_steps`) — PPO's trainer only when the frequency is
-    > 0, SFT's always (`after_last`)."""
+    """When a run validates and saves (verl's rules): every ``test_freq`` versions of
+    `version_steps` steps / every ``save_freq`` steps when > 0 and at the last step
+    (`total_steps`) — PPO's trainer only when the frequency is > 0, SFT's always
+    (`after_last`). A version is a step, except in the fully-async trainer, whose weights sync
+    every ``trigger_parameter_sync_step`` steps: validation falls right after a sync, as in
+    verl. Checkpoints keep counting steps (a checkpoint drains the rollouter and resumes
+    exactly at any step, and its folder is named by step)."""
 
     total_steps: int
     test_freq: int
@@ -43,6 +47,7 @@ class Cadence:
     after_last: bool = False
     val_before_train: bool = False
     val_only: bool = False
+    version_steps: int = 1
 
     @classmethod
     def of(cls, spec: CadenceSpec, batches_per_epoch: int, *, after_last: bool = False) -> Cadence:
@@ -54,11 +59,12 @@ class Cadence:
             after_last=after_last,
             val_before_train=spec.val_before_train,
             val_only=spec.val_only,
+            version_steps=spec.version_steps,
         )
 
     def validates_at(self, step: int) -> bool:
         """Whether validation runs after `step`."""
-        return self._due(step, self.test_freq)
+        return self._due(step, self.test_freq * self.version_steps)
 
     def saves_at(self, step: int) -> bool:
         """Whether a checkpoint is written after `step`."""

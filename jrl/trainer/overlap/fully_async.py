@@ -117,8 +117,9 @@ class SingleTurns:
 
 def group_cap(staleness: float, trigger: int, step_prompts: int) -> int:
     """Groups the rollouter may start per weight version (module docstring; `step_prompts`:
-    ``require_batches * ppo_mini_batch_size``)."""
-    return math.floor((1 + staleness) * trigger * step_prompts)
+    ``require_batches * ppo_mini_batch_size``), multiplied in verl's order, so that the float
+    product rounds down to verl's count."""
+    return math.floor(step_prompts * (staleness + 1) * trigger)
 
 
 class Rollouter:
@@ -209,12 +210,15 @@ class Rollouter:
                 self._raise_error()
                 self._cond.wait(0.05)
 
-    def resume(self, version: int | None = None) -> None:
-        """Goes on after `pause`; with `version`, the weights were synced to it: a new version's
-        cap starts, the groups still queued or running counting against it."""
+    def resume(self, version: int | None = None, *, new_cap: bool = True) -> None:
+        """Goes on after `pause`; with `version`, the weights were synced to it, and where
+        `new_cap` a new version's cap starts, the groups still queued or running counting
+        against it (else the groups started since the trainer's last sync still count: a sync
+        for validation between two of the trainer's lets no more groups start)."""
         with self._cond:
             if version is not None:
                 self.version = version
+            if version is not None and new_cap:
                 self.started = len(self._queue) + len({r.group for r in self._rows.values()})
             self._pause_wanted = self._paused = False
             self._cond.notify_all()

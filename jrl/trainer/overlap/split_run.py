@@ -1,10 +1,11 @@
 """A split run's rollout side as the trainer drives it: the engine on its own devices, the weight
 sync, and one-step-off generation or the fully-async rollouter (docs/architecture.md).
 
-The trainer asks for each step's rows (`rows`), reports each actor update (`updated`: the
-fully-async sync every ``trigger_parameter_sync_step`` updates), frees the engine for validation
+The trainer asks for each step's rows (`rows`), reports each finished step (`updated`: the
+fully-async sync every ``trigger_parameter_sync_step`` steps), frees the engine for validation
 with the actor's weights (`idle`), and saves and restores what the rollout side holds
-(`checkpoint` / `restore`). `version` counts the actor's updates: the policy's version, against
+(`checkpoint` / `restore`). `version` counts the trainer's steps, a critic's warm-up steps
+(no actor update) included, as verl's split trainers count them: the policy's version, against
 which each row's staleness is measured.
 """
 
@@ -107,9 +108,10 @@ class SplitRun:
         return version_metrics(batch.tensors[VERSIONS], self.version)
 
     def updated(self, timing: dict[str, float]) -> dict[str, float]:
-        """The actor took an update; fully async, every ``trigger_parameter_sync_step``-th one
-        pauses the rollouter between two session steps, syncs and resumes it (its running rows
-        go on with the new weights, with ``partial_rollout``; else they end first)."""
+        """The trainer finished a step (the actor updated, or the critic warmed up); fully
+        async, every ``trigger_parameter_sync_step``-th one pauses the rollouter between two
+        session steps, syncs and resumes it under a new version's cap (its running rows go on
+        with the new weights, with ``partial_rollout``; else they end first)."""
         self.version += 1
         trigger = self.placement.trigger_parameter_sync_step
         if self.rollouter is None or self.version % trigger:
@@ -147,8 +149,8 @@ class SplitRun:
             if synced:
                 self.sync()
             yield
-        finally:
-            self.rollouter.resume(self.weight_sync.version)
+        finally:  # rows started from here are the synced version's, under the same cap
+            self.rollouter.resume(self.weight_sync.version, new_cap=False)
 
     def close(self) -> None:
         """Stops the rollout side's thread (the rollouter's, or one-step-off's pool)."""

@@ -13,7 +13,11 @@ VERSIONS = "rollout_token_versions"
 def version_metrics(versions: np.ndarray, trainer_version: int) -> dict[str, float]:
     """verl's off-policy figures of rows whose tokens carry `versions` ([rows, R], -1: pad):
     a row's staleness is the trainer's version minus the oldest version that sampled it, its
-    span the number of versions it was sampled with."""
+    span the number of versions it was sampled with. Rows without a sampled token are left
+    out (none: no figures)."""
+    versions = versions[(versions >= 0).any(-1)]
+    if not len(versions):
+        return {}
     real = versions >= 0
     oldest = np.where(real, versions, np.iinfo(np.int32).max).min(-1)
     newest = np.where(real, versions, -1).max(-1)

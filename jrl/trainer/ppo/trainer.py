@@ -427,9 +427,9 @@ class PPOTrainer:
             if self.split is None:
                 with timer("update_weights", timing):
                     self.rollout.update_weights(self.actor.params)
-            else:  # one-step-off syncs as it starts a generation, fully async on its trigger
-                metrics.update(self.split.updated(timing))
-        if self.split is not None:
+        if self.split is not None:  # a version a step, the critic's warm-up too (verl's count)
+            # one-step-off syncs as it starts a generation, fully async on its trigger
+            metrics.update(self.split.updated(timing))
             metrics.update(self.split.step_metrics())
         return StepOutput(metrics, batch)
 
