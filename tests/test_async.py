@@ -297,7 +297,8 @@ def test_verls_fully_async_script_runs_under_its_config_name(tmp_path, monkeypat
     assert run.cadence.total_training_steps == 3
     assert run.algorithm.rollout_correction.bypass_mode  # the recipe's rollout log-probs
     # verl's fully-async trainer counts test_freq in weight versions: a sync every 2 steps here
-    cadence = Cadence.of(dataclasses.replace(run.cadence, test_freq=2, save_freq=3), 1)
+    every = dataclasses.replace(run.cadence, test_freq=2, save_freq=3, total_training_steps=8)
+    cadence = Cadence.of(every, 1)
     assert [s for s in range(1, 9) if cadence.validates_at(s)] == [4, 8]
     assert [s for s in range(1, 9) if cadence.saves_at(s)] == [3, 6, 8]
     metrics_file = tmp_path / "metrics.jsonl"
