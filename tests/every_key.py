@@ -86,6 +86,7 @@ CONTEXTS = {
     "algorithm.filter_groups.enable": {"algorithm.filter_groups.metric": "seq_reward"},
     "algorithm.filter_groups.metric": {"algorithm.filter_groups.enable": True},
     "algorithm.filter_groups.max_num_gen_batches": _FILTER,
+    "algorithm.filter_groups.max_inflight_gen_batches": _FILTER,
     "data.gen_batch_size": _FILTER,
     f"{ACTOR}.ppo_mini_batch_size": _SMALL_MICRO,
     "critic.ppo_mini_batch_size": _SMALL_MICRO,

@@ -137,6 +137,10 @@ def test_max_num_gen_batches_stops_a_step_that_cannot_fill():
             ],
             "metric=seq_final_reward with algorithm.use_kl_in_reward=True",
         ),
+        (
+            [*FILTER, "algorithm.filter_groups.max_inflight_gen_batches=3"],
+            "max_inflight_gen_batches=3: generation batches pending at once are not implemented",
+        ),
     ],
 )
 def test_config_errors_name_the_keys(overrides, error):
@@ -148,6 +152,8 @@ def test_settings_are_resolved_once():
     config, _ = load_config(["--config=configs/gsm8k_grpo.py:tiny", *FILTER])
     run = resolve_run(config)
     assert run.algorithm.filter_groups == _settings(4, limit=0, metric="seq_reward")
+    inflight = "algorithm.filter_groups.max_inflight_gen_batches"
+    assert inflight in run.keys.skipped  # current verl's default, 1: one batch at a time
     assert run.data.gen_batch_size == 4  # null: the train batch
     config, _ = load_config(["--config=configs/gsm8k_grpo.py:tiny", "data.gen_batch_size=4"])
     assert resolve_run(config).algorithm.filter_groups is None

@@ -384,7 +384,12 @@ def _algorithm() -> ConfigDict:
             bypass_mode=False,
             loss_type="ppo_clip",
         ),
-        filter_groups=section(enable=False, metric=placeholder(str), max_num_gen_batches=0),
+        filter_groups=section(
+            enable=False,
+            metric=placeholder(str),
+            max_num_gen_batches=0,
+            max_inflight_gen_batches=1,  # current verl's: generation batches pending at once
+        ),
     )
 
 

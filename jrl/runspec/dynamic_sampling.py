@@ -1,6 +1,8 @@
 """DAPO's dynamic sampling, resolved once: ``data.gen_batch_size`` and
 ``algorithm.filter_groups.{enable, metric, max_num_gen_batches}`` (verl's DAPO recipe, v0.6.0
-``recipe/dapo/dapo_ray_trainer.py``; in current verl's core since v0.9).
+``recipe/dapo/dapo_ray_trainer.py``; in current verl's core since v0.9, which adds
+``max_inflight_gen_batches``, the generation batches pending at once: jrl's step draws them one
+at a time, current verl's default 1).
 
 With filtering on, a step generates batches of ``gen_batch_size`` prompts x n, keeps the prompts
 whose n values of `metric` have a standard deviation above 0 (and groups of one row), and draws
@@ -52,8 +54,10 @@ def filter_groups(config: KeyReads) -> FilterGroups | None:
     """The enabled ``algorithm.filter_groups`` (None when off: its other keys stay unread)."""
     section = config.algorithm.filter_groups
     if not section.enable:
-        section.skip(("metric", "max_num_gen_batches"), f"{_FILTER}.enable is False")
+        keys = ("metric", "max_num_gen_batches", "max_inflight_gen_batches")
+        section.skip(keys, f"{_FILTER}.enable is False")
         return None
+    section.skip("max_inflight_gen_batches", "1, its default (checked): one batch at a time")
     return FilterGroups(
         metric=str(section.metric),
         train_batch_size=int(config.data.train_batch_size),

@@ -17,6 +17,10 @@ def _always(config: ConfigDict) -> bool:
     return True
 
 
+def _filters_groups(config: ConfigDict) -> bool:
+    return bool(config.algorithm.filter_groups.enable)
+
+
 @dataclasses.dataclass(frozen=True)
 class Unsupported:
     """Keys matching `pattern` (dotted, ``*`` matches any part) cannot leave their defaults, for
@@ -68,6 +72,13 @@ UNSUPPORTED = (
     ),
     Unsupported("reward_model.sandbox_fusion.*", "sandbox-fusion code scoring is not implemented"),
     Unsupported("reward_model.rollout.*", "a generative reward model is not implemented"),
+    Unsupported(
+        "algorithm.filter_groups.max_inflight_gen_batches",
+        "generation batches pending at once are not implemented: a DAPO step draws its batches "
+        "one at a time (the fully-async trainer, async_training.mode=fully_async, streams "
+        "groups as they end)",
+        _filters_groups,
+    ),
     Unsupported("algorithm.use_pf_ppo", "PF-PPO's reward-weighted resampling is not implemented"),
     Unsupported("algorithm.pf_ppo.*", "PF-PPO's reward-weighted resampling is not implemented"),
     Unsupported(
