@@ -8,6 +8,7 @@ else (server, loops, tools, chat template, SmolLM2's real tokenizer) is jrl's re
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import time
 
@@ -233,6 +234,40 @@ def test_tool_schemas_reach_the_prompt(tokenizer):
     chat = ChatTemplate.of(tokenizer, {}, [SCHEMA])
     text = tokenizer.decode(chat.prompt_ids(chat.show_tools([{"role": "user", "content": "hi"}])))
     assert '"name": "calculator"' in text and "<tool_call>" in text  # SmolLM2 ignores tools=
+
+
+# A ChatML template written for this test with the property of Qwen3's that matters here: the
+# assistant turn after the last user turn gets an empty think block only while it is the last.
+THINKS_WHEN_LAST = (
+    "{%- set ns = namespace(last_user=-1) -%}"
+    "{%- for m in messages -%}{%- if m.role == 'user' -%}{%- set ns.last_user = loop.index0 -%}"
+    "{%- endif -%}{%- endfor -%}"
+    "{%- for m in messages -%}"
+    "{%- if m.role == 'assistant' and loop.index0 > ns.last_user and loop.last -%}"
+    "{{ '<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n' + m.content + '<|im_end|>\\n' }}"
+    "{%- elif m.role == 'tool' -%}"
+    "{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else -%}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<|im_start|>assistant\\n' }}{%- endif -%}"
+)
+
+
+def test_a_turn_follows_the_models_eos_where_the_template_rewrites_the_last_turn(tokenizer):
+    """Qwen3's template writes the last assistant turn with an empty think block and the same
+    turn without it once a tool turn follows: the delta still starts after the model's EOS."""
+    from jrl.agent.chat import ChatTemplate
+
+    thinking = copy.deepcopy(tokenizer)
+    thinking.chat_template = THINKS_WHEN_LAST
+    chat = ChatTemplate.of(thinking, {}, [])
+    delta = thinking.decode(chat.turn_delta([{"role": "tool", "content": "42"}]))
+    expected = "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+    assert delta == expected + "<|im_start|>assistant\n"
+    plain = ChatTemplate.of(tokenizer, {}, [])  # SmolLM2's own template: the same delta
+    assert tokenizer.decode(plain.turn_delta([{"role": "user", "content": "42"}])).startswith(
+        "\n<|im_start|>user\n42<|im_end|>"
+    )
 
 
 class Misbehaving(BaseTool):

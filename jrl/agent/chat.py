@@ -101,13 +101,29 @@ class ChatTemplate:
     def turn_delta(self, appended: Messages) -> list[int]:
         """Token ids of the turns `appended` after an assistant turn that ended with the
         tokenizer's EOS token, through the next generation prompt: what the template writes
-        after the EOS (its turn separator included)."""
+        after that EOS (its turn separator included).
+
+        The delta starts after as many EOS tokens as the probe conversation holds through its
+        assistant turn, not after the probe's text: some templates write the last assistant
+        turn otherwise than one that turns follow (Qwen3's adds an empty think block to the
+        last), and the turns the model already sampled stay as it sampled them."""
         after = self.render([*_BEFORE, *appended], True)
-        if not after.startswith(self.before_delta):
-            raise ValueError(
-                "the chat template renders earlier turns differently once turns follow"
-            )
-        return self.ids(after[len(self.before_delta) :])
+        eos = self.tokenizer.eos_token
+        turns = self.before_delta.count(eos) if eos else 0
+        if not turns:  # no EOS to count: the probe's text itself must lead
+            if not after.startswith(self.before_delta):
+                raise ValueError(
+                    "the chat template renders earlier turns differently once turns follow"
+                )
+            return self.ids(after[len(self.before_delta) :])
+        start = -len(eos)
+        for _ in range(turns):
+            start = after.find(eos, start + len(eos))
+            if start < 0:
+                raise ValueError(
+                    f"the chat template ends fewer turns with {eos!r} once turns follow"
+                )
+        return self.ids(after[start + len(eos) :])
 
     def matches_full_render(self, messages: Messages, ids: Sequence[int], mode: str) -> bool:
         """``tokenization_sanity_check_mode``: whether `ids` (built turn by turn) equal the whole
