@@ -140,7 +140,8 @@ def test_naive_manager_dict_scores_and_extra_info(tokenizer):
     assert out["reward_tensor"][1, lengths[1] - 1] == 7.0
     assert out["reward_tensor"].sum() == 13.0
     assert out["reward_extra_info"] == {"score": [6.0, 7.0], "acc": [True, True]}
-    assert seen == [("a", "#### 7", "7", {}), ("b", "#### 77", "7", {"index": 1})]
+    added = {"num_turns": None, "rollout_reward_scores": {}}  # what verl's managers add
+    assert seen == [("a", "#### 7", "7", added), ("b", "#### 77", "7", {"index": 1, **added})]
     with pytest.raises(KeyError, match=r"lacks \['source'\].*data.reward_fn_key"):
         NaiveRewardManager(tokenizer, 0, reward_fn_key="source")(batch)
     bad = NaiveRewardManager(tokenizer, 0, compute_score=lambda **kw: {"acc": 1.0})

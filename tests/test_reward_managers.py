@@ -55,6 +55,11 @@ def always_one(data_source, solution_str, ground_truth, extra_info=None):
     return 1.0
 
 
+def turns_told(data_source, solution_str, ground_truth, extra_info=None):
+    assert extra_info["rollout_reward_scores"] == {}
+    return {"score": 1.0, "turns": extra_info["num_turns"]}
+
+
 class EchoManager:
     def __init__(self, tokenizer, num_examine, compute_score, reward_fn_key, width=1):
         self.compute_score = compute_score
@@ -177,6 +182,15 @@ def test_batch_manager_scores_in_one_call(tokenizer, scorer_files, capsys):
     strict = config("batch", path=path, name="always_one", custom_reward_function__on_error="raise")
     with pytest.raises(RuntimeError, match="'always_one' .* failed on row 0 .*TypeError"):
         load_reward_manager(strict, tokenizer, 0)(text_batch(tokenizer, ["#### 8", "#### 7"]))
+
+
+def test_scoring_functions_see_the_rows_turns_as_verls_managers_pass_them(tokenizer, scorer_files):
+    path = str(scorer_files / "batch_scorers.py")
+    manager = load_reward_manager(config("naive", path=path, name="turns_told"), tokenizer, 0)
+    rows = text_batch(tokenizer, ["#### 7", "#### 8"])
+    agent_rows = rows.union(Batch(meta={"num_turns": np.array([3, 5], np.int32)}))
+    assert manager(agent_rows, True)["reward_extra_info"]["turns"] == [3, 5]
+    assert manager(rows, True)["reward_extra_info"]["turns"] == [None, None]  # no agent loop
 
 
 # ---------------------------------------------------------------- dapo

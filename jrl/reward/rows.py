@@ -15,7 +15,9 @@ from jrl.batch import Batch
 @dataclasses.dataclass
 class ScoringRows:
     """Per row: decoded prompt and response (special tokens skipped), the response's valid token
-    count, reward_model.ground_truth (None when absent), the data source and extra_info."""
+    count, reward_model.ground_truth (None when absent), the data source and extra_info, with
+    what verl's managers add to it: ``num_turns`` (the row's turns from an agent loop, None
+    without one) and ``rollout_reward_scores`` (the rollout's own scores: none in jrl, {})."""
 
     prompts: list[str]
     responses: list[str]
@@ -77,6 +79,7 @@ def decode_rows(
             )
         ground_truths.append(spec.get("ground_truth"))
     extra_infos = batch.meta.get("extra_info", [None] * len(batch))
+    turns = batch.meta.get("num_turns", [None] * len(batch))
     return ScoringRows(
         prompts=tokenizer.batch_decode(
             [row[width - n :].tolist() for row, n in zip(prompts, prompt_lengths, strict=True)],
@@ -89,5 +92,12 @@ def decode_rows(
         response_lengths=response_lengths,
         ground_truths=ground_truths,
         data_sources=list(batch[reward_fn_key]),
-        extra_infos=[dict(info or {}) for info in extra_infos],
+        extra_infos=[
+            {
+                **(info or {}),
+                "num_turns": None if n is None else int(n),
+                "rollout_reward_scores": {},
+            }
+            for info, n in zip(extra_infos, turns, strict=True)
+        ],
     )
