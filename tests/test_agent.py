@@ -368,10 +368,12 @@ def test_hermes_parser_reads_calls_in_order_and_counts_malformed_ones():
     text = (
         'a<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>b<tool_call>{"name": 3}'
         '</tool_call><tool_call>{"name": "g", "arguments": {}}</tool_call>'
+        '<tool_call>{"name": "h", "arguments": "{\\"x\\": 2}"}</tool_call>'  # encoded twice
     )
     parsed = parse_hermes(text)
-    assert [c.name for c in parsed.calls] == ["f", "g"] and parsed.malformed == 1
+    assert [c.name for c in parsed.calls] == ["f", "g", "h"] and parsed.malformed == 1
     assert parsed.calls[0].arguments == '{"x": 1}' and parsed.content == "ab"
+    assert parsed.calls[2].arguments == '"{\\"x\\": 2}"'  # called as verl calls it
 
 
 def test_calculator_is_arithmetic_only():

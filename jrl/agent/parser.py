@@ -21,8 +21,9 @@ class FunctionCall:
 @dataclasses.dataclass(frozen=True)
 class ParsedTurn:
     """An assistant turn's text without its tool calls, the calls, and how many
-    ``<tool_call>`` blocks were not a JSON object with a string ``name`` and object
-    ``arguments``."""
+    ``<tool_call>`` blocks were not a JSON object with a string ``name`` and ``arguments``
+    (any JSON value, as verl reads them: a tool given other than an object answers with an
+    error turn, as verl's does)."""
 
     content: str
     calls: tuple[FunctionCall, ...]
@@ -36,7 +37,7 @@ def parse_hermes(text: str) -> ParsedTurn:
         try:
             call = json.loads(block)
             name, arguments = call["name"], call["arguments"]
-            if not isinstance(name, str) or not isinstance(arguments, dict):
+            if not isinstance(name, str):
                 raise TypeError
         except (ValueError, KeyError, TypeError):
             malformed += 1
