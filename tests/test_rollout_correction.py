@@ -310,6 +310,7 @@ def test_actor_level_spelling_acts():
         ([f"{RC}.rollout_is=geometric"], "'geometric' is not supported; use one of token, seq"),
         ([f"{RC}.rollout_rs=token_k4", f"{RC}.rollout_rs_threshold=1.0"], "criteria.*token_k4"),
         ([f"{RC}.rollout_rs=token_k2", f"{RC}.rollout_rs_threshold=0.5_1"], "one upper bound"),
+        ([f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=2.0_0.5"], "lower bound of"),
         ([f"{RC}.rollout_rs=token_k2"], "rollout_rs_threshold is required"),
         ([f"{RC}.rollout_rs_threshold=0.1"], "rollout_rs_threshold has no effect without"),
         ([f"{RC}.loss_type=pg"], "loss_type='pg' is not supported; use one of ppo_clip, reinforce"),

@@ -137,6 +137,11 @@ def _bounds(option: str, spec: str, key: str) -> Bounds:
         raise ValueError(f"{key}: the bounds of {option} must be positive, got {spec!r}")
     if not k1:
         return None, values[0]
+    if len(values) == 2 and values[0] > values[1]:
+        raise ValueError(
+            f"{key}: the lower bound of {option} is above its upper bound in {spec!r} (every "
+            "token would be rejected); give lower_upper"
+        )
     return (values[0], values[1]) if len(values) == 2 else (1.0 / values[0], values[0])
 
 
