@@ -18,7 +18,7 @@ from jrl.batch import Batch
 from jrl.config import ConfigError
 from jrl.runspec import load_config
 from jrl.runspec.algorithm import resolve_algorithm
-from jrl.trainer.ppo.experience import rollout_correction
+from jrl.trainer.ppo.experience import advantage_phase, rollout_correction
 from jrl.trainer.roles.actor import ActorLoss
 
 GRPO = str(Path(__file__).resolve().parents[1] / "configs" / "gsm8k_grpo.py")
@@ -268,6 +268,36 @@ def test_current_spelling_in_the_trainer_step():
     batch, metrics = step(config())  # defaults: verl still logs the off-policy metrics
     assert "rollout_is_weights" not in batch.tensors
     assert set(metrics) == {rc.METRIC_PREFIX + k for k in ref_offpolicy()}
+
+
+def test_the_in_reward_kl_runs_before_rejection_takes_tokens_out():
+    """verl applies the in-reward KL over the response mask as generated, then rollout
+    rejection: a rejected token keeps its KL penalty in token_level_rewards (GRPO sums them)."""
+    cfg = config(
+        "algorithm.use_kl_in_reward=True",
+        "algorithm.kl_ctrl.kl_coef=0.5",
+        f"{RC}.rollout_rs=token_k1",
+        f"{RC}.rollout_rs_threshold=0.8_1.3",
+    )
+    algorithm = resolve_algorithm(cfg)
+    old, rollout = log_probs()
+    reference = old + rand(7, old.shape, 0.1)
+    batch = Batch(
+        {
+            "old_log_probs": old,
+            "rollout_log_probs": rollout,
+            "ref_log_prob": reference,
+            "response_mask": MASK,
+            "token_level_scores": np.zeros(MASK.shape, np.float32),
+        },
+        {"uid": np.arange(B).astype(str).astype(object)},
+    )
+    kl_ctrl = algos.get_kl_controller(algorithm.kl_in_reward.kl_ctrl)
+    out, metrics = advantage_phase(batch, algorithm, kl_ctrl, bypass=False)
+    rejected = VALID & (out.tensors["response_mask"] == 0)
+    assert rejected.any() and "actor/reward_kl_penalty" in metrics
+    penalty = -0.5 * (old - reference) * MASK  # kl_penalty "kl": old - ref, on every real token
+    close(out.tensors["token_level_rewards"], penalty, 1e-6)
 
 
 def test_both_spellings_compute_the_same():

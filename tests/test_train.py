@@ -16,7 +16,7 @@ from jrl import train
 from jrl.assets import prepare_for
 from jrl.batch import Batch
 from jrl.runspec import load_config
-from jrl.trainer.ppo.experience import compute_advantage
+from jrl.trainer.ppo.experience import advantage_phase
 from jrl.trainer.ppo.trainer import PPOTrainer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -111,7 +111,7 @@ def test_grpo_step_same_for_any_micro_batch_split_and_device_count(tmp_path):
     last = np.maximum(mask.sum(-1) - 1, 0)
     scores[np.arange(len(batch)), last] = np.random.default_rng(0).normal(size=len(batch))
     scored = batch.union(Batch({"token_level_scores": scores}))
-    batch, _ = compute_advantage(scored, one.run.algorithm, one.kl_ctrl)
+    batch, _ = advantage_phase(scored, one.run.algorithm, one.kl_ctrl, bypass=False)
     assert np.abs(batch.tensors["advantages"]).max() > 0
     ref_one, _ = one.actor.compute_log_prob(batch)
     ref_eight, _ = eight.actor.compute_log_prob(batch)

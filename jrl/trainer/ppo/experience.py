@@ -1,6 +1,6 @@
-"""The advantage phase of a PPO step: in-reward KL, the advantage estimator and rollout
-correction, from the batch's scores, log-probs and values (`jrl.algos`), as the run's
-`AlgorithmSpec` says."""
+"""The advantage phase of a PPO step: in-reward KL, rollout correction and the advantage
+estimator, from the batch's scores, log-probs and values (`jrl.algos`), as the run's
+`AlgorithmSpec` says, in verl's order (`advantage_phase`)."""
 
 from __future__ import annotations
 
@@ -13,11 +13,24 @@ from jrl.batch import Batch
 from jrl.runspec.algorithm import AlgorithmSpec
 
 
-def compute_advantage(
-    batch: Batch, algorithm: AlgorithmSpec, kl_ctrl: KLController | None = None
+def advantage_phase(
+    batch: Batch, algorithm: AlgorithmSpec, kl_ctrl: KLController | None, bypass: bool
 ) -> tuple[Batch, dict[str, float]]:
-    """In-reward KL with `kl_ctrl` (or a copy of the scores), then the run's estimator: adds
-    ``token_level_rewards``, ``advantages`` and ``returns``."""
+    """verl's order: the in-reward KL over the response mask as generated (`in_reward_kl`),
+    then rollout correction, whose rejection takes tokens out of the mask (not in bypass mode,
+    where the actor's loss corrects), then the estimator (`compute_advantage`)."""
+    batch, metrics = in_reward_kl(batch, algorithm, kl_ctrl)
+    if not bypass:
+        batch, correction_metrics = rollout_correction(batch, algorithm.rollout_correction)
+        metrics.update(correction_metrics)
+    return compute_advantage(batch, algorithm), metrics
+
+
+def in_reward_kl(
+    batch: Batch, algorithm: AlgorithmSpec, kl_ctrl: KLController | None
+) -> tuple[Batch, dict[str, float]]:
+    """Adds ``token_level_rewards``: the scores less the in-reward KL with `kl_ctrl` (a copy of
+    the scores without one)."""
     t = batch.tensors
     metrics: dict[str, float] = {}
     if kl_ctrl is not None:
@@ -31,9 +44,17 @@ def compute_advantage(
         )
     else:
         rewards = t["token_level_scores"]
+    new = Batch({"token_level_rewards": np.asarray(rewards)})
+    return batch.union(new), {k: float(v) for k, v in metrics.items()}
+
+
+def compute_advantage(batch: Batch, algorithm: AlgorithmSpec) -> Batch:
+    """The run's estimator over ``token_level_rewards`` and ``response_mask``: adds
+    ``advantages`` and ``returns``."""
+    t = batch.tensors
     advantages, returns = algos.compute_advantage(
         algorithm.estimator.name,
-        token_level_rewards=rewards,
+        token_level_rewards=t["token_level_rewards"],
         response_mask=t["response_mask"],
         options=algorithm.estimator_options,
         config=algorithm.estimator_config,
@@ -41,12 +62,8 @@ def compute_advantage(
         values=t.get("values"),
         reward_baselines=t.get("reward_baselines"),
     )
-    new = {
-        "token_level_rewards": np.asarray(rewards),
-        "advantages": np.asarray(advantages),
-        "returns": np.asarray(returns),
-    }
-    return batch.union(Batch(new)), {k: float(v) for k, v in metrics.items()}
+    new = {"advantages": np.asarray(advantages), "returns": np.asarray(returns)}
+    return batch.union(Batch(new))
 
 
 def rollout_correction(

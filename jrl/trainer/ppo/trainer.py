@@ -61,7 +61,7 @@ from jrl.trainer.loop.stopping import DataExhausted
 from jrl.trainer.overlap.split import split_rollout
 from jrl.trainer.overlap.split_run import SplitRun
 from jrl.trainer.ppo.dynamic_sampling import GroupCollector
-from jrl.trainer.ppo.experience import compute_advantage, rollout_correction
+from jrl.trainer.ppo.experience import advantage_phase
 from jrl.trainer.ppo.validation import select_val_generations, validation_metrics
 from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.critic import Critic
@@ -251,11 +251,8 @@ class PPOTrainer:
             with timer("values", timing):
                 batch = batch.union(Batch({"values": self.critic.compute_values(batch)}))
         with timer("adv", timing):
-            if not bypass:
-                batch, is_metrics = rollout_correction(batch, algorithm.rollout_correction)
-                metrics.update(is_metrics)
-            batch, kl_metrics = compute_advantage(batch, algorithm, self.kl_ctrl)
-            metrics.update(kl_metrics)
+            batch, adv_metrics = advantage_phase(batch, algorithm, self.kl_ctrl, bypass)
+            metrics.update(adv_metrics)
         return batch, metrics
 
     def rollout_batch(
