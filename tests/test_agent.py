@@ -188,6 +188,24 @@ def test_tool_agent_keeps_sampled_tokens_and_masks_the_tool_turn(tokenizer, tmp_
     assert stats["agent/prefill_tokens_if_kv_kept"] == first_round + 1 + len(delta)
 
 
+def test_calls_are_found_where_the_tokenizer_marks_their_tags_special(tokenizer, tmp_path):
+    """verl parses the model's turn with special tokens kept: a tokenizer whose call tags are
+    special tokens still has its calls found (and a turn without a call at the turn limit is
+    no stop by the limit)."""
+    config = tmp_path / "tools.yaml"
+    config.write_text("tools:\n  - class_name: jrl.agent.tools.calculator.CalculatorTool\n")
+    special = copy.deepcopy(tokenizer)
+    special.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
+    settings = calculator_settings(tool_config_path=str(config), max_assistant_turns=1)
+    script = [[tool_call("calculator", expression="17 * 23")], ["4."]]
+    agent, _, _ = run_tool_agent(special, ["17*23?", "2+2?"], script, settings=settings)
+    assert agent.stats["agent/tool_parse_errors"] == 0
+    assert agent.stats["agent/turn_limit_ratio"] == 0.5  # row 0 had a call to make, row 1 not
+    settings = calculator_settings(tool_config_path=str(config))
+    agent, _, _ = run_tool_agent(special, ["17*23?"], [[script[0][0], "391."]], settings=settings)
+    assert agent.stats["agent/tool_calls"] == 1 and agent.stats["agent/tool_errors"] == 0
+
+
 def test_traced_trajectories_hold_each_turn_and_tool_call(tokenizer, tmp_path, monkeypatch):
     """``rollout.trace``: with ``max_samples_per_step_per_worker=1`` one of the three prompts
     is traced; its trace holds the loop's run, both model turns and the calculator's call, with

@@ -74,10 +74,11 @@ class ToolAgentLoop(AgentLoopBase):
             messages.append({"role": "assistant", "content": text})
             if len(ids) >= length or not ended:
                 break
-            if self._turn_limit(assistant_turns, user_turns):
-                counts["turn_limit"] = 1
+            # parsed with special tokens kept, as verl does: a tokenizer may mark the call tags
+            parsed = TOOL_CALL_FORMATS[settings.format](self.tokenizer.decode(out.token_ids))
+            if self._turn_limit(assistant_turns, user_turns):  # a turn that would have followed
+                counts["turn_limit"] = int(bool(parsed.calls) or interaction is not None)
                 break
-            parsed = TOOL_CALL_FORMATS[settings.format](text)
             counts["tool_parse_errors"] += parsed.malformed
             if parsed.calls:
                 added = await self._call_tools(parsed.calls, tools_kwargs, counts, extra)
