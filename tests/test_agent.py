@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import threading
 import time
 
 import jax
@@ -327,6 +328,33 @@ def test_misbehaving_tools_become_error_turns_and_counted_metrics(tokenizer):
     assert "(truncated)" in texts[2]
     assert "it answered 42, not text" in texts[3]
     assert all("done" in t for t in texts)  # every row went on to its next turn
+
+
+class Meeting(BaseTool):
+    """Answers whether the other tool of its pair started while it ran (it waits up to 10 s),
+    with reward 1 if so."""
+
+    def __init__(self, name, mine, other):
+        schema = {"type": "function", "function": {"name": name, "description": "meets"}}
+        super().__init__({}, schema)
+        self.mine, self.other = mine, other
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        self.mine.set()
+        met = self.other.wait(10)
+        return ToolResponse(text="together" if met else "alone"), float(met), {}
+
+
+def test_a_turns_tool_calls_run_together(tokenizer):
+    """verl gathers a turn's calls: each of two calls waits for the other to have started,
+    which only calls running at the same time see (one after the other: "alone" twice)."""
+    first, second = threading.Event(), threading.Event()
+    tools = [Meeting("a", first, second), Meeting("b", second, first)]
+    settings = calculator_settings(max_parallel_calls=2)
+    script = [[tool_call("a") + tool_call("b"), "Done."]]
+    _, _, out = run_tool_agent(tokenizer, ["meet?"], script, tools, settings)
+    text = tokenizer.decode(np.asarray(out["responses"])[0])
+    assert text.count("together") == 2 and "alone" not in text
 
 
 def test_the_call_gate_serves_one_event_loop_after_another():

@@ -10,6 +10,7 @@ never a failed rollout."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections import Counter
 from typing import Any
@@ -173,11 +174,19 @@ class ToolAgentLoop(AgentLoopBase):
         counts: Counter[str],
         extra: dict[str, list[float]],
     ) -> list[dict[str, Any]]:
-        """One tool message per call (the first `max_parallel_calls`), in order."""
+        """One tool message per call (the first `max_parallel_calls`, run together as verl
+        runs them, each in a worker of the call gate), in the calls' order."""
         settings = self.context.settings
+        answers = await asyncio.gather(
+            *(
+                self._call_tool(c, tools_kwargs, counts)
+                for c in calls[: settings.max_parallel_calls]
+            )
+        )
         messages = []
-        for call in calls[: settings.max_parallel_calls]:
-            text = await self._call_tool(call, tools_kwargs, counts, extra)
+        for text, reward in answers:
+            if reward is not None:
+                extra["tool_rewards"].append(reward)
             cut = truncate_text(
                 text, settings.max_tool_response_length, settings.tool_response_truncate_side
             )
@@ -186,18 +195,15 @@ class ToolAgentLoop(AgentLoopBase):
         return messages
 
     async def _call_tool(
-        self,
-        call: FunctionCall,
-        tools_kwargs: dict[str, Any],
-        counts: Counter[str],
-        extra: dict[str, list[float]],
-    ) -> str:
-        """The text the model reads back: the tool's answer or the error that replaced it."""
+        self, call: FunctionCall, tools_kwargs: dict[str, Any], counts: Counter[str]
+    ) -> tuple[str, float | None]:
+        """The text the model reads back (the tool's answer or the error that replaced it) and
+        the tool's reward (None: none, or not a finite number)."""
         counts["tool_calls"] += 1
         tool = self.context.tools.get(call.name)
         if tool is None:
             counts["tool_errors"] += 1
-            return f"Error: there is no tool named {call.name!r}"
+            return f"Error: there is no tool named {call.name!r}", None
         own = tools_kwargs.get(call.name) or {}
         parameters = json.loads(call.arguments)
         inputs = {"name": call.name, "parameters": parameters}
@@ -212,11 +218,11 @@ class ToolAgentLoop(AgentLoopBase):
             counts["tool_errors"] += 1
             message = outcome.message or f"it answered {outcome.value[0]!r:.200}, not text"
             _log_once(f"tool-{outcome.status}", f"tool {call.name!r}: {message}")
-            return f"Error when executing tool: {message}"
+            return f"Error when executing tool: {message}", None
         reward = outcome.value[1]
         if isinstance(reward, int | float) and reward == reward and abs(reward) != float("inf"):
-            extra["tool_rewards"].append(float(reward))
-        return text
+            return text, float(reward)
+        return text, None
 
 
 async def _create_execute_release(
