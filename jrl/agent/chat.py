@@ -116,14 +116,15 @@ class ChatTemplate:
                     "the chat template renders earlier turns differently once turns follow"
                 )
             return self.ids(after[len(self.before_delta) :])
-        start = -len(eos)
+        end = 0  # just past the last EOS found
         for _ in range(turns):
-            start = after.find(eos, start + len(eos))
-            if start < 0:
+            found = after.find(eos, end)
+            if found < 0:
                 raise ValueError(
                     f"the chat template ends fewer turns with {eos!r} once turns follow"
                 )
-        return self.ids(after[start + len(eos) :])
+            end = found + len(eos)
+        return self.ids(after[end:])
 
     def matches_full_render(self, messages: Messages, ids: Sequence[int], mode: str) -> bool:
         """``tokenization_sanity_check_mode``: whether `ids` (built turn by turn) equal the whole

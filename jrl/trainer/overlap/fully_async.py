@@ -218,8 +218,8 @@ class Rollouter:
         with self._cond:
             if version is not None:
                 self.version = version
-            if version is not None and new_cap:
-                self.started = len(self._queue) + len({r.group for r in self._rows.values()})
+                if new_cap:
+                    self.started = len(self._queue) + len({r.group for r in self._rows.values()})
             self._pause_wanted = self._paused = False
             self._cond.notify_all()
 
