@@ -8,11 +8,11 @@ Without ``--config`` the defaults of verl's evaluation config are used. The parq
 ``data.path`` (as written by ``python -m jrl.generate``) holds per row the prompt
 (``data.prompt_key``, required but not scored), a list of responses
 (``data.response_key``), the data source (``data.data_source_key``) and the reference
-(``data.reward_model_key``, a struct with ``ground_truth``); an ``extra_info`` column, when
-present, is passed to the scorer. Each response is scored by the function of
-``custom_reward_function.path`` / ``.name`` (called as ``compute_score(data_source=,
-solution_str=, ground_truth=, extra_info=)``) or, without a path, by the built-in rule scorer of
-its data source (`jrl.reward.default_compute_score`).
+(``data.reward_model_key``, a struct with ``ground_truth``). Each response is scored by the
+function of ``custom_reward_function.path`` / ``.name``, called as verl's evaluation calls it:
+``compute_score(data_source, solution_str, ground_truth)``, positionally, with the
+``reward_kwargs`` as keywords; without a path, by the built-in rule scorer of its data source
+(`jrl.reward.default_compute_score`).
 
 Printed as one JSON object (and returned by `main`), per data source:
 
@@ -92,12 +92,7 @@ def score_rows(config: ConfigDict, rows: Sequence[Mapping[str, Any]], score_fn: 
                 f"{where}: {data.reward_model_key!r} (data.reward_model_key) must be a struct "
                 f"with 'ground_truth', got {str(reference)[:200]}"
             )
-        extra = rows[i].get("extra_info")
-        truth = reference["ground_truth"]
-        calls = [
-            ((), dict(data_source=source, solution_str=t, ground_truth=truth, extra_info=extra))
-            for t in texts
-        ]
+        calls = [((source, text, reference["ground_truth"]), {}) for text in texts]
         scores = [s.value for s in score_calls(score_fn, calls, [source] * len(calls))]
         out.append((source, scores))
     return out

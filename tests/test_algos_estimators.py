@@ -129,7 +129,8 @@ def ref_for(name, rewards, inputs, cfg):
         return np.zeros((B, R)), np.zeros((B, R))
     advantages = {
         "grpo": lambda: ref_grpo(rewards, MASK, index, EPS, norm),
-        "grpo_vectorized": lambda: ref_grpo(rewards, MASK, index, EPS, norm),
+        # verl's trainer passes grpo_vectorized no norm_adv_by_std_in_grpo: it always divides
+        "grpo_vectorized": lambda: ref_grpo(rewards, MASK, index, EPS, True),
         "grpo_passk": lambda: ref_passk(rewards, index, norm),
         "rloo": lambda: ref_rloo(rewards, index),
         "rloo_vectorized": lambda: ref_rloo(rewards, index, singleton_zero=True),
@@ -213,6 +214,18 @@ def test_norm_flag_off_from_config(name):
         name, token_level_rewards=rewards, response_mask=MASK, options=cfg, **inputs
     )
     close(advantages, ref_for(name, rewards, inputs, cfg)[0], 1e-4)
+
+
+def test_grpo_vectorized_floors_the_group_variance_at_epsilon():
+    """verl v0.6.0: σ = sqrt(max(var, 1e-6)), so two scores 0.001 apart get ±0.0005 / 0.001."""
+    rewards = np.zeros((2, 3), np.float32)
+    rewards[1, 0] = 0.001
+    mask = np.ones((2, 3), np.float32)
+    vectorized, _ = algos.compute_grpo_vectorized_outcome_advantage(rewards, mask, ["a", "a"])
+    floored = 0.0005 / (1e-3 + 1e-6)
+    close(vectorized[:, 0], [-floored, floored], 1e-6)
+    plain, _ = algos.compute_grpo_outcome_advantage(rewards, mask, ["a", "a"])  # no floor
+    close(plain[:, 0], [-0.0005 / (0.0005 * 2**0.5 + 1e-6), 0.0005 / (0.0005 * 2**0.5 + 1e-6)])
 
 
 def test_group_edge_cases():

@@ -384,7 +384,7 @@ def test_one_step_off_runs_agent_loops_in_the_rollouts_thread(tmp_path, monkeypa
     rows = [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
     assert [row["training/staleness_mean"] for row in rows] == [0, 1]
     for row in rows:
-        assert row["agent/num_turns/max"] > 1 and row["agent/rounds"] >= 1
+        assert row["num_turns/max"] > 1 and row["agent/rounds"] >= 1
 
 
 def test_fully_async_streams_agent_loop_rows(tmp_path, monkeypatch):
@@ -406,7 +406,7 @@ def test_fully_async_streams_agent_loop_rows(tmp_path, monkeypatch):
     rows = [json.loads(line)["data"] for line in metrics_file.read_text().splitlines()]
     assert len(rows) == 3  # 3 steps of require_batches x ppo_mini_batch_size = 16 prompts
     assert sum(row["agent/tool_calls"] for row in rows) > 0  # the tool ran between turns
-    assert max(row["agent/num_turns/max"] for row in rows) > 2  # and its answer was read
+    assert max(row["num_turns/max"] for row in rows) > 2  # and its answer was read
     staleness = [row["training/staleness_max"] for row in rows]
     assert staleness == [0, 1, 0]  # 2 updates' groups per version (staleness_threshold=0)
 

@@ -165,6 +165,23 @@ def test_optional_fields_are_off_by_default(tokenizer, tmp_path, cfg):
     assert not {"raw_prompt", "full_prompts", "raw_input_ids"} & set(row)
 
 
+def test_rows_carry_verls_fields_from_extra_info(tokenizer, tmp_path, cfg):
+    """verl's dataset gives every row an extra_info ({} where missing or None) and lifts index,
+    tools_kwargs and interaction_kwargs out of it."""
+    prompt = [{"role": "user", "content": "hi"}]
+    tools = {"calc": {"create_kwargs": {"x": 1}}}
+    rows = [
+        {"prompt": prompt, "data_source": "s", "extra_info": None},
+        {"prompt": prompt, "data_source": "s", "extra_info": {"index": 5, "tools_kwargs": tools}},
+    ]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "e.parquet")
+    dataset = RLDataset(str(tmp_path / "e.parquet"), tokenizer, cfg(shuffle=False))
+    bare, full = dataset[0], dataset[1]
+    assert (bare["extra_info"], bare["index"], bare["tools_kwargs"]) == ({}, 0, {})
+    assert bare["interaction_kwargs"] == {}
+    assert (full["index"], full["tools_kwargs"], full["interaction_kwargs"]) == (5, tools, {})
+
+
 @pytest.mark.parametrize("mode", ["left", "right", "middle"])
 def test_truncation_token_level(tokenizer, tmp_path, cfg, mode):
     question = "Ana has 9 books and gives away 4. How many books are left?"

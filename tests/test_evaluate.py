@@ -95,8 +95,7 @@ def test_renamed_columns(tmp_path):
 def test_custom_reward_function_with_kwargs(generated, tmp_path):
     module = tmp_path / "scores.py"
     module.write_text(
-        "def length(data_source, solution_str, ground_truth, extra_info=None, bonus=0.0):\n"
-        "    assert extra_info == {'index': 0}\n"
+        "def length(data_source, solution_str, ground_truth, bonus=0.0):\n"
         "    return {'score': len(solution_str) + bonus, 'extra': 1}\n"
     )
     config = _config(

@@ -8,6 +8,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from jrl import train
@@ -113,10 +115,10 @@ def test_tiny_run_dumps_rollout_and_validation_generations(tmp_path, capsys):
     val_data = create_rl_dataset(
         config.data.val_files, tokenizer, config.data, max_samples=config.data.val_max_samples
     )
-    val_gts = Counter(
-        [row["reward_model"]["ground_truth"] for row in val_data]
-        * config.actor_rollout_ref.rollout.val_kwargs.n
-    )
+    val_n = config.actor_rollout_ref.rollout.val_kwargs.n
+    val_gts = Counter([row["reward_model"]["ground_truth"] for row in val_data] * val_n)
+    # inputs: the dataset's prompts, decoded as verl decodes them
+    prompts = [tokenizer.decode(row["input_ids"], skip_special_tokens=True) for row in val_data]
     assert sorted(os.listdir(tmp_path / "val")) == ["0.jsonl", "1.jsonl"]
     for step in (0, 1):
         val = _rows(tmp_path / "val" / f"{step}.jsonl")
@@ -124,8 +126,31 @@ def test_tiny_run_dumps_rollout_and_validation_generations(tmp_path, capsys):
         assert all(row["step"] == step and row["reward"] == row["score"] for row in val)
         assert all(isinstance(row["length"], int) for row in val)
         assert Counter(row["gts"] for row in val) == val_gts
+        assert Counter(row["input"] for row in val) == Counter(prompts * val_n)
     last_val = [row["score"] for row in val]
     reward_mean = metrics["val-core/openai/gsm8k/reward/mean@1"]
     assert sum(last_val) / len(last_val) == pytest.approx(reward_mean, abs=1e-6)
     out = capsys.readouterr().out
     assert f"Dumped generations to {tmp_path / 'rollout' / '1.jsonl'}" in out
+
+
+def test_the_datasets_own_uids_group_validation_rows(tmp_path):
+    """As verl: a validation set with a ``uid`` column keeps it, so two rows of one uid are one
+    group of two answers (mean@2), not two groups of one."""
+    args = [CARD, "data.val_max_samples=4"]
+    config, _ = load_config(args)
+    rows = pq.read_table(config.data.val_files).to_pylist()[:4]
+    for i, row in enumerate(rows):
+        row["uid"] = f"q{i // 2}"
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "val.parquet")
+    metrics = train.main(
+        [
+            *args,
+            f"data.val_files={tmp_path / 'val.parquet'}",
+            "trainer.val_only=true",
+            "trainer.val_before_train=true",
+            f"trainer.default_local_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert "val-core/openai/gsm8k/reward/mean@2" in metrics
+    assert not any("@1" in key for key in metrics if key.startswith("val-core"))

@@ -17,7 +17,13 @@ from jrl.models import ModelConfig, init_random
 from jrl.plot import plot_run
 from jrl.trainer.io.flops import active_params, peak_flops, train_flops
 from jrl.trainer.io.metrics import memory_metrics, mfu_metrics
-from jrl.trainer.io.tracking import OPTIONAL_LOGGERS, Tracking, mlflow_metric_name
+from jrl.trainer.io.tracking import (
+    OPTIONAL_LOGGERS,
+    RunInfo,
+    Tracking,
+    WandbLogger,
+    mlflow_metric_name,
+)
 
 VAL_KEY = "val-core/openai/gsm8k/reward/mean@1"
 LOGGER_ENV = (
@@ -87,6 +93,30 @@ def test_tiny_run_writes_every_logger(tmp_path, clean_env):
 
     names = {path.stem for path in plot_run(run_dir)}
     assert {"reward", "response_length", "kl", "entropy", "validation"} <= names
+
+
+def test_wandb_generations_table_grows_a_row_per_validation(tmp_path, clean_env):
+    """verl's layout: one row per validation (step, input_1, output_1, score_1, ...), the rows of
+    earlier validations kept."""
+    logger = WandbLogger(RunInfo("p", "e", tmp_path, {}))
+    samples = [{"input": f"q{i}", "output": f"a{i}", "score": float(i), "step": 0} for i in (1, 2)]
+    logger.log_generations(samples, step=0)
+    logger.log_generations(samples[::-1], step=5)
+    logger.close()
+    table = logger.generations
+    assert table.columns == [
+        "step",
+        "input_1",
+        "output_1",
+        "score_1",
+        "input_2",
+        "output_2",
+        "score_2",
+    ]
+    assert table.data == [
+        [0, "q1", "a1", 1.0, "q2", "a2", 2.0],
+        [5, "q2", "a2", 2.0, "q1", "a1", 1.0],
+    ]
 
 
 @pytest.mark.parametrize("name", sorted(OPTIONAL_LOGGERS))

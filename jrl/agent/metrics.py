@@ -1,6 +1,6 @@
-"""The rollout metrics of a batch of trajectories, as verl logs them: turns per row
-(min/mean/max), tool calls per row, tool errors and timeouts, tool latency, and the fraction of
-rows that stopped at a turn or length limit."""
+"""The agent loops' own metrics of a batch of trajectories: tool calls per row, tool errors and
+timeouts, tool latency, and the fraction of rows that stopped at a turn or length limit. (Turns
+per row are verl's ``num_turns/*``, among the step's data metrics: `jrl.trainer.io.metrics`.)"""
 
 from __future__ import annotations
 
@@ -23,11 +23,7 @@ COUNTERS = (
 
 
 def agent_metrics(outputs: Sequence[AgentLoopOutput], response_length: int) -> dict[str, float]:
-    turns = np.asarray([o.num_turns for o in outputs], np.float64)
     metrics = {
-        "agent/num_turns/min": float(turns.min()),
-        "agent/num_turns/mean": float(turns.mean()),
-        "agent/num_turns/max": float(turns.max()),
         "agent/length_limit_ratio": float(
             np.mean([len(o.response_ids) >= response_length for o in outputs])
         ),

@@ -94,7 +94,7 @@ def compute_grpo_outcome_advantage(
     return _grpo(token_level_rewards, response_mask, segment_ids, epsilon, norm_adv_by_std_in_grpo)
 
 
-@register_adv_est("grpo_vectorized", inputs=("index",), options=("norm_adv_by_std_in_grpo",))
+@register_adv_est("grpo_vectorized", inputs=("index",))
 def compute_grpo_vectorized_outcome_advantage(
     token_level_rewards: jax.Array,
     response_mask: jax.Array,
@@ -105,12 +105,21 @@ def compute_grpo_vectorized_outcome_advantage(
 ) -> tuple[jax.Array, jax.Array]:
     """GRPO computed with segment sums (verl's vectorised variant).
 
-    Same formula as `compute_grpo_outcome_advantage`: σ is the unbiased group std (verl takes
-    sqrt(max(var, 0)) of a one-pass variance; here the variance is two-pass, equal in exact
-    arithmetic and steadier in float32), singletons get μ=0, σ=1.
+    Same formula as `compute_grpo_outcome_advantage`, but σ = sqrt(max(var, epsilon)) of the
+    unbiased group variance (verl v0.6.0's floor; verl's variance is one-pass, here two-pass,
+    equal in exact arithmetic and steadier in float32); singletons get μ=0, σ=1. As in verl's
+    trainer, `algorithm.norm_adv_by_std_in_grpo` does not reach it (the registry passes no
+    options): only a direct call can turn the division off.
     """
     segment_ids = segments_for(index, token_level_rewards.shape[0], "grpo_vectorized")
-    return _grpo(token_level_rewards, response_mask, segment_ids, epsilon, norm_adv_by_std_in_grpo)
+    return _grpo(
+        token_level_rewards,
+        response_mask,
+        segment_ids,
+        epsilon,
+        norm_adv_by_std_in_grpo,
+        variance_floor=epsilon,
+    )
 
 
 @partial(jax.jit, static_argnames="norm_by_std")
@@ -120,12 +129,13 @@ def _grpo(
     segment_ids: jax.Array,
     epsilon: jax.Array,
     norm_by_std: bool,
+    variance_floor: float | jax.Array = 0.0,
 ) -> tuple[jax.Array, jax.Array]:
     scores = outcome_scores(rewards)
     _, mean = group_mean(scores, segment_ids)
     advantages = scores - mean
     if norm_by_std:
-        advantages = advantages / (group_std(scores, segment_ids) + epsilon)
+        advantages = advantages / (group_std(scores, segment_ids, variance_floor) + epsilon)
     advantages = broadcast_masked(advantages, mask)
     return advantages, advantages
 

@@ -64,9 +64,10 @@ def policy_loss_terms_clip_cov(
     cov_t = (A - mean A)·(logπ - mean logπ) over valid tokens. Candidates: valid tokens not
     clipped by PPO (L2 ≤ L1) with clip_cov_lb < cov < clip_cov_ub (policy_loss.*, defaults 1, 5).
     A uniformly random subset of min(k, #candidates), k = max(⌊N·clip_cov_ratio⌋, 1), gets
-    weight 0: loss = max(L1, L2)·corr × rollout_is_weights. The subset is drawn with `rng`
-    (a JAX key; default key(0) for determinism; pass one derived from the step to vary it).
-    Metrics: pg_clipfrac (fraction of tokens with corr = 0), ppo_kl.
+    weight 0: loss = max(L1, L2)·corr × rollout_is_weights. The subset is drawn with `rng`, by
+    default a key derived from the batch (`batch_key`), so that each micro-batch and epoch draws
+    afresh, as verl's does, and a rerun draws the same. Metrics: pg_clipfrac (fraction of tokens
+    with corr = 0), ppo_kl, pg_clipfrac_lower (0, as verl's).
     """
     low, high = clip_bounds(settings)
     fraction = _positive_ratio(settings.clip_cov_ratio, "clip_cov_ratio")
@@ -79,12 +80,26 @@ def policy_loss_terms_clip_cov(
     valid = response_mask > 0
     cov = _covariance(advantages, log_prob, response_mask)
     candidates = valid & ~(clipped > unclipped) & (cov > lower) & (cov < upper)
-    key = jax.random.key(CLIP_COV_SEED) if rng is None else rng
+    key = batch_key(log_prob, response_mask) if rng is None else rng
     draws = jax.random.uniform(key, log_prob.shape)
     detached = top_k_mask(draws, candidates, fraction_count(jnp.sum(valid), fraction))
     losses = weighted(jnp.where(detached, 0.0, jnp.maximum(unclipped, clipped)), rollout_is_weights)
-    metrics = {"actor/pg_clipfrac": detached.astype(jnp.float32), "actor/ppo_kl": -neg_kl}
+    metrics = {
+        "actor/pg_clipfrac": detached.astype(jnp.float32),
+        "actor/ppo_kl": -neg_kl,
+        "actor/pg_clipfrac_lower": jnp.zeros_like(losses),
+    }
     return LossTerms(losses, jax.lax.stop_gradient(metrics))
+
+
+def batch_key(log_prob: jax.Array, mask: jax.Array) -> jax.Array:
+    """A key for Clip-Cov's draw from the batch itself: key(CLIP_COV_SEED) folded with the bits
+    of the masked sum of the current log-probs (which differ between micro-batches, steps and
+    epochs)."""
+    total = masked_sum(jax.lax.stop_gradient(log_prob).astype(jnp.float32), mask)
+    return jax.random.fold_in(
+        jax.random.key(CLIP_COV_SEED), jax.lax.bitcast_convert_type(total, jnp.uint32)
+    )
 
 
 @register_policy_loss_terms("kl_cov", options=("kl_cov_ratio", "ppo_kl_coef"))
@@ -97,7 +112,8 @@ def policy_loss_terms_kl_cov(
     k = max(⌊N·kl_cov_ratio⌋, 1) valid tokens with the largest
     cov_t = (A - mean A)·(logπ - mean logπ) (means over the N valid tokens); × rollout_is_weights.
     policy_loss.kl_cov_ratio defaults to 2e-4, policy_loss.ppo_kl_coef to 1 when null or without
-    `settings` (the configuration's default is 0.1). Metric: ppo_kl = |log ratio|.
+    `settings` (the configuration's default is 0.1). Metrics: ppo_kl = |log ratio|, and
+    pg_clipfrac and pg_clipfrac_lower 0, as verl's.
     """
     options = settings or PolicyLossSettings()
     fraction = _positive_ratio(options.kl_cov_ratio, "kl_cov_ratio")
@@ -112,7 +128,9 @@ def policy_loss_terms_kl_cov(
     losses = weighted(
         jnp.where(penalised, pg_losses + coef * abs_kl, pg_losses), rollout_is_weights
     )
-    return LossTerms(losses, {"actor/ppo_kl": jax.lax.stop_gradient(abs_kl)})
+    zeros = jnp.zeros_like(losses)  # verl's kl_cov reports no clipping
+    metrics = {"actor/pg_clipfrac": zeros, "actor/ppo_kl": abs_kl, "actor/pg_clipfrac_lower": zeros}
+    return LossTerms(losses, jax.lax.stop_gradient(metrics))
 
 
 def _covariance(advantages: jax.Array, log_prob: jax.Array, mask: jax.Array) -> jax.Array:

@@ -67,10 +67,14 @@ def group_mean(values: jax.Array, segment_ids: jax.Array) -> tuple[jax.Array, ja
     return count, mean
 
 
-def group_std(values: jax.Array, segment_ids: jax.Array) -> jax.Array:
-    """Unbiased standard deviation of each row's group (two-pass); a singleton group gets 1."""
+def group_std(
+    values: jax.Array, segment_ids: jax.Array, variance_floor: float | jax.Array = 0.0
+) -> jax.Array:
+    """Unbiased standard deviation of each row's group (two-pass), sqrt(max(var, floor)); a
+    singleton group gets 1."""
     count = group_sum(jnp.ones_like(values), segment_ids)
     grouped = count > 1
     centred = values - group_sum(values, segment_ids) / count
     sq_dev = group_sum(jnp.square(centred), segment_ids)
-    return jnp.where(grouped, jnp.sqrt(sq_dev / jnp.where(grouped, count - 1, 1.0)), 1.0)
+    variance = jnp.maximum(sq_dev / jnp.where(grouped, count - 1, 1.0), variance_floor)
+    return jnp.where(grouped, jnp.sqrt(variance), 1.0)

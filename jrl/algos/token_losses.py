@@ -49,8 +49,12 @@ def policy_loss_terms_sapo(
 def policy_loss_terms_gpg(
     inputs: PolicyInputs, settings: PolicyLossSettings | None = None
 ) -> LossTerms:
-    """GPG: plain policy gradient, loss = -logπ·A × rollout_is_weights (no ratio); no metrics."""
-    return LossTerms(weighted(-inputs.log_prob * inputs.advantages, inputs.rollout_is_weights), {})
+    """GPG: plain policy gradient, loss = -logπ·A × rollout_is_weights (no ratio); its metrics
+    pg_clipfrac, ppo_kl and pg_clipfrac_lower are 0, as verl's."""
+    losses = weighted(-inputs.log_prob * inputs.advantages, inputs.rollout_is_weights)
+    zeros = jnp.zeros_like(losses)
+    names = ("actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower")
+    return LossTerms(losses, dict.fromkeys(names, zeros))
 
 
 @register_policy_loss_terms("cispo", options=CLIP_BOUNDS)

@@ -13,7 +13,7 @@ user class named by ``data.custom_cls.path`` / ``.name``.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -204,8 +204,20 @@ class RLDataset(ParquetRows):
             row["raw_prompt"] = messages
         if self.return_full_prompt:
             row["full_prompts"] = text
-        row["index"] = (row.get("extra_info") or {}).get("index", 0)
-        return row
+        return {**row, **verl_row_fields(row.get("extra_info"))}
+
+
+def verl_row_fields(extra_info: Any) -> dict[str, Any]:
+    """The fields verl's dataset adds to every row: ``extra_info`` ({} where missing or None),
+    and ``index``, ``tools_kwargs`` and ``interaction_kwargs`` taken from it (0, {}, {})."""
+    extra = {} if extra_info is None else extra_info
+    lookup = extra if isinstance(extra, Mapping) else {}
+    return {
+        "extra_info": extra,
+        "index": lookup.get("index", 0),
+        "tools_kwargs": lookup.get("tools_kwargs", {}),
+        "interaction_kwargs": lookup.get("interaction_kwargs", {}),
+    }
 
 
 def create_rl_dataset(

@@ -27,17 +27,29 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
     }
 
 
+def _response_lengths(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt lengths, response lengths) [B] as verl counts them: the attention mask's ones
+    before and within the last `responses` width, so a multi-turn row's tool turns count."""
+    attention = np.asarray(batch.tensors["attention_mask"])
+    width = np.asarray(batch.tensors["responses"]).shape[1]
+    prompt = attention[:, :-width].sum(-1).astype(np.float32)
+    return prompt, attention[:, -width:].sum(-1).astype(np.float32)
+
+
 def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
-    """critic/score|rewards|advantages|returns|values/*, response_length/*, prompt_length/*."""
+    """verl's data metrics: critic/score|rewards over the rows with a response (0 where none
+    has), advantages|returns|values over `response_mask`, response_length/* and
+    response_length_non_aborted/* (an aborted row has no response token), response/aborted_ratio,
+    prompt_length/*, and num_turns/* where an agent loop counted them."""
     t = {k: np.asarray(v) for k, v in batch.tensors.items()}
     mask = t["response_mask"].astype(bool)
     response_width = t["responses"].shape[1]
-    prompt_mask = t["attention_mask"][:, :-response_width]
-    response_length = mask.sum(-1).astype(np.float32)
-    prompt_length = prompt_mask.sum(-1).astype(np.float32)
+    prompt_length, response_length = _response_lengths(batch)
+    aborted = response_length == 0
+    kept = response_length[~aborted]
     out = {
-        **_stats("critic/score", t["token_level_scores"].sum(-1)),
-        **_stats("critic/rewards", t["token_level_rewards"].sum(-1)),
+        **_stats("critic/score", t["token_level_scores"].sum(-1)[~aborted]),
+        **_stats("critic/rewards", t["token_level_rewards"].sum(-1)[~aborted]),
         **_stats("critic/advantages", t["advantages"][mask]),
         **_stats("critic/returns", t["returns"][mask]),
     }
@@ -48,15 +60,38 @@ def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
         out["critic/vf_explained_var"] = float(1.0 - residual_var / (np.var(returns) + 1e-5))
     out.update(_stats("response_length", response_length))
     out["response_length/clip_ratio"] = float(np.mean(response_length == response_width))
+    out.update(_stats("response_length_non_aborted", kept))
+    out["response_length_non_aborted/clip_ratio"] = (
+        float(np.mean(kept == response_width)) if kept.size else 0.0
+    )
+    out["response/aborted_ratio"] = float(np.mean(aborted))
     out.update(_stats("prompt_length", prompt_length))
-    out["prompt_length/clip_ratio"] = float(np.mean(prompt_length == prompt_mask.shape[1]))
+    out["prompt_length/clip_ratio"] = float(
+        np.mean(prompt_length == t["attention_mask"].shape[1] - response_width)
+    )
+    out.update(turn_metrics(batch))
     return out
 
 
+def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
+    """num_turns/{min,max,mean} of the rows an agent loop made (batch meta ``num_turns``), under
+    `prefix` (validation's ``val-aux/``); {} for a batch without turns."""
+    if "num_turns" not in batch.meta:
+        return {}
+    turns = np.asarray(batch.meta["num_turns"], np.float64)
+    return {
+        f"{prefix}num_turns/min": float(turns.min()),
+        f"{prefix}num_turns/max": float(turns.max()),
+        f"{prefix}num_turns/mean": float(turns.mean()),
+    }
+
+
 def throughput_metrics(batch: Batch, timing: dict[str, float], n_gpus: int) -> dict[str, float]:
-    """perf/total_num_tokens, perf/time_per_step, perf/throughput and timing_per_token_ms/*."""
-    total_tokens = int(np.asarray(batch.tensors["attention_mask"]).sum())
-    response_tokens = int(np.asarray(batch.tensors["response_mask"]).sum())
+    """perf/total_num_tokens, perf/time_per_step, perf/throughput and timing_per_token_ms/*
+    (generation per response token, the other phases per prompt and response token)."""
+    prompt_length, response_length = _response_lengths(batch)
+    response_tokens = float(response_length.sum())
+    total_tokens = int(prompt_length.sum() + response_tokens)
     step_time = timing["step"]
     out = {
         "perf/total_num_tokens": total_tokens,

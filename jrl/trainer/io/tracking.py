@@ -143,16 +143,22 @@ class WandbLogger:
             dir=None if wandb_dir is None else str(wandb_dir),
             mode="offline" if offline else None,
         )
+        self._generation_rows: list[list[Any]] = []
+        self.generations: Any = None  # the last table logged
 
     def log(self, data: dict[str, Any], step: int) -> None:
         self._run.log(data, step=step)
 
     def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
+        """verl's ``val/generations`` table: a row per validation, growing over the run, with
+        the columns step, input_1, output_1, score_1, input_2, ..."""
         import wandb
 
-        columns = list(GENERATION_COLUMNS)
-        table = wandb.Table(columns=columns, data=[[row[c] for c in columns] for row in rows])
-        self._run.log({"val/generations": table}, step=step)
+        sample = GENERATION_COLUMNS[1:]
+        columns = ["step", *(f"{c}_{i + 1}" for i in range(len(rows)) for c in sample)]
+        self._generation_rows.append([step, *(row[c] for row in rows for c in sample)])
+        self.generations = wandb.Table(columns=columns, data=self._generation_rows)
+        self._run.log({"val/generations": self.generations}, step=step)
 
     def close(self) -> None:
         self._run.finish()

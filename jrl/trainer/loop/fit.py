@@ -2,7 +2,7 @@
 
 An algorithm supplies its step and the loop runs it (`Algorithm`). Steps are 1-based; validation
 before training (``trainer.val_before_train``) is logged at the resumed step (0 from scratch).
-Each step, inside its ``timing_s/step``: the algorithm's `train_step`, the non-finite-loss check,
+Each step: the algorithm's `train_step` (timed as ``timing_s/step``), the non-finite-loss check,
 validation (``testing``) and the checkpoint (``save_checkpoint``) when the `Cadence` says. SIGINT
 or SIGTERM on any process ends the run after the current step on every process, with a complete
 checkpoint of that step; so does data that runs out within a step (`DataExhausted`), after the
@@ -134,22 +134,24 @@ def epochs_of(loader: DataLoader, epochs: int | None) -> Iterator[tuple[int, Bat
 
 
 def run_step(algorithm: Algorithm, batch: Batch, step: int, epoch: int) -> dict[str, float]:
-    """One step of the loop: the algorithm's step, then validation and the checkpoint when due,
-    all under ``timing_s/step``; a non-finite loss stops the run before anything is saved, and
-    metrics of a model that is not training are warned about."""
+    """One step of the loop: the algorithm's step under ``timing_s/step``, then validation
+    (``timing_s/testing``) and the checkpoint (``timing_s/save_checkpoint``) when due, outside
+    it as in verl, so that ``perf/throughput`` counts the step alone; a non-finite loss stops
+    the run before anything is saved, and metrics of a model that is not training are warned
+    about."""
     cadence = algorithm.cadence
     timing: dict[str, float] = {}
     with timer("step", timing):
         output = algorithm.train_step(batch, step, epoch, timing)
-        metrics = output.metrics
-        check_losses_finite(metrics, step, algorithm.checkpoints.latest)
-        warn_on_garbage(metrics, step, algorithm.vocab_size)
-        if cadence.validates_at(step):
-            with timer("testing", timing):
-                metrics.update(algorithm.validate(step))
-        if cadence.saves_at(step):
-            with timer("save_checkpoint", timing):
-                algorithm.save_checkpoint(step)
+    metrics = output.metrics
+    check_losses_finite(metrics, step, algorithm.checkpoints.latest)
+    warn_on_garbage(metrics, step, algorithm.vocab_size)
+    if cadence.validates_at(step):
+        with timer("testing", timing):
+            metrics.update(algorithm.validate(step))
+    if cadence.saves_at(step):
+        with timer("save_checkpoint", timing):
+            algorithm.save_checkpoint(step)
     metrics.update(algorithm.step_metrics(output, step, epoch, timing))
     return metrics
 

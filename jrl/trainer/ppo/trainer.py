@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import shutil
 import time
 from collections.abc import Iterator, Mapping, Sequence
@@ -53,6 +52,7 @@ from jrl.trainer.io.metrics import (
     mfu_metrics,
     throughput_metrics,
     timer,
+    turn_metrics,
 )
 from jrl.trainer.io.tracking import mlflow_store_uri
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
@@ -382,8 +382,10 @@ class PPOTrainer:
 
     def decode(self, batch: Batch) -> tuple[list[str], list[str]]:
         """`batch`'s prompts and responses as text, without special tokens."""
-        decode = functools.partial(self.tokenizer.batch_decode, skip_special_tokens=True)
-        return decode(batch.tensors["prompts"]), decode(batch.tensors["responses"])
+        return self._decode(batch.tensors["prompts"]), self._decode(batch.tensors["responses"])
+
+    def _decode(self, ids: Any) -> list[str]:
+        return self.tokenizer.batch_decode(ids, skip_special_tokens=True)
 
     def dump_generations(
         self,
@@ -482,28 +484,40 @@ class PPOTrainer:
         styles = {(info or {}).get("style") for info in prompts.meta.get("reward_model", [])}
         if self.reward_model is not None and "model" in styles:
             return {}  # as verl: validation scores rule-based rows only
-        uids = np.array([f"val-{i}" for i in range(len(prompts))], dtype=object)
-        prompts = prompts.union(Batch(meta={"uid": uids}))
+        if "uid" not in prompts.meta:  # as verl: the dataset's own uids group its rows
+            uids = np.array([f"val-{i}" for i in range(len(prompts))], dtype=object)
+            prompts = prompts.union(Batch(meta={"uid": uids}))
         key = jax.random.fold_in(self.rng, 1)
         self._trace_step(step, validate=True)
         batch = host_batch(self.rollout.generate(prompts, self.val_sampling, key))
         reward = self.rewards(self.val_reward_fn, batch)
         scores = reward["reward_tensor"].sum(-1).tolist()
         infos = {**reward["reward_extra_info"], "reward": scores}
-        self.keep_val_generations(batch, scores, infos, step)
+        self.keep_val_generations(prompts, batch, scores, infos, step)
         sources = batch.meta.get("data_source", np.full(len(batch), "unknown", dtype=object))
-        return validation_metrics(sources, batch.meta["uid"], infos)
+        metrics = validation_metrics(sources, batch.meta["uid"], infos)
+        return {**metrics, **turn_metrics(batch, prefix="val-aux/")}
 
     def keep_val_generations(
-        self, batch: Batch, scores: list[float], infos: Mapping[str, Sequence[Any]], step: int
+        self,
+        prompts: Batch,
+        batch: Batch,
+        scores: list[float],
+        infos: Mapping[str, Sequence[Any]],
+        step: int,
     ) -> None:
         """The validation samples for the loggers (``log_val_generations``) and the dump of them
-        all (``validation_data_dir``, by the primary process)."""
+        all (``validation_data_dir``, by the primary process). Their inputs are the dataset's
+        prompts, as verl decodes them (an agent loop's first prompt may add its tools)."""
         count, folder = self.run.trainer.log_val_generations, self.run.trainer.validation_data_dir
         dump = bool(folder) and is_primary()
         if not (count or dump):
             return
-        texts = self.decode(batch)
+        answers = len(batch) // len(prompts)
+        inputs = [
+            text for text in self._decode(prompts.tensors["input_ids"]) for _ in range(answers)
+        ]
+        texts = (inputs, self._decode(batch.tensors["responses"]))
         if count:
             self.val_generations = select_val_generations(*texts, scores, step, count)
         if dump:
