@@ -294,6 +294,33 @@ def _tiny(path: str, *overrides: str, num_devices: int | None = None):
     return load_config([f"--config={path}:tiny", *overrides], num_devices=num_devices)[0]
 
 
+def test_batch_rules_count_data_parallel_ranks_as_verl():
+    """Token budgets are per device times the sequence-parallel size, deprecated global
+    micro-batch sizes split over the data-parallel ranks (not every device), a mini-batch must
+    split evenly over those ranks, and the deprecated global micro size must divide the
+    un-normalised mini-batch size."""
+    two = ["trainer.n_gpus_per_node=2", "data.train_batch_size=4"]
+    sp = [f"{AR}.actor.ulysses_sequence_parallel_size=2", f"{AR}.model.use_remove_padding=true"]
+    dynamic = [*two, *sp, f"{AR}.actor.use_dynamic_bsz=true"]
+    budget = f"{AR}.actor.ppo_max_token_len_per_gpu"
+    _tiny(GRPO, *dynamic, f"{budget}=80", num_devices=2)  # 80 x 2 >= 144
+    with pytest.raises(ConfigError, match=re.escape(f"{budget}=70 times {AR}.actor.ulysses")):
+        _tiny(GRPO, *dynamic, f"{budget}=70", num_devices=2)
+    deprecated = [
+        f"{AR}.actor.ppo_micro_batch_size=2",
+        f"{AR}.actor.ppo_micro_batch_size_per_gpu=null",
+    ]
+    _tiny(GRPO, "trainer.n_gpus_per_node=4", *sp, *deprecated, num_devices=4)  # 2 ranks, 1 row
+    uneven = ["data.train_batch_size=12", f"{AR}.actor.ppo_mini_batch_size=3"]
+    with pytest.raises(
+        ConfigError, match="3\\*2 rows do not split evenly over the 4 data-parallel"
+    ):
+        _tiny(GRPO, "trainer.n_gpus_per_node=4", *uneven, num_devices=4)
+    micro = [f"{AR}.actor.ppo_micro_batch_size=6", f"{AR}.actor.ppo_micro_batch_size_per_gpu=null"]
+    with pytest.raises(ConfigError, match=re.escape("ppo_mini_batch_size (4) must be divisible")):
+        _tiny(GRPO, f"{AR}.rollout.n=3", *micro)
+
+
 @pytest.mark.parametrize(
     "path, overrides, message",
     [
@@ -635,7 +662,7 @@ def test_enumerated_values_fail_at_load_naming_key_and_valid_values(path, overri
                 f"{AR}.ref.log_prob_micro_batch_size=0",
                 f"{AR}.ref.log_prob_micro_batch_size_per_gpu=null",
             ],
-            f"{AR}.ref.log_prob_micro_batch_size=0 gives fewer than one row per device",
+            f"{AR}.ref.log_prob_micro_batch_size=0 gives fewer than one row per data-parallel rank",
         ),
     ],
     ids=[

@@ -10,16 +10,14 @@ def last_boxed(text: str) -> str | None:
     r"""The content of the last ``\boxed{...}`` in `text` (nested braces balanced), or None.
 
     As verl's grader: the spaced form ``\boxed 5`` wins whenever it occurs (its answer runs to
-    the next ``$``), and ``\fbox{...}`` counts when there is no ``\boxed``. An unclosed brace
-    gives None.
+    the next ``$``); an answer only in ``\fbox{...}`` gives None (verl's grader finds it, then
+    fails on its prefix and scores 0). An unclosed brace gives None.
     """
     if _SPACED_BOXED in text:
         return text.split(_SPACED_BOXED)[-1].split("$")[0]
-    for command in ("\\boxed", "\\fbox"):
-        start = text.rfind(command)
-        if start >= 0:
-            break
-    else:
+    command = "\\boxed"
+    start = text.rfind(command)
+    if start < 0:
         return None
     opening = start + len(command)
     if text[opening : opening + 1] != "{":

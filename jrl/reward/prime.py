@@ -29,7 +29,8 @@ def _first_item(value: Any) -> Any:
 
 class PrimeRewardManager(RewardManager):
     """Calls ``compute_score(data_source, solution_str, ground_truth, extra_info)`` (positional)
-    for every row in a pool of spawned processes; each row's score is also reported as "acc".
+    for every row in a pool of spawned processes. As verl's, it reports no "acc" beside the
+    score, so validation's core metric is ``reward``.
 
     Its options (`PrimeOptions`, from reward_model.reward_kwargs): `timeout` seconds per row and
     `num_processes` (None or 0: the CPU count, at most 64). The function must be importable in a
@@ -65,7 +66,7 @@ class PrimeRewardManager(RewardManager):
             if outcome.ok:
                 outcome = dataclasses.replace(outcome, value=_first_item(outcome.value))
             value, info = self.scorer.checked(outcome, row, rows.data_sources[row])
-            results.append(Scored(value, {"acc": value, FAULT_COLUMN: info[FAULT_COLUMN]}))
+            results.append(Scored(value, {FAULT_COLUMN: info[FAULT_COLUMN]}))
         return results
 
     def close(self) -> None:

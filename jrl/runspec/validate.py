@@ -95,9 +95,9 @@ def _attention_choices(config: ConfigDict) -> Iterator[str]:
             yield _not_one_of(key, attention, ATTN_IMPLEMENTATIONS)
 
 
-def _one_of(config: ConfigDict, prefix: str, name: str, gpus: int) -> Iterator[str]:
-    """verl's rule: exactly one of `{name}` (deprecated, global: split over the `gpus`
-    devices) and `{name}_per_gpu`, giving at least one row per device."""
+def _one_of(config: ConfigDict, prefix: str, name: str, ranks: int) -> Iterator[str]:
+    """verl's rule: exactly one of `{name}` (deprecated, global: split over the `ranks`
+    data-parallel ranks) and `{name}_per_gpu`, giving at least one row per rank."""
     total, per_gpu = config[f"{prefix}.{name}"], config[f"{prefix}.{name}_per_gpu"]
     if (total is None) == (per_gpu is None):
         yield (
@@ -105,9 +105,23 @@ def _one_of(config: ConfigDict, prefix: str, name: str, gpus: int) -> Iterator[s
             f"{'neither is set' if total is None else 'both are set'}: e.g. "
             f"{prefix}.{name}_per_gpu=8 {prefix}.{name}=null"
         )
-    elif (per_gpu if per_gpu is not None else total // gpus) < 1:
+    elif (per_gpu if per_gpu is not None else total // ranks) < 1:
         given = f"{name}_per_gpu={per_gpu}" if per_gpu is not None else f"{name}={total}"
-        yield (f"{prefix}.{given} gives fewer than one row per device ({_GPUS} = {gpus}); raise it")
+        yield (
+            f"{prefix}.{given} gives fewer than one row per data-parallel rank ({ranks}: "
+            f"{_GPUS} over the model-parallel size); raise it"
+        )
+
+
+def _data_ranks(config: ConfigDict, role: str, gpus: int) -> int:
+    """The data-parallel ranks of the role section `role`: the devices over its sequence- and
+    tensor-parallel sizes (at least 1; an uneven split is reported by `_updates`)."""
+    section = config[role]
+    fsdp = section.get("fsdp_config") or section.get("model", {}).get("fsdp_config") or {}
+    model_parallel = (section.get("ulysses_sequence_parallel_size") or 1) * (
+        fsdp.get("tensor_parallel_size") or 1
+    )
+    return max(1, gpus // max(1, model_parallel))
 
 
 def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
@@ -118,7 +132,15 @@ def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
     fsdp = role.get("fsdp_config") or role.get("model", {}).get("fsdp_config") or {}
     tp = fsdp.get("tensor_parallel_size") or 1
     if not role.use_dynamic_bsz:
-        yield from _one_of(config, prefix, "ppo_micro_batch_size", gpus)
+        yield from _one_of(
+            config, prefix, "ppo_micro_batch_size", _data_ranks(config, prefix, gpus)
+        )
+        total = role.ppo_micro_batch_size
+        if total and _positive(mini) and mini % total:
+            yield (  # verl checks the deprecated global size before normalising it
+                f"{prefix}.ppo_mini_batch_size ({mini}) must be divisible by "
+                f"{prefix}.ppo_micro_batch_size ({total}); change one of them"
+            )
     if not _positive(mini) or not _positive(sp) or not _positive(tp):
         yield (
             f"{prefix}.ppo_mini_batch_size, .ulysses_sequence_parallel_size and the "
@@ -148,6 +170,13 @@ def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
     if per_rank <= 0:
         yield f"{how} = {mini}*{n}//{ranks} is 0; raise {prefix}.ppo_mini_batch_size to >= {ranks}"
         return
+    if mini * n % ranks:
+        yield (
+            f"{prefix}.ppo_mini_batch_size * {_N} = {mini}*{n} rows do not split evenly over the "
+            f"{ranks} data-parallel ranks ({_GPUS} // model parallel size); make it a multiple "
+            f"of {ranks}"
+        )
+        return
     if role.use_dynamic_bsz:  # micro-batches by token budget: the micro-batch keys are unused
         return
     micro_key, micro = f"{prefix}.ppo_micro_batch_size_per_gpu", role.ppo_micro_batch_size_per_gpu
@@ -175,45 +204,66 @@ def _batches(config: ConfigDict, gpus: int) -> Iterator[str]:
     yield from _updates(config, "actor_rollout_ref.actor", gpus)
     if uses_critic(config):
         yield from _updates(config, "critic", gpus)
-    roles = ["actor_rollout_ref.rollout"]
+    # (section, the role whose mesh runs its pass): the rollout's log-probs are the actor's
+    roles = [("actor_rollout_ref.rollout", "actor_rollout_ref.actor")]
     if uses_reference(config):
-        roles.append("actor_rollout_ref.ref")
-    for prefix in roles:
+        roles.append(("actor_rollout_ref.ref", "actor_rollout_ref.ref"))
+    for prefix, role in roles:
         if not config[f"{prefix}.log_prob_use_dynamic_bsz"]:
-            yield from _one_of(config, prefix, "log_prob_micro_batch_size", gpus)
+            ranks = _data_ranks(config, role, gpus)
+            yield from _one_of(config, prefix, "log_prob_micro_batch_size", ranks)
     if uses_critic(config) and not config.critic.use_dynamic_bsz:
-        yield from _one_of(config, "critic", "forward_micro_batch_size", gpus)
+        ranks = _data_ranks(config, "critic", gpus)
+        yield from _one_of(config, "critic", "forward_micro_batch_size", ranks)
     if config.reward_model.enable and not config.reward_model.use_dynamic_bsz:
-        yield from _one_of(config, "reward_model", "micro_batch_size", gpus)
+        ranks = _data_ranks(config, "reward_model", gpus)
+        yield from _one_of(config, "reward_model", "micro_batch_size", ranks)
     yield from _token_budgets(config)
 
 
 def _token_budgets(config: ConfigDict) -> Iterator[str]:
-    """With dynamic batch sizes, every per-device token budget holds a whole padded sequence."""
+    """With dynamic batch sizes, every token budget holds a whole padded sequence: the
+    per-device budget times the role's sequence-parallel size, as verl's passes use it."""
     data = config.data
     padded = (
         data.max_prompt_length + data.max_response_length,
         "data.max_prompt_length + data.max_response_length",
     )
     arr = "actor_rollout_ref"
-    checks = [(f"{arr}.actor.use_dynamic_bsz", f"{arr}.actor.ppo_max_token_len_per_gpu", padded)]
-    for role in ["rollout"] + (["ref"] if uses_reference(config) else []):
-        prefix = f"{arr}.{role}.log_prob_"
-        checks.append((f"{prefix}use_dynamic_bsz", f"{prefix}max_token_len_per_gpu", padded))
+    actor_sp = f"{arr}.actor.ulysses_sequence_parallel_size"
+    checks = [
+        (f"{arr}.actor.use_dynamic_bsz", f"{arr}.actor.ppo_max_token_len_per_gpu", actor_sp, padded)
+    ]
+    prefix = f"{arr}.rollout.log_prob_"  # the actor's log-prob pass
+    checks.append((f"{prefix}use_dynamic_bsz", f"{prefix}max_token_len_per_gpu", actor_sp, padded))
+    if uses_reference(config):
+        prefix, ref_sp = f"{arr}.ref.log_prob_", f"{arr}.ref.ulysses_sequence_parallel_size"
+        checks.append(
+            (f"{prefix}use_dynamic_bsz", f"{prefix}max_token_len_per_gpu", ref_sp, padded)
+        )
     if uses_critic(config):
         for key in ("ppo_max_token_len_per_gpu", "forward_max_token_len_per_gpu"):
-            checks.append(("critic.use_dynamic_bsz", f"critic.{key}", padded))
+            sp = "critic.ulysses_sequence_parallel_size"
+            checks.append(("critic.use_dynamic_bsz", f"critic.{key}", sp, padded))
     if config.reward_model.enable:
         rm = config.reward_model
         length = (rm.max_length, "reward_model.max_length") if rm.max_length else padded
+        sp = "reward_model.ulysses_sequence_parallel_size"
         checks.append(
-            ("reward_model.use_dynamic_bsz", "reward_model.forward_max_token_len_per_gpu", length)
+            (
+                "reward_model.use_dynamic_bsz",
+                "reward_model.forward_max_token_len_per_gpu",
+                sp,
+                length,
+            )
         )
-    for flag, key, (needed, source) in checks:
-        if config[flag] and not (config[key] is not None and config[key] >= needed):
+    for flag, key, sp_key, (needed, source) in checks:
+        sp = config[sp_key] or 1
+        if config[flag] and not (config[key] is not None and config[key] * sp >= needed):
+            times = f" times {sp_key}={sp}" if sp > 1 else ""
             yield (
-                f"{key}={config[key]} must be >= the padded sequence length {needed} ({source}) "
-                f"when {flag}=True; raise {key} to at least {needed}"
+                f"{key}={config[key]}{times} must be >= the padded sequence length {needed} "
+                f"({source}) when {flag}=True; raise {key} to at least {-(-needed // sp)}"
             )
 
 
