@@ -56,13 +56,15 @@ RESPONSES = "responses"
 
 
 def prompt_dataset(config: ConfigDict, tokenizer: Any) -> Any:
-    """The prompts of ``data.path`` tokenised as the RL trainer tokenises them."""
+    """The prompts of ``data.path`` tokenised as the RL trainer tokenises them, with
+    ``data.apply_chat_template_kwargs`` (added with ``+``, as verl's generation reads it)."""
     data = ConfigDict(
         {
             "prompt_key": config.data.prompt_key,
             "max_prompt_length": config.rollout.prompt_length,
             "truncation": config.data.truncation,
             "shuffle": False,
+            "apply_chat_template_kwargs": dict(config.data.get("apply_chat_template_kwargs") or {}),
         }
     )
     return RLDataset(config.data.path, tokenizer, data, config_key="data.path")

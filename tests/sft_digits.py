@@ -30,6 +30,7 @@ def digits_sft_args(run_dir: Path, *overrides: str) -> list[str]:
         "data.micro_batch_size_per_gpu=16",
         "trainer.n_gpus_per_node=2",
         "optim.lr=3e-3",
+        "optim.lr_warmup_steps_ratio=0",  # the schedule spans all epochs (verl's); no warm-up
         "trainer.total_training_steps=8",
         "trainer.test_freq=4",
         "trainer.save_freq=4",

@@ -12,7 +12,8 @@ from jrl.assets import prepare_digits
 from jrl.config import ConfigError
 from jrl.config.entry import load_entry_config
 from jrl.config.trees import GENERATION
-from jrl.generate import main
+from jrl.data import load_tokenizer
+from jrl.generate import main, prompt_dataset
 from jrl.runspec.eval_checks import validate_generation
 
 ROWS = 6
@@ -77,3 +78,11 @@ def test_defaults_are_verls_generation_config():
     config = load_entry_config([], GENERATION, validate_generation)
     assert (config.data.n_samples, config.data.batch_size, config.rollout.top_k) == (5, 128, 50)
     assert (config.rollout.top_p, config.rollout.prompt_length) == (0.7, 1536)
+
+
+def test_chat_template_kwargs_reach_the_prompts(prompts, tmp_path):
+    """As verl's generation: ``+data.apply_chat_template_kwargs`` go to the chat template."""
+    args = _args(prompts, tmp_path / "out.parquet", "+data.apply_chat_template_kwargs.flag=true")
+    config = load_entry_config(args, GENERATION, validate_generation)
+    tokenizer = load_tokenizer(prepare_digits()["model_path"])
+    assert prompt_dataset(config, tokenizer).chat_template_kwargs == {"flag": True}

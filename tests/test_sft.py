@@ -6,6 +6,7 @@ options)."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -193,9 +194,24 @@ def test_nested_keys_chat_template_and_eos_in_the_loss(tmp_path, digits_tokenize
         digits_tokenizer,
         _data(prompt_key="extra_info.question", response_key="extra_info.answer", max_length=8),
     )
+    wrapped = _parquet(
+        tmp_path / "w.parquet", [{"extra_info": [row["extra_info"]]} for row in rows]
+    )
+    in_lists = SFTDataset(  # verl's series_to_item: a one-item list is read as its item
+        wrapped,
+        digits_tokenizer,
+        _data(
+            prompt_key="extra_info",
+            response_key="extra_info",
+            prompt_dict_keys=["question"],
+            response_dict_keys=["answer"],
+            max_length=8,
+        ),
+    )
     for index in range(2):
         for key in ("input_ids", "attention_mask", "position_ids", "loss_mask"):
             np.testing.assert_array_equal(by_path[index][key], by_dict_keys[index][key])
+            np.testing.assert_array_equal(in_lists[index][key], by_dict_keys[index][key])
     row = by_path[0]  # "12=" then "3" then EOS (0), padded with 0
     np.testing.assert_array_equal(row["input_ids"], [2, 3, 11, 4, 0, 0, 0, 0])
     np.testing.assert_array_equal(row["attention_mask"], [1, 1, 1, 1, 1, 0, 0, 0])
@@ -284,6 +300,27 @@ def test_multiturn_trains_on_assistant_replies_and_their_end_of_turn(tmp_path, c
     assert "How many?" in untrained and "<|im_start|>assistant\n" in untrained
 
 
+def test_a_messages_own_loss_mask_overrides_its_tokens(tmp_path, chatml_tokenizer):
+    """verl's multi-turn override: loss_mask 0 keeps an assistant reply out of the loss, and
+    loss_mask 1 trains every token a message adds, the assistant header included."""
+    conversation = [
+        {"role": "user", "content": "one?", "loss_mask": None},
+        {"role": "assistant", "content": "one", "loss_mask": 0},
+        {"role": "user", "content": "two?", "loss_mask": None},
+        {"role": "assistant", "content": "two", "loss_mask": 1},
+    ]
+    files = _parquet(tmp_path / "t.parquet", [{"messages": conversation}])
+    data = _data(max_length=128)
+    data.multiturn.enable = True
+    row = SFTDataset(files, chatml_tokenizer, data)[0]
+    trained = chatml_tokenizer.decode(row["input_ids"][row["loss_mask"].astype(bool)])
+    assert trained == "<|im_start|>assistant\ntwo<|im_end|>\n"
+    conversation[1]["loss_mask"] = 2
+    bad = _parquet(tmp_path / "b.parquet", [{"messages": conversation}])
+    with pytest.raises(ValueError, match="row 0: message 1 has loss_mask=2; use 0, 1 or null"):
+        SFTDataset(bad, chatml_tokenizer, data)[0]
+
+
 def test_multiturn_passes_tools_and_thinking_columns_to_the_template(tmp_path, digits_tokenizer):
     template = (
         "{% if tools %}{{ tools | length }}{% endif %}{% if enable_thinking %}9{% endif %}"
@@ -324,6 +361,11 @@ def test_custom_dataset_class(tmp_path, digits_tokenizer):
     dataset = create_sft_dataset("x.parquet", digits_tokenizer, data)
     assert type(dataset).__name__ == "Mine" and dataset.files == ["x.parquet"]
     assert dataset[0]["input_ids"] == [1, 1, 1, 1]
+    # verl v0.6.0's signature has no max_samples: the class is called without it
+    module.write_text(module.read_text().replace(", max_samples):", "):"))
+    data.custom_cls.name = "Mine"
+    old = create_sft_dataset("x.parquet", digits_tokenizer, data)
+    assert old.files == ["x.parquet"]
 
 
 # --- optimizers and schedules ----------------------------------------------------------------
@@ -425,6 +467,16 @@ def test_cosine_and_wsd_schedules():
         {0: 0.0, 5: 1.0, 10: 2.0, 90: 2.0, 91: 2.0, 95: 1.0 + np.cos(np.pi * 4 / 9), 100: 0.0}
     )
     assert wsd_multiplier(3, 0, 3) == 0.0
+    # verl v0.6.0's SFT name of the warm-up ratio, read over lr_warmup_steps_ratio when set
+    old_name = _optim(lr=2.0, lr_warmup_steps_ratio=0.0, warmup_steps_ratio=0.25)
+    assert [sft_lr(old_name, step, 8) for step in range(3)] == pytest.approx([0.0, 1.0, 2.0])
+
+
+def test_optim_eps_reaches_the_optimizer():
+    """verl's SFT reads ``+optim.eps`` (default 1e-8)."""
+    section = apply_overrides(sft_config(), [("+optim.eps", 1e-3)]).optim
+    assert sft_optimizer_settings(section).options()["eps"] == 1e-3
+    assert _optim().options()["eps"] == 1e-8
 
 
 # --- the loss ----------------------------------------------------------------------------------
@@ -506,7 +558,11 @@ def test_sft_lowers_the_held_out_loss(digits_run):
     assert {"val/loss"} <= set(metrics[4]) and "val/loss" not in metrics[3]
     for key in ("train/loss", "train/lr(1e-3)", "train/grad_norm", "train/time(s)"):
         assert np.isfinite(metrics[1][key]), key
-    assert metrics[1]["train/lr(1e-3)"] == pytest.approx(3.0)  # no warmup: int(0.1 * 8) = 0
+    # verl's schedule spans total_epochs (4) x 64 steps, not total_training_steps, and the rate
+    # logged is the one after the step (its scheduler steps first): cosine, no warm-up
+    for step in (1, 8):
+        expected = 3.0 * 0.5 * (1 + math.cos(math.pi * step / 256))
+        assert metrics[step]["train/lr(1e-3)"] == pytest.approx(expected, rel=1e-6)
     assert metrics[8]["train/loss"] < metrics[1]["train/loss"]
     assert (run_dir / "global_step_4" / "actor" / "optimizer").is_dir()
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text() == "8"
@@ -515,9 +571,8 @@ def test_sft_lowers_the_held_out_loss(digits_run):
 def test_resume_from_a_checkpoint_replays_the_same_steps(digits_run, tmp_path):
     run_dir, _, _ = digits_run
     resumed_dir = tmp_path / "resumed"
-    trainer = _trainer(
+    trainer = _trainer(  # resume_mode=auto (the default) reads resume_from_path in verl's SFT
         resumed_dir,
-        "trainer.resume_mode=resume_path",
         f"trainer.resume_from_path={run_dir / 'global_step_4'}",
         "trainer.save_freq=1",
         "trainer.max_ckpt_to_keep=1",
@@ -532,6 +587,22 @@ def test_resume_from_a_checkpoint_replays_the_same_steps(digits_run, tmp_path):
     assert sorted(p.name for p in resumed_dir.glob("global_step_*")) == ["global_step_8"]
     auto = _trainer(run_dir)  # resume_mode=auto: the run is complete, nothing to do
     assert auto.fit() == {}
+
+
+def test_the_run_ends_with_its_last_epoch_before_total_training_steps(tmp_path):
+    """verl's SFT loop runs total_epochs epochs at most: total_training_steps past them stops
+    nothing later (here 2 steps of 64 rows, 1 epoch, 5 steps asked for)."""
+    run_dir = tmp_path / "run"
+    trainer = _trainer(
+        run_dir,
+        "data.train_max_samples=128",
+        "trainer.total_epochs=1",
+        "trainer.total_training_steps=5",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=-1",
+    )
+    trainer.fit()
+    assert sorted(_metrics(run_dir)) == [1, 2]
 
 
 def test_lora_trains_the_adapters_of_the_target_modules_with_clipped_sgd(tmp_path):

@@ -71,6 +71,7 @@ def _optim() -> ConfigDict:
         betas=[0.9, 0.95],
         weight_decay=0.01,
         lr_warmup_steps_ratio=0.1,
+        warmup_steps_ratio=placeholder(float),  # verl v0.6.0's name of lr_warmup_steps_ratio
         clip_grad=1.0,
         lr_scheduler="cosine",
         override_optimizer_config=placeholder(dict),

@@ -68,3 +68,10 @@ def load_object(location: str | None, name: str | None, config_key: str) -> Any:
             f"{', '.join(defined) or 'no functions or classes'}"
         )
     return getattr(module, name)
+
+
+def accepts_keyword(fn: Any, name: str) -> bool:
+    """Whether calling `fn` (a function or class) with the keyword `name` is allowed: a parameter
+    of that name, or ``**kwargs``."""
+    parameters = inspect.signature(fn).parameters.values()
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters)

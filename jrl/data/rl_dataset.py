@@ -12,7 +12,6 @@ user class named by ``data.custom_cls.path`` / ``.name``.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,7 +19,7 @@ import numpy as np
 import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
-from jrl.data.extern import load_object
+from jrl.data.extern import accepts_keyword, load_object
 from jrl.data.files import file_list, local_path, read_parquet
 from jrl.data.filtering import prompt_lengths
 from jrl.data.prompts import (
@@ -250,7 +249,7 @@ def create_rl_dataset(
         config=getattr(custom, "config", config),  # a UserDataset's section, verl's convention
         max_samples=max_samples,
     )
-    if "config_key" in inspect.signature(cls).parameters:
+    if accepts_keyword(cls, "config_key"):
         kwargs["config_key"] = config_key
     dataset = cls(**kwargs)
     check_sized(dataset, name, path)

@@ -10,7 +10,9 @@ response and the tokenizer's EOS token; the loss covers every response token, th
 
 Multi-turn (``data.multiturn.enable``): ``data.multiturn.messages_key`` holds a conversation; the
 loss covers what the chat template writes for each assistant message (its content and its
-end-of-turn tokens), not the other messages nor the assistant header that opens each reply. Tools
+end-of-turn tokens), not the other messages nor the assistant header that opens each reply. A
+message with its own ``loss_mask`` (0 or 1) sets it for every token it adds, its header included
+(a run of tool messages follows its first one), as verl's multi-turn dataset does. Tools
 (``tools_key``: a list of JSON schemas, or its JSON text) and ``enable_thinking``
 (``enable_thinking_key``) columns, when present, are passed to the template.
 
@@ -30,7 +32,7 @@ import numpy as np
 import pyarrow as pa
 from transformers import PreTrainedTokenizerBase
 
-from jrl.data.extern import load_object
+from jrl.data.extern import accepts_keyword, load_object
 from jrl.data.files import file_list
 from jrl.data.prompts import chat_messages, position_ids_from_mask, render_prompt
 from jrl.data.rl_dataset import ParquetRows, check_sized
@@ -45,16 +47,32 @@ def key_path(key: str, dict_keys: Sequence[str] | None) -> list[str]:
 
 
 def read_field(row: Mapping[str, Any], path: Sequence[str], where: str, what: str) -> Any:
-    """The value at `path` in `row` (a column, then keys of nested structs); `what` names the
-    config keys that chose the path in errors."""
+    """The value at `path` in `row` (a column, then keys of nested structs; a one-item list on
+    the way is read as its item, as verl's ``series_to_item`` does); `what` names the config keys
+    that chose the path in errors."""
     value: Any = row
     for depth, name in enumerate(path):
+        while isinstance(value, list | tuple | np.ndarray) and len(value) == 1:
+            value = value[0]
         if not isinstance(value, Mapping) or name not in value:
             walked = ".".join(path[: depth + 1])
             found = sorted(value) if isinstance(value, Mapping) else type(value).__name__
             raise KeyError(f"{where}: no field {walked!r} ({what}); found {found}")
         value = value[name]
     return value
+
+
+def message_loss_mask(message: Mapping[str, Any], where: str, index: int) -> int | None:
+    """A message's own ``loss_mask`` (0 or 1: every token the message adds, an assistant's
+    header included, is trained on or not, as verl overrides it), or None where it has none."""
+    value = message.get("loss_mask")
+    if value is None:
+        return None
+    if isinstance(value, np.ndarray):
+        value = value.item()
+    if isinstance(value, bool) or value not in (0, 1):
+        raise ValueError(f"{where}: message {index} has loss_mask={value!r}; use 0, 1 or null")
+    return int(value)
 
 
 class SFTDataset(ParquetRows):
@@ -162,12 +180,18 @@ class SFTDataset(ParquetRows):
             trained.extend([loss] * len(piece))
             previous = text
 
+        override = None
         for index, message in enumerate(messages):
+            start = len(ids)
             if message["role"] == "assistant":
                 add(self._render(messages[:index], True, extra), 0, index)
                 add(self._render(messages[: index + 1], False, extra), 1, index)
             else:
                 add(self._render(messages[: index + 1], False, extra), 0, index)
+            if index == 0 or message["role"] != "tool" or messages[index - 1]["role"] != "tool":
+                override = message_loss_mask(message, where, index)  # a run of tools: the first's
+            if override is not None:
+                trained[start:] = [override] * (len(ids) - start)
         return ids, trained
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
@@ -206,17 +230,20 @@ def create_sft_dataset(
 ) -> Sequence[dict[str, Any]]:
     """`SFTDataset`, or the class named by ``data.custom_cls.path`` / ``.name``, called as verl
     calls it: ``cls(parquet_files=<list of paths>, tokenizer=..., config=<data section>,
-    max_samples=...)``. Its rows must hold `ROW_KEYS` (int arrays of length data.max_length)."""
+    max_samples=...)``, without ``max_samples`` for a class that does not take it (verl
+    v0.6.0's signature). Its rows must hold `ROW_KEYS` (int arrays of length data.max_length)."""
     custom = getattr(config, "custom_cls", None)
     path, name = getattr(custom, "path", None), getattr(custom, "name", None)
     if not path and not name:
         return SFTDataset(data_files, tokenizer, config, max_samples, config_key=config_key)
     cls = load_object(path, name, "data.custom_cls")
-    dataset = cls(
+    kwargs = dict(
         parquet_files=file_list(data_files, config_key),
         tokenizer=tokenizer,
         config=getattr(custom, "config", config),  # a UserDataset's section, verl's convention
-        max_samples=max_samples,
     )
+    if accepts_keyword(cls, "max_samples"):  # current verl passes it; v0.6.0's classes lack it
+        kwargs["max_samples"] = max_samples
+    dataset = cls(**kwargs)
     check_sized(dataset, name, path)
     return dataset

@@ -101,13 +101,20 @@ def optimizer_problems(section: Any, prefix: str) -> Iterator[str]:
 
 
 def sft_optimizer_settings(section: Any) -> SFTOptimizerSettings:
-    """The optimizer of SFT's ``optim`` section; `InvalidSettings` lists its problems."""
+    """The optimizer of SFT's ``optim`` section; `InvalidSettings` lists its problems. verl
+    v0.6.0's SFT names the warm-up ``warmup_steps_ratio`` (read when set, over
+    ``lr_warmup_steps_ratio``) and reads ``+optim.eps`` (an ``override_optimizer_config.eps``
+    wins over it)."""
+    ratio = section.get("warmup_steps_ratio")
     schedule = ScheduleSettings(
         kind=section.lr_scheduler,
         warmup_steps=warmup_steps(section),
-        warmup_ratio=float(section.lr_warmup_steps_ratio),
+        warmup_ratio=float(section.lr_warmup_steps_ratio if ratio is None else ratio),
         key="optim.lr_scheduler",
     )
+    eps = section.get("eps")
+    overrides = {} if eps is None else {"eps": float(eps)}
+    overrides.update(section.override_optimizer_config or {})
     return SFTOptimizerSettings(
         optimizer=str(section.optimizer),
         impl=str(section.optimizer_impl),
@@ -116,7 +123,7 @@ def sft_optimizer_settings(section: Any) -> SFTOptimizerSettings:
         weight_decay=float(section.weight_decay),
         clip_grad=float(section.clip_grad),
         schedule=schedule,
-        overrides=dict(section.override_optimizer_config or {}),
+        overrides=overrides,
     )
 
 

@@ -182,15 +182,18 @@ def _role_checkpoint(section: KeyReads, keep: int | None) -> RoleCheckpoint:
     )
 
 
-def _resumption(trainer: KeyReads) -> dict[str, Any]:
+def _resumption(trainer: KeyReads, path_in_auto: bool = False) -> dict[str, Any]:
+    """The resumption keys; `path_in_auto`: ``resume_from_path`` also counts under
+    ``resume_mode=auto`` (verl's SFT trainer; its PPO trainer reads it under resume_path only)."""
     mode = str(trainer.resume_mode)
-    if mode != "resume_path":
-        trainer.skip("resume_from_path", "trainer.resume_mode is not resume_path")
+    reads_path = mode == "resume_path" or (path_in_auto and mode == "auto")
+    if not reads_path:
+        trainer.skip("resume_from_path", f"trainer.resume_mode={mode} does not read it")
     return dict(
         local_dir=str(trainer.default_local_dir),
         remote_dir=trainer.get("default_hdfs_dir"),
         resume_mode=mode,
-        resume_from_path=trainer.get("resume_from_path") if mode == "resume_path" else None,
+        resume_from_path=trainer.get("resume_from_path") if reads_path else None,
         delete_after_load=bool(trainer.get("del_local_ckpt_after_load", False)),
     )
 
@@ -221,10 +224,11 @@ def ppo_checkpoint_spec(config: KeyReads, trains_critic: bool) -> CheckpointSpec
 
 
 def sft_checkpoint_spec(config: KeyReads, role: str) -> CheckpointSpec:
-    """SFT's one `role`: ``trainer.checkpoint`` contents, ``trainer.max_ckpt_to_keep``."""
+    """SFT's one `role`: ``trainer.checkpoint`` contents, ``trainer.max_ckpt_to_keep``; as in
+    verl's SFT trainer, ``resume_from_path`` is read under ``resume_mode=auto`` too."""
     trainer = config.trainer
     roles = {role: _role_checkpoint(trainer.checkpoint, trainer.max_ckpt_to_keep)}
-    return CheckpointSpec(roles=MappingProxyType(roles), **_resumption(trainer))
+    return CheckpointSpec(roles=MappingProxyType(roles), **_resumption(trainer, path_in_auto=True))
 
 
 # The trackers that name the run by trainer.project_name and experiment_name.

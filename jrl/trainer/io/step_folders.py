@@ -176,7 +176,8 @@ def find_resume_dir(spec: CheckpointSpec, roles: Sequence[str]) -> Path | None:
     """The checkpoint to resume from under verl's ``trainer.resume_mode``, or None.
 
     ``disable``: none. ``resume_path``: ``resume_from_path`` (relative to the working directory),
-    which must be intact (else the error names the file and the intact steps beside it).
+    which must be intact (else the error names the file and the intact steps beside it); so does
+    ``auto`` when the spec holds a ``resume_from_path`` (SFT's rule). Else
     ``auto``: the step in ``default_local_dir``'s tracker file; when that step is incomplete or
     damaged (or the tracker is missing or unreadable), the newest intact step, with a warning
     naming what is wrong; None when there is no intact step.
@@ -184,7 +185,7 @@ def find_resume_dir(spec: CheckpointSpec, roles: Sequence[str]) -> Path | None:
     mode = spec.resume_mode
     if mode == "disable":
         return None
-    if mode == "resume_path":
+    if mode == "resume_path" or spec.resume_from_path:
         return _given_step(spec.resume_from_path, roles)
     root = Path(spec.local_dir).absolute()
     try:

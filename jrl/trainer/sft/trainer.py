@@ -136,8 +136,10 @@ class SFTTrainer:
             self.train_dataset, files.train_batch_size, shuffle=True, seed=data.seed
         )
         self.cadence = Cadence.of(run.cadence, len(self.train_loader), after_last=True)
-        total = self.cadence.total_steps
-        self.spec = SFTSpec.of(run.model, self.mesh, total)
+        # verl's SFT schedule spans the epochs, whatever total_training_steps stops at
+        self.spec = SFTSpec.of(
+            run.model, self.mesh, len(self.train_loader) * run.cadence.total_epochs
+        )
         model = load_model(self.spec.model, self.mesh)
         trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
         optimizer = make_sft_optimizer(self.spec.optimizer)
@@ -166,14 +168,15 @@ class SFTTrainer:
     def train_step(
         self, batch: Batch, step: int, epoch: int, timing: dict[str, float]
     ) -> StepOutput:
-        """One optimizer step on a batch of rows."""
+        """One optimizer step on a batch of rows. ``train/lr(1e-3)`` is the rate after the step,
+        as verl logs it (its scheduler steps first)."""
         start = time.perf_counter()
         lr = self.spec.schedule(step - 1)
         tensors = sft_tensors(gather_batch(batch))
         history = self.learner.train(self.spec.loss, tensors, self.spec.plan, lr=lr)
         metrics = {
             "train/loss": history["loss"][0],
-            "train/lr(1e-3)": lr * 1e3,
+            "train/lr(1e-3)": self.spec.schedule(step) * 1e3,
             "train/grad_norm": history["grad_norm"][0],
             "train/skipped": history["skipped"][0],
             "train/time(s)": time.perf_counter() - start,
@@ -225,9 +228,10 @@ class SFTTrainer:
 
     # -- the loop -------------------------------------------------------------------------------
     def batches(self) -> Iterator[tuple[int, Batch]]:
-        """(epoch, batch) from the data loader's position on, epoch after epoch (the loop stops
-        at the last step: ``total_training_steps`` when set, else ``total_epochs`` epochs)."""
-        return epochs_of(self.train_loader, None)
+        """(epoch, batch) from the data loader's position to the end of ``total_epochs`` epochs
+        (the loop stops earlier at ``total_training_steps`` when set: verl's SFT loop ends at
+        whichever comes first)."""
+        return epochs_of(self.train_loader, self.run.cadence.total_epochs)
 
     def fit(self) -> dict[str, float]:
         """Train for the configured steps; returns the last step's metrics."""
