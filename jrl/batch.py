@@ -94,6 +94,15 @@ class Batch:
         return Batch({k: np.asarray(v) for k, v in self.tensors.items()}, dict(self.meta))
 
 
+def attended_lengths(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
+    """(prompt, response) lengths [B] int of verl's rollout layout, as verl counts them: the
+    ``attention_mask`` ones before and within the last ``responses`` width (a multi-turn row's
+    tool turns count among its response tokens)."""
+    attention = np.asarray(batch.tensors["attention_mask"])
+    width = np.asarray(batch.tensors["responses"]).shape[1]
+    return attention[:, :-width].sum(-1), attention[:, -width:].sum(-1)
+
+
 def _as_object_array(value: Any) -> np.ndarray:
     if isinstance(value, np.ndarray) and value.dtype == object:
         return value

@@ -107,3 +107,26 @@ def test_reward_checkpoint_errors(tmp_path):
     _hf_reward_model("Qwen2", num_labels=2).save_pretrained(tmp_path / "two")
     with pytest.raises(ValueError, match="2 labels; a reward model needs num_labels=1"):
         from_pretrained(tmp_path / "two", kind="reward")
+
+
+def test_a_critic_starts_from_a_reward_model_and_a_reward_bias_is_not_dropped(tmp_path):
+    """As transformers' token-classification loading in verl: a critic (kind='value') starts
+    from a reward checkpoint, whose head has no bias, with bias 0. A reward checkpoint with a
+    non-zero score.bias is refused: jrl's reward head has none, and every reward would move."""
+    hf = _hf_reward_model("Qwen2")
+    hf.save_pretrained(tmp_path / "rm")
+    critic = from_pretrained(tmp_path / "rm", kind="value")
+    kernel = np.asarray(critic.score.kernel[...]).reshape(-1)
+    np.testing.assert_allclose(kernel, hf.score.weight.detach().numpy().reshape(-1), rtol=1e-6)
+    assert np.asarray(critic.score.bias[...]).tolist() == [0.0]
+    config = transformers.Qwen2Config(**SHAPE, num_labels=1)
+    biased = transformers.Qwen2ForTokenClassification(config)
+    with torch.no_grad():
+        biased.score.bias.fill_(3.0)
+    biased.save_pretrained(tmp_path / "biased")
+    with pytest.raises(ValueError, match="score.bias is not 0, but jrl's reward head has no bias"):
+        from_pretrained(tmp_path / "biased", kind="reward")
+    with torch.no_grad():
+        biased.score.bias.fill_(0.0)
+    biased.save_pretrained(tmp_path / "zero")
+    assert isinstance(from_pretrained(tmp_path / "zero", kind="reward"), RewardModel)

@@ -134,3 +134,39 @@ def test_input_tokenizer_decodes_the_response_for_the_reward_models_template(rew
     for row in range(2):
         assert inputs["attention_mask"][row].sum() == len(expected)
         np.testing.assert_array_equal(inputs["input_ids"][row, : len(expected)], expected)
+
+
+def test_a_multi_turn_rows_score_sits_on_its_last_attended_token(reward_model_dir):
+    """As verl: a row whose response holds a tool turn (attended, not trained on) is scored with
+    the tool's text in the reward model's input, and its score sits on the row's last attended
+    token, not on the last trained one before it."""
+    import numpy as np
+
+    from jrl.batch import Batch
+
+    scorer = _scorer(reward_model_dir, f"reward_model.model.input_tokenizer={reward_model_dir}")
+    tokenizer = load_tokenizer(reward_model_dir)
+    encode = lambda text: tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    turn, tool, answer = encode("let me add"), encode(" tool says 391 "), encode("so 391")
+    row = [*turn, *tool, *answer, tokenizer.eos_token_id]
+    width, pad = len(row) + 3, tokenizer.pad_token_id
+    responses = np.asarray([row + [pad] * 3] * 2, np.int32)
+    trained = [1] * len(turn) + [0] * len(tool) + [1] * (len(answer) + 1) + [0] * 3
+    prompts = np.full((2, 60), pad, np.int32)
+    attention = np.ones((2, 60 + width), np.int32)
+    attention[:, -3:] = 0
+    batch = Batch(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "input_ids": np.concatenate([prompts, responses], axis=1),
+            "attention_mask": attention,
+            "response_mask": np.asarray([trained] * 2, np.int32),
+        },
+        meta={"raw_prompt": [[{"role": "user", "content": "add them"}]] * 2},
+    )
+    inputs = scorer._inputs(batch)
+    text = tokenizer.decode(inputs["input_ids"][0][inputs["attention_mask"][0] > 0])
+    assert "tool says 391" in text
+    scores = scorer.rm_scores(batch)
+    assert np.flatnonzero(scores[0]).tolist() == [len(row) - 1]

@@ -179,8 +179,12 @@ def from_pretrained(
     config, checkpoint = _open_checkpoint(path)
     config = apply_override_config(config, override_config or {})
     abstract = _shapes(config, kind, dtype, param_dtype, seed)
-    if kind == "value" and "score.weight" not in checkpoint:
-        checkpoint = collections.ChainMap(checkpoint, initial_score_head(config, seed))
+    if kind == "value":  # a fresh head, or a reward model's (bias 0), as transformers loads it
+        fresh = initial_score_head(config, seed)
+        missing = {name: fresh[name] for name in fresh if name not in checkpoint}
+        if "score.weight" in missing:
+            missing = fresh
+        checkpoint = collections.ChainMap(checkpoint, missing)
     if kind == "reward":
         _check_reward_head(checkpoint, str(path))
     return stream_params(abstract, checkpoint, where=str(path), mesh=mesh)
@@ -197,6 +201,13 @@ def _check_reward_head(checkpoint: Mapping[str, ArraySource], where: str) -> Non
     if labels != 1:
         raise ValueError(
             f"{where}: score.weight has {labels} labels; a reward model needs num_labels=1"
+        )
+    bias = checkpoint.get("score.bias")
+    if bias is not None and np.any(bias[tuple(slice(None) for _ in bias.shape)] != 0):
+        raise ValueError(
+            f"{where}: score.bias is not 0, but jrl's reward head has no bias (the "
+            "sequence-classification layout), so every reward would move; use a checkpoint "
+            "without it or with it 0"
         )
 
 

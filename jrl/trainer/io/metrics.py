@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from jrl.batch import Batch
+from jrl.batch import Batch, attended_lengths
 from jrl.models.config import ModelConfig
 from jrl.trainer.io.flops import peak_flops, train_flops
 
@@ -27,15 +27,6 @@ def _stats(prefix: str, values: np.ndarray) -> dict[str, float]:
     }
 
 
-def _response_lengths(batch: Batch) -> tuple[np.ndarray, np.ndarray]:
-    """(prompt lengths, response lengths) [B] as verl counts them: the attention mask's ones
-    before and within the last `responses` width, so a multi-turn row's tool turns count."""
-    attention = np.asarray(batch.tensors["attention_mask"])
-    width = np.asarray(batch.tensors["responses"]).shape[1]
-    prompt = attention[:, :-width].sum(-1).astype(np.float32)
-    return prompt, attention[:, -width:].sum(-1).astype(np.float32)
-
-
 def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
     """verl's data metrics: critic/score|rewards over the rows with a response (0 where none
     has), advantages|returns|values over `response_mask`, response_length/* and
@@ -44,7 +35,7 @@ def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
     t = {k: np.asarray(v) for k, v in batch.tensors.items()}
     mask = t["response_mask"].astype(bool)
     response_width = t["responses"].shape[1]
-    prompt_length, response_length = _response_lengths(batch)
+    prompt_length, response_length = (x.astype(np.float32) for x in attended_lengths(batch))
     aborted = response_length == 0
     kept = response_length[~aborted]
     out = {
@@ -89,7 +80,7 @@ def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
 def throughput_metrics(batch: Batch, timing: dict[str, float], n_gpus: int) -> dict[str, float]:
     """perf/total_num_tokens, perf/time_per_step, perf/throughput and timing_per_token_ms/*
     (generation per response token, the other phases per prompt and response token)."""
-    prompt_length, response_length = _response_lengths(batch)
+    prompt_length, response_length = (x.astype(np.float32) for x in attended_lengths(batch))
     response_tokens = float(response_length.sum())
     total_tokens = int(prompt_length.sum() + response_tokens)
     step_time = timing["step"]

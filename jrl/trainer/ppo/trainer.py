@@ -481,9 +481,10 @@ class PPOTrainer:
 
     def _validate(self, loader: DataLoader, step: int) -> dict[str, float]:
         prompts = gather_batch(next(iter(loader.epoch(0))))
-        styles = {(info or {}).get("style") for info in prompts.meta.get("reward_model", [])}
-        if self.reward_model is not None and "model" in styles:
-            return {}  # as verl: validation scores rule-based rows only
+        infos = prompts.meta.get("reward_model")
+        first = (infos[0] if infos is not None and len(infos) else None) or {}
+        if self.reward_model is not None and first.get("style") == "model":
+            return {}  # as verl: no validation when the set's first row is model-scored
         if "uid" not in prompts.meta:  # as verl: the dataset's own uids group its rows
             uids = np.array([f"val-{i}" for i in range(len(prompts))], dtype=object)
             prompts = prompts.union(Batch(meta={"uid": uids}))

@@ -19,7 +19,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh
 
-from jrl.batch import Batch
+from jrl.batch import Batch, attended_lengths
 from jrl.data.tokenizer import load_tokenizer
 from jrl.parallel import batch_sharding, place
 from jrl.runspec.roles import RewardModelSettings
@@ -56,13 +56,13 @@ class RewardModel:
         return model(tensors["input_ids"], tensors["attention_mask"], tensors["position_ids"])
 
     def rm_scores(self, batch: Batch) -> np.ndarray:
-        """[B, R] float32: each row's reward at its last valid response token, zero elsewhere."""
+        """[B, R] float32: each row's reward at its last attended response token (as verl
+        places it: a multi-turn row's tool tokens count), zero elsewhere."""
         inputs = self._inputs(batch)
         params = place(self.stored, self.param_shardings)  # from host memory when offloaded
         scores = self.forward.run(lambda chunk, _: self._forward(params, chunk), inputs, self.mesh)
-        mask = np.asarray(batch.tensors["response_mask"])
-        out = np.zeros(mask.shape, np.float32)
-        lengths = mask.sum(-1).astype(int)
+        lengths = attended_lengths(batch)[1]
+        out = np.zeros(np.asarray(batch.tensors["responses"]).shape, np.float32)
         rows = np.flatnonzero(lengths > 0)
         out[rows, lengths[rows] - 1] = scores[rows]
         return out
@@ -73,7 +73,7 @@ class RewardModel:
             return {k: np.asarray(t[k]) for k in ("input_ids", "attention_mask", "position_ids")}
         prompts, responses = np.asarray(t["prompts"]), np.asarray(t["responses"])
         prompt_mask = np.asarray(t["attention_mask"])[:, : prompts.shape[1]]
-        response_mask = np.asarray(t["response_mask"])
+        attended = attended_lengths(batch)[1]
         length = self.max_length or prompts.shape[1] + responses.shape[1]
         ids = np.full((len(batch), length), self.tokenizer.pad_token_id, np.int32)
         mask = np.zeros((len(batch), length), np.int32)
@@ -85,7 +85,7 @@ class RewardModel:
             else:
                 prompt = source.decode(prompts[i][prompt_mask[i] > 0], skip_special_tokens=True)
                 chat = [{"role": "user", "content": prompt}]
-            response = source.decode(responses[i][response_mask[i] > 0])
+            response = source.decode(responses[i][: attended[i]])  # tool turns included
             response = response.replace(source.eos_token, "") if source.eos_token else response
             chat.append({"role": "assistant", "content": response})
             text = self.tokenizer.apply_chat_template(
