@@ -51,7 +51,11 @@ from jrl.data.tokenizer import load_tokenizer  # noqa: E402
 STAGES = ("base", "sft", "rl")
 ACCURACY = "val-core/jrl/arithmetic/acc/mean@1"
 CALLS = "val-aux/jrl/arithmetic/called/mean@1"
-CALCULATOR = {"tools": [{"class_name": "jrl.agent.tools.calculator.CalculatorTool", "config": {}}]}
+CALCULATOR = {
+    "tools": [
+        {"class_name": "jrl.agent.tools.calculator.CalculatorTool", "config": {"type": "native"}}
+    ]
+}
 MAX_RESPONSE = 96
 
 

@@ -193,7 +193,10 @@ def test_calls_are_found_where_the_tokenizer_marks_their_tags_special(tokenizer,
     special tokens still has its calls found (and a turn without a call at the turn limit is
     no stop by the limit)."""
     config = tmp_path / "tools.yaml"
-    config.write_text("tools:\n  - class_name: jrl.agent.tools.calculator.CalculatorTool\n")
+    config.write_text(
+        "tools:\n  - class_name: jrl.agent.tools.calculator.CalculatorTool\n"
+        "    config: {type: native}\n"
+    )
     special = copy.deepcopy(tokenizer)
     special.add_special_tokens({"additional_special_tokens": ["<tool_call>", "</tool_call>"]})
     settings = calculator_settings(tool_config_path=str(config), max_assistant_turns=1)
@@ -214,7 +217,10 @@ def test_traced_trajectories_hold_each_turn_and_tool_call(tokenizer, tmp_path, m
 
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     config = tmp_path / "tools.yaml"
-    config.write_text("tools:\n  - class_name: jrl.agent.tools.calculator.CalculatorTool\n")
+    config.write_text(
+        "tools:\n  - class_name: jrl.agent.tools.calculator.CalculatorTool\n"
+        "    config: {type: native}\n"
+    )
     settings = calculator_settings(tool_config_path=str(config))
     script = [[tool_call("calculator", expression=f"{a} * 23"), "Done."] for a in (17, 18, 19)]
     questions, extra = ["17*23?", "18*23?", "19*23?"], [{"index": 10 + i} for i in range(3)]
@@ -322,11 +328,62 @@ def test_misbehaving_tools_become_error_turns_and_counted_metrics(tokenizer):
     assert stats["agent/tool_timeouts"] == 1
     assert stats["agent/tool_truncated"] == 1  # huge, cut to 256 characters
     texts = [tokenizer.decode(np.asarray(out["responses"])[i]) for i in range(4)]
-    assert "RuntimeError: the tool broke" in texts[0]
+    assert "Error when executing tool: the tool broke<|im_end|>" in texts[0]  # verl's text
     assert "no answer within 1 s" in texts[1]
     assert "(truncated)" in texts[2]
     assert "it answered 42, not text" in texts[3]
     assert all("done" in t for t in texts)  # every row went on to its next turn
+
+
+def test_a_call_to_an_unknown_tool_reads_as_verls_error(tokenizer):
+    script = [[tool_call("nope"), "done"]]
+    agent, _, out = run_tool_agent(tokenizer, ["?"], script, settings=calculator_settings())
+    text = tokenizer.decode(np.asarray(out["responses"])[0])
+    assert "<|im_start|>tool\nError when executing tool: 'nope'<|im_end|>" in text
+    assert agent.stats["agent/tool_errors"] == 1
+
+
+def test_tool_schemas_are_rendered_as_verls_pydantic_dump():
+    """verl validates a tool's schema (OpenAIFunctionToolSchema) and renders its dump without
+    unset fields: keys it does not know go, and one it requires must be there."""
+    from jrl.agent.tools.base import check_tool_schema
+
+    given = {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Searches.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "array", "item": {"type": "string"}, "minimum": 1},
+                    "mode": {"enum": ["a", "b"], "type": "string", "description": None},
+                },
+                "required": ["query"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    assert check_tool_schema(given, "t") == {
+        "type": "function",
+        "function": {
+            "name": "search",
+            "description": "Searches.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "query": {"type": "array"},
+                    "mode": {"type": "string", "enum": ["a", "b"]},
+                },
+                "required": ["query"],
+            },
+        },
+    }
+    bare = {"type": "function", "function": {"name": "search", "description": "Searches."}}
+    assert check_tool_schema(bare, "t") == bare  # no parameters given: none rendered
+    del given["function"]["description"]
+    with pytest.raises(ValueError, match="t: a tool schema needs function.description"):
+        check_tool_schema(given, "t")
 
 
 class Meeting(BaseTool):
@@ -457,6 +514,12 @@ def test_verl_tool_config_names_jrls_tools(tmp_path, capsys):
 
     (_, r1, _), (_, r2, _), (_, r3, _) = asyncio.run(submit(["70", "72", "72"]))
     assert (r1, r2, r3) == (-0.05, 0.0, -0.05)
+    ((text, _, _),) = asyncio.run(submit(["abc"]))
+    assert text.text == "Current parsed answer='abc' reward=0"  # verl's text: no number, int 0
+    assert tools["calc_gsm8k_reward"].config == {"type": "native"}  # verl hands it all over
+    config.write_text(config.read_text().replace("config: {type: native}", "config: {}"))
+    with pytest.raises(ValueError, match=r"tools\[0\]: config.type is required"):
+        load_tools(str(config), None)
 
 
 def test_function_tools_get_their_schema_from_the_signature(tmp_path):
@@ -544,3 +607,20 @@ def test_a_first_round_with_a_system_message_still_prefills_each_prompt_once():
     assert engine.calls == [([[9, 5, 6], [9, 7, 8]], 2)]
     assert [a.token_ids[0] for a in answers] == [100, 101, 102, 103]
     assert server.tokens_prefilled == 6
+
+
+def test_zero_turns_sets_no_limit_as_in_verl():
+    """verl tests ``if self.max_assistant_turns and ...``: 0 (or null) sets no limit."""
+    from jrl.runspec import load_config
+    from jrl.runspec.spec import resolve_run
+
+    multi_turn = "actor_rollout_ref.rollout.multi_turn"
+    config, _ = load_config(
+        [
+            "--config=configs/lookup_tool_grpo.py",
+            f"{multi_turn}.max_assistant_turns=0",
+            f"{multi_turn}.max_user_turns=0",
+        ]
+    )
+    agent = resolve_run(config).agent
+    assert (agent.max_assistant_turns, agent.max_user_turns) == (None, None)

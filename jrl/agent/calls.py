@@ -21,8 +21,9 @@ class Outcome:
 
     status: str
     value: Any = None
-    message: str = ""
+    message: str = ""  # the failure with its type ("ValueError: ...")
     seconds: float = 0.0
+    error: str = ""  # the exception's own text (str(err)), as verl writes it into a turn
 
     @property
     def ok(self) -> bool:
@@ -61,5 +62,6 @@ class CallGate:
                 return Outcome("timeout", message=f"no answer within {self.timeout:g} s")
             except Exception as err:
                 seconds = time.perf_counter() - start
-                return Outcome("error", message=f"{type(err).__name__}: {err}", seconds=seconds)
+                message = f"{type(err).__name__}: {err}"
+                return Outcome("error", message=message, seconds=seconds, error=str(err))
             return Outcome("ok", value, seconds=time.perf_counter() - start)

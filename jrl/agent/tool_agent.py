@@ -184,26 +184,29 @@ class ToolAgentLoop(AgentLoopBase):
             )
         )
         messages = []
-        for text, reward in answers:
+        for text, reward, failed in answers:
             if reward is not None:
                 extra["tool_rewards"].append(reward)
-            cut = truncate_text(
-                text, settings.max_tool_response_length, settings.tool_response_truncate_side
-            )
+            cut = text
+            if not failed:  # as verl: an error's text is not cut
+                cut = truncate_text(
+                    text, settings.max_tool_response_length, settings.tool_response_truncate_side
+                )
             counts["tool_truncated"] += cut != text
             messages.append({"role": "tool", "content": cut})
         return messages
 
     async def _call_tool(
         self, call: FunctionCall, tools_kwargs: dict[str, Any], counts: Counter[str]
-    ) -> tuple[str, float | None]:
-        """The text the model reads back (the tool's answer or the error that replaced it) and
-        the tool's reward (None: none, or not a finite number)."""
+    ) -> tuple[str, float | None, bool]:
+        """The text the model reads back (the tool's answer or the error that replaced it), the
+        tool's reward (None: not a finite number; 0.0 for an error, as verl's) and whether the
+        call failed. An error reads as verl writes it: ``Error when executing tool: <error>``."""
         counts["tool_calls"] += 1
         tool = self.context.tools.get(call.name)
         if tool is None:
             counts["tool_errors"] += 1
-            return f"Error: there is no tool named {call.name!r}", None
+            return f"Error when executing tool: {KeyError(call.name)}", 0.0, True
         own = tools_kwargs.get(call.name) or {}
         parameters = json.loads(call.arguments)
         inputs = {"name": call.name, "parameters": parameters}
@@ -218,23 +221,22 @@ class ToolAgentLoop(AgentLoopBase):
             counts["tool_errors"] += 1
             message = outcome.message or f"it answered {outcome.value[0]!r:.200}, not text"
             _log_once(f"tool-{outcome.status}", f"tool {call.name!r}: {message}")
-            return f"Error when executing tool: {message}", None
+            return f"Error when executing tool: {outcome.error or message}", 0.0, True
         reward = outcome.value[1]
         if isinstance(reward, int | float) and reward == reward and abs(reward) != float("inf"):
-            return text, float(reward)
-        return text, None
+            return text, float(reward), False
+        return text, None, False
 
 
 async def _create_execute_release(
     tool: Any, parameters: dict[str, Any], own_kwargs: dict[str, Any]
 ) -> tuple[Any, Any]:
-    """verl's lifecycle of one call: create an instance, execute, release it whatever happened;
-    returns (the response, the step reward)."""
+    """verl's lifecycle of one call: create an instance (with the row's ``create_kwargs``),
+    execute (with the call's arguments only, as verl), release it whatever happened; returns (the
+    response, the step reward)."""
     instance_id, _ = await tool.create(create_kwargs=own_kwargs.get("create_kwargs") or {})
     try:
-        response, reward, _ = await tool.execute(
-            instance_id, parameters, **(own_kwargs.get("execute_kwargs") or {})
-        )
+        response, reward, _ = await tool.execute(instance_id, parameters)
     finally:
         await tool.release(instance_id)
     return response, reward

@@ -38,8 +38,8 @@ def compute_score(
     score: float = 1.0,
 ) -> float:
     """`score` if the extracted answer equals `ground_truth` (as strings), else `format_score`;
-    0 when no answer is found."""
+    the int 0 when no answer is found (verl's value)."""
     answer = extract_solution(solution_str, method=method)
     if answer is None:
-        return 0.0
+        return 0
     return score if answer == ground_truth else format_score

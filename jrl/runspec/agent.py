@@ -63,6 +63,8 @@ def agent_settings(view: Any) -> AgentSettings | None:
     rollout.skip("agent.custom_async_server", "jrl's agent loops drive jrl's engines in-process")
     values = {key: rollout.multi_turn[key] for key in _MULTI_TURN}
     values.update({key: rollout.agent[key] for key in _AGENT})
+    for key in ("max_assistant_turns", "max_user_turns"):  # verl: 0 (falsy) sets no limit
+        values[key] = values[key] or None
     given = {key: value for key, value in values.items() if value is not None}
     try:
         trace = TraceSettings(**{key: rollout.trace[key] for key in _TRACE})

@@ -18,14 +18,40 @@ class ToolResponse:
 
 
 def check_tool_schema(schema: Any, where: str) -> dict[str, Any]:
-    """`schema` as a plain dict once it is an OpenAI function schema (``type: function``, a
-    ``function`` with a string ``name``); else a ValueError naming `where`."""
+    """`schema` as verl renders it into the prompt: its ``OpenAIFunctionToolSchema`` dumped
+    without unset or null fields, so that only ``type`` and ``function`` (``name``,
+    ``description``, ``parameters`` with ``type``, ``properties`` and ``required``, ``strict``)
+    stay, and of each property ``type``, ``description`` and ``enum``, in that order. A field
+    verl requires that is missing is a ValueError naming `where`."""
+
+    def need(mapping: Any, key: str, kind: type | tuple[type, ...], path: str) -> Any:
+        value = mapping.get(key) if isinstance(mapping, Mapping) else None
+        if not isinstance(value, kind):
+            raise ValueError(f"{where}: a tool schema needs {path}{key}, got {schema!r:.300}")
+        return value
+
     if not isinstance(schema, Mapping) or schema.get("type") != "function":
-        raise ValueError(f"{where}: a tool schema needs type: function, got {schema!r}")
-    function = schema.get("function")
-    if not isinstance(function, Mapping) or not isinstance(function.get("name"), str):
-        raise ValueError(f"{where}: a tool schema needs function.name, got {schema!r}")
-    return {"type": "function", "function": dict(function)}
+        raise ValueError(f"{where}: a tool schema needs type: function, got {schema!r:.300}")
+    function = need(schema, "function", Mapping, "")
+    out = {
+        "name": need(function, "name", str, "function."),
+        "description": need(function, "description", str, "function."),
+    }
+    if function.get("parameters") is not None:
+        parameters = need(function, "parameters", Mapping, "function.")
+        properties = {}
+        for name, spec in need(parameters, "properties", Mapping, "parameters.").items():
+            kept = {"type": need(spec, "type", str, f"parameters.properties.{name}.")}
+            kept.update({k: spec[k] for k in ("description", "enum") if spec.get(k) is not None})
+            properties[name] = kept
+        out["parameters"] = {
+            "type": need(parameters, "type", str, "function.parameters."),
+            "properties": properties,
+            "required": list(need(parameters, "required", list | tuple, "parameters.")),
+        }
+    if function.get("strict") is not None:
+        out["strict"] = bool(function["strict"])
+    return {"type": "function", "function": out}
 
 
 class BaseTool:

@@ -38,17 +38,17 @@ class Gsm8kTool(BaseTool):
         score = await self.calc_reward(instance_id)
         step_reward = 0.0 if score > state["score"] else NO_IMPROVEMENT_PENALTY
         state["score"] = score
-        response = ToolResponse(text=f"Current parsed answer={answer!r} reward={score}")
+        response = ToolResponse(text=f"Current parsed answer={answer!r} reward={score!r}")
         return response, step_reward, {}
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        """The GSM8K score of the last answer, as verl's scorer returns it (int 0 when no number
+        is found, so the tool's text reads ``reward=0`` as verl's does)."""
         state = self._instances[instance_id]
         if state["ground_truth"] is None:
             return 0.0
-        return float(
-            gsm8k.compute_score(
-                state["answer"], state["ground_truth"], method="flexible", format_score=0.0
-            )
+        return gsm8k.compute_score(
+            state["answer"], state["ground_truth"], method="flexible", format_score=0.0
         )
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:

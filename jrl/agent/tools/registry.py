@@ -31,8 +31,10 @@ def tools_from_yaml(path: str) -> list[BaseTool]:
     tools = []
     for i, entry in enumerate(entries):
         where = f"{path} tools[{i}]"
-        config = dict(entry.get("config") or {})
-        kind = config.pop("type", "native")
+        config = dict(entry.get("config") or {})  # verl hands the tool all of it, type too
+        kind = config.get("type")
+        if kind is None:
+            raise ValueError(f"{where}: config.type is required, as in verl (native)")
         if kind != "native":
             raise ValueError(f"{where}: config.type={kind!r}: jrl runs native tools only (no MCP)")
         cls = user_class(str(entry.get("class_name")), BaseTool, where, VERL_TOOLS)
