@@ -343,6 +343,32 @@ def test_a_call_to_an_unknown_tool_reads_as_verls_error(tokenizer):
     assert agent.stats["agent/tool_errors"] == 1
 
 
+class Recording(BaseTool):
+    """Keeps the keyword arguments of its create and execute calls."""
+
+    def __init__(self):
+        super().__init__({}, {"type": "function", "function": {"name": "rec", "description": "r"}})
+        self.seen: list[dict] = []
+
+    async def create(self, instance_id=None, **kwargs):
+        self.seen.append(kwargs)
+        return await super().create(instance_id)
+
+    async def execute(self, instance_id, parameters, **kwargs):
+        self.seen.append(kwargs)
+        return ToolResponse(text="ok"), 0.0, {}
+
+
+def test_a_tool_gets_create_kwargs_and_nothing_more_from_its_row(tokenizer):
+    """verl creates the instance with the row's ``create_kwargs`` and executes it with the
+    call's arguments only (no ``execute_kwargs``)."""
+    tool = Recording()
+    own = {"rec": {"create_kwargs": {"secret": 7}, "execute_kwargs": {"lang": "py"}}}
+    script = [[tool_call("rec"), "done"]]
+    run_tool_agent(tokenizer, ["?"], script, [tool], extra_infos=[{"tools_kwargs": own}])
+    assert tool.seen == [{"create_kwargs": {"secret": 7}}, {}]
+
+
 def test_tool_schemas_are_rendered_as_verls_pydantic_dump():
     """verl validates a tool's schema (OpenAIFunctionToolSchema) and renders its dump without
     unset fields: keys it does not know go, and one it requires must be there."""
