@@ -259,6 +259,14 @@ def compare_folders(
     return len(ref), lines
 
 
+# verl's model-merger flags that jrl reads from the checkpoint instead, by flag.
+VERL_READ_ELSEWHERE = {
+    "tie-word-embedding": "tying is read from the checkpoint's config.json",
+    "is-value-model": "a critic is told by its checkpoint (role critic)",
+    "use_cpu_initialization": "jrl streams the arrays on the host anyway",
+}
+
+
 def _parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
@@ -277,6 +285,9 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="let the tokenizer loader run code from the checkpoint's huggingface folder",
     )
+    for flag, why in VERL_READ_ELSEWHERE.items():  # both spellings, as verl's
+        names = dict.fromkeys([f"--{flag}", f"--{flag.replace('-', '_')}"])
+        common.add_argument(*names, action="store_true", help=f"verl's flag, accepted: {why}")
     parser = argparse.ArgumentParser(
         prog="python -m jrl.merge",
         description=__doc__,
@@ -286,7 +297,13 @@ def _parser() -> argparse.ArgumentParser:
     merge = operations.add_parser(
         "merge", parents=[common], help="write the checkpoint as a Hugging Face model folder"
     )
-    merge.add_argument("--target_dir", required=True, help="the Hugging Face folder to write")
+    merge.add_argument(
+        "--target_dir", default="tmp", help="the Hugging Face folder to write (tmp, as verl's)"
+    )
+    merge.add_argument(
+        "--hf_upload_path", default=None, help="verl uploads there; jrl refuses (no network)"
+    )
+    merge.add_argument("--private", action="store_true", help="verl's upload flag; no effect")
     test = operations.add_parser(
         "test", parents=[common], help="merge to a temporary folder and compare with a reference"
     )
@@ -367,6 +384,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _test(args)
         if args.operation == "verify":
             return verify(args.local_dir)
+        if args.hf_upload_path:
+            raise ValueError(
+                f"--hf_upload_path={args.hf_upload_path}: jrl.merge does not upload; merge, then "
+                f"upload {args.target_dir} with huggingface_hub (e.g. `hf upload`)"
+            )
         merge_checkpoint(
             args.local_dir,
             args.target_dir,

@@ -147,6 +147,7 @@ def test_math_rows_from_hub_style_records():
     ]
     rows = math_data.math_rows(records, "test")
     assert rows[0] == {
+        "level": "Level 1",  # the record's other columns stay, as verl's datasets.map keeps them
         "data_source": "DigitalLearningGmbH/MATH-lighteval",
         "prompt": [
             {
@@ -160,6 +161,7 @@ def test_math_rows_from_hub_style_records():
         "extra_info": {"split": "test", "index": 0},
     }
     assert rows[1]["reward_model"]["ground_truth"] == "\\frac{1}{2}"  # last box, nested braces
+    assert rows[1]["type"] == "Algebra"
     with pytest.raises(ValueError, match=r"train record 0: solution has no \\boxed"):
         math_data.math_rows([{"problem": "p", "solution": "no box"}], "train")
 
@@ -171,7 +173,9 @@ def test_math_hub_path_needs_datasets(monkeypatch):
 
 
 def test_math_cli_offline(tmp_path):
-    command = [sys.executable, "-m", "jrl.data.math", "--local_dir", str(tmp_path), "--offline"]
+    # verl's --local_save_dir (jrl's docs use its older spelling --local_dir, also accepted)
+    command = [sys.executable, "-m", "jrl.data.math", "--local_save_dir", str(tmp_path)]
+    command.append("--offline")
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     assert str(tmp_path / "train.parquet") in result.stdout
     train = pq.read_table(tmp_path / "train.parquet")
@@ -190,3 +194,17 @@ def test_math_cli_offline(tmp_path):
         assert math_score(solution, row["reward_model"]["ground_truth"]) == 1.0
     math_data.main(["--local_dir", str(tmp_path / "small"), "--offline", "--train_size", "3"])
     assert pq.read_table(tmp_path / "small" / "train.parquet").num_rows == 3
+
+
+def test_tool_agent_rows_ask_the_query_verls_example_asks():
+    """verl's gsm8k_tool_agent_loop.py: the user turn and the interaction's query are both the
+    question with the instruction; the tool's ground truth rides in tools_kwargs."""
+    from jrl.data.gsm8k import TOOL_AGENT_INSTRUCTION, gsm8k_rows, tool_agent_rows
+
+    (row,) = tool_agent_rows(gsm8k_rows([{"question": "Q?", "answer": "w\n#### 1,234"}], "train"))
+    asked = "Q? " + TOOL_AGENT_INSTRUCTION
+    assert row["prompt"][1] == {"role": "user", "content": asked}
+    assert row["extra_info"]["interaction_kwargs"] == {"query": asked, "ground_truth": "1234"}
+    assert row["extra_info"]["question"] == "Q?" and row["agent_name"] == "tool_agent"
+    tools = {"calc_gsm8k_reward": {"create_kwargs": {"ground_truth": "1234"}}}
+    assert row["extra_info"]["tools_kwargs"] == tools

@@ -80,9 +80,11 @@ def _hf_out(cls, folder: Path, ids: np.ndarray) -> np.ndarray:
 def test_plain_actor_matches_transformers(plain, tmp_path, capsys):
     out = tmp_path / "hf"
     local = plain["step"] / "actor"
-    # the subcommand may be omitted; verl's --backend fsdp means the same
+    # the subcommand may be omitted; verl's --backend fsdp means the same, and its other
+    # flags are accepted (what they say is read from the checkpoint)
     args = ["--backend", "fsdp", "--local_dir", str(local), "--target_dir", str(out)]
-    assert merge.main(args) == 0
+    verl_flags = ["--tie-word-embedding", "--use_cpu_initialization", "--private"]
+    assert merge.main([*args, *verl_flags]) == 0
     assert "restoring" in capsys.readouterr().out
     assert not (out / "tokenizer.json").exists()  # the checkpoint holds no tokenizer
     ids = _ids(PLAIN.vocab_size)
@@ -134,6 +136,14 @@ def test_test_subcommand_reports_a_changed_tensor(plain, tmp_path, capsys):
 def test_help_prints_usage(capsys):
     assert merge.main(["--help"]) == 0
     assert "--local_dir" in capsys.readouterr().out
+
+
+def test_an_upload_is_refused_before_anything_is_written(plain, tmp_path, capsys):
+    local = plain["step"] / "actor"
+    args = ["merge", "--local_dir", str(local), "--target_dir", str(tmp_path / "hf")]
+    assert merge.main([*args, "--hf_upload_path", "me/model"]) == 2
+    assert "jrl.merge does not upload" in capsys.readouterr().err
+    assert not (tmp_path / "hf").exists()
 
 
 @pytest.fixture

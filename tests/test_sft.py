@@ -178,17 +178,14 @@ def test_nested_keys_chat_template_and_eos_in_the_loss(tmp_path, digits_tokenize
     rows = [{"extra_info": {"question": "12=", "answer": "3"}}, {"extra_info": {"question": "4="}}]
     rows[1]["extra_info"]["answer"] = "56"
     files = _parquet(tmp_path / "t.parquet", rows)
-    by_dict_keys = SFTDataset(
-        files,
-        digits_tokenizer,
-        _data(
-            prompt_key="extra_info",
-            response_key="extra_info",
-            prompt_dict_keys=["question"],
-            response_dict_keys=["answer"],
-            max_length=8,
-        ),
+    dict_keys = _data(
+        prompt_key="extra_info",
+        response_key="extra_info",
+        prompt_dict_keys=["question"],
+        response_dict_keys=["answer"],
+        max_length=8,
     )
+    by_dict_keys = SFTDataset(files, digits_tokenizer, dict_keys)
     by_path = SFTDataset(
         files,
         digits_tokenizer,
@@ -197,17 +194,7 @@ def test_nested_keys_chat_template_and_eos_in_the_loss(tmp_path, digits_tokenize
     wrapped = _parquet(
         tmp_path / "w.parquet", [{"extra_info": [row["extra_info"]]} for row in rows]
     )
-    in_lists = SFTDataset(  # verl's series_to_item: a one-item list is read as its item
-        wrapped,
-        digits_tokenizer,
-        _data(
-            prompt_key="extra_info",
-            response_key="extra_info",
-            prompt_dict_keys=["question"],
-            response_dict_keys=["answer"],
-            max_length=8,
-        ),
-    )
+    in_lists = SFTDataset(wrapped, digits_tokenizer, dict_keys)  # verl's series_to_item
     for index in range(2):
         for key in ("input_ids", "attention_mask", "position_ids", "loss_mask"):
             np.testing.assert_array_equal(by_path[index][key], by_dict_keys[index][key])

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerFast
 
-from jrl.data.splits import write_splits
+from jrl.data.splits import add_save_dir, save_dir, write_splits
 from jrl.data.tokenizer import character_tokenizer
 
 DATA_SOURCE = "jrl/digits"
@@ -78,11 +78,12 @@ def make_rows(
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Command line: write train.parquet and test.parquet under --local_dir."""
+    """Command line: write train.parquet and test.parquet under --local_save_dir (or
+    --local_dir)."""
     parser = argparse.ArgumentParser(
         prog="python -m jrl.data.digits", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--local_dir", default="~/data/digits", help="output folder")
+    add_save_dir(parser, "~/data/digits")
     parser.add_argument("--train_size", type=int, default=4096, help="rows in train.parquet")
     parser.add_argument("--test_size", type=int, default=256, help="rows in test.parquet")
     parser.add_argument("--num_digits", type=int, default=NUM_DIGITS, help="digits per prompt")
@@ -92,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
         rows = make_rows(args.train_size, args.test_size, args.seed, args.num_digits)
     except ValueError as err:
         parser.error(str(err))
-    return write_splits(args.local_dir, rows)
+    return write_splits(save_dir(args), rows)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from jrl.data.splits import load_hub_split
+from jrl.data.splits import add_save_dir, load_hub_split, save_dir
 from jrl.data.splits import write_splits as write_gsm8k
 
 DATA_SOURCE = "openai/gsm8k"
@@ -114,13 +114,14 @@ def tool_agent_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     for row in rows:
         info, truth = row["extra_info"], row["reward_model"]["ground_truth"]
         question = info["question"]
+        prompt = question + " " + TOOL_AGENT_INSTRUCTION
         out.append(
             {
                 **row,
                 "agent_name": "tool_agent",
                 "prompt": [
                     {"role": "system", "content": TOOL_AGENT_SYSTEM},
-                    {"role": "user", "content": question + " " + TOOL_AGENT_INSTRUCTION},
+                    {"role": "user", "content": prompt},
                 ],
                 "extra_info": {
                     **info,
@@ -128,7 +129,8 @@ def tool_agent_rows(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
                     "tools_kwargs": {
                         "calc_gsm8k_reward": {"create_kwargs": {"ground_truth": truth}}
                     },
-                    "interaction_kwargs": {"query": question, "ground_truth": truth},
+                    # verl's example: the query is the question with the instruction
+                    "interaction_kwargs": {"query": prompt, "ground_truth": truth},
                 },
             }
         )
@@ -205,11 +207,12 @@ def load_hub_records(split: str, size: int | None) -> list[dict[str, str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Command line: write train.parquet and test.parquet under --local_dir."""
+    """Command line: write train.parquet and test.parquet under --local_save_dir (or
+    --local_dir)."""
     parser = argparse.ArgumentParser(
         prog="python -m jrl.data.gsm8k", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--local_dir", default="~/data/gsm8k", help="output folder")
+    add_save_dir(parser, "~/data/gsm8k")
     parser.add_argument(
         "--offline", action="store_true", help="generate problems instead (no network)"
     )
@@ -249,7 +252,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
             rows_by_split[split] = gsm8k_rows(load_hub_records(split, size), split)
         if args.agent == "tool":
             rows_by_split[split] = tool_agent_rows(rows_by_split[split])
-    return write_gsm8k(args.local_dir, rows_by_split)
+    return write_gsm8k(save_dir(args), rows_by_split)
 
 
 if __name__ == "__main__":

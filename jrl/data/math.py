@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from jrl.data.boxed import last_boxed
-from jrl.data.splits import load_hub_split, write_splits
+from jrl.data.splits import add_save_dir, load_hub_split, save_dir, write_splits
 
 DATA_SOURCE = "DigitalLearningGmbH/MATH-lighteval"
 INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -102,15 +102,19 @@ def ground_truth(solution: str) -> str:
 
 
 def math_rows(records: Iterable[Mapping[str, Any]], split: str) -> list[dict[str, Any]]:
-    """verl's MATH rows from raw ``{"problem", "solution"}`` records."""
+    """verl's MATH rows from raw ``{"problem", "solution", ...}`` records; a record's other
+    columns (MATH-lighteval's ``level`` and ``type``) stay, as verl's ``datasets.map`` keeps
+    them."""
     rows = []
     for index, record in enumerate(records):
         try:
             truth = ground_truth(record["solution"])
         except ValueError as err:
             raise ValueError(f"{split} record {index}: {err}") from err
+        kept = {key: value for key, value in record.items() if key not in ("problem", "solution")}
         rows.append(
             {
+                **kept,
                 "data_source": DATA_SOURCE,
                 "prompt": [{"role": "user", "content": record["problem"] + " " + INSTRUCTION}],
                 "ability": "math",
@@ -129,11 +133,12 @@ def offline_records(split: str) -> list[dict[str, str]]:
 
 
 def main(argv: Sequence[str] | None = None) -> list[Path]:
-    """Command line: write train.parquet and test.parquet under --local_dir."""
+    """Command line: write train.parquet and test.parquet under --local_save_dir (or
+    --local_dir)."""
     parser = argparse.ArgumentParser(
         prog="python -m jrl.data.math", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--local_dir", default="~/data/math", help="output folder")
+    add_save_dir(parser, "~/data/math")
     parser.add_argument(
         "--offline", action="store_true", help="use the built-in problems (no network)"
     )
@@ -148,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> list[Path]:
             print(f"jrl: loading {DATA_SOURCE} ({split}) from the Hugging Face hub", flush=True)
             records = load_hub_split(DATA_SOURCE, split, size)
         rows_by_split[split] = math_rows(records, split)
-    return write_splits(args.local_dir, rows_by_split)
+    return write_splits(save_dir(args), rows_by_split)
 
 
 if __name__ == "__main__":

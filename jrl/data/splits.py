@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -40,3 +41,14 @@ def write_splits(local_dir: str | Path, rows_by_split: Mapping[str, Sequence[dic
         print(f"jrl: wrote {len(rows)} rows to {path}", flush=True)
         paths.append(path)
     return paths
+
+
+def add_save_dir(parser: argparse.ArgumentParser, default: str) -> None:
+    """verl's ``--local_save_dir`` (default `default`) and its older spelling ``--local_dir``."""
+    parser.add_argument("--local_save_dir", default=default, help=f"output folder ({default})")
+    parser.add_argument("--local_dir", default=None, help="the same (verl's older name)")
+
+
+def save_dir(args: argparse.Namespace) -> str:
+    """The output folder of `add_save_dir`'s arguments: ``--local_dir`` when given (as verl)."""
+    return args.local_save_dir if args.local_dir is None else args.local_dir
