@@ -20,6 +20,7 @@ from jrl.agent.loop import AgentLoopOutput, TrainerConfig, agent_loop_class
 from jrl.agent.metrics import agent_metrics
 from jrl.agent.server import ROW, TurnServer, left_padded
 from jrl.batch import Batch
+from jrl.data.rl_dataset import verl_row_fields
 from jrl.rollout.layout import rollout_batch
 from jrl.rollout.protocol import Rollout
 from jrl.rollout.sampling import SamplingParams
@@ -39,10 +40,9 @@ def row_fields(prompts: Batch, row: int) -> dict[str, Any]:
     """The dataset fields of prompt `row` as verl hands them to ``run``: its meta, with
     ``tools_kwargs`` and ``interaction_kwargs`` lifted from ``extra_info``."""
     fields = {key: values[row] for key, values in prompts.meta.items()}
-    extra = fields.get("extra_info") or {}
-    if isinstance(extra, Mapping):
-        fields.setdefault("tools_kwargs", extra.get("tools_kwargs") or {})
-        fields.setdefault("interaction_kwargs", extra.get("interaction_kwargs") or {})
+    lifted = verl_row_fields(fields.get("extra_info"))  # the dataset's rule, for other batches
+    for key in ("tools_kwargs", "interaction_kwargs"):
+        fields.setdefault(key, lifted[key] or {})
     return fields
 
 

@@ -113,24 +113,25 @@ def _one_of(config: ConfigDict, prefix: str, name: str, ranks: int) -> Iterator[
         )
 
 
+def _parallel_sizes(section: ConfigDict) -> tuple[int | None, int]:
+    """(sequence-parallel size as given, tensor-parallel size) of a role section: the latter from
+    its (or its model's) ``fsdp_config``, 1 when unset."""
+    fsdp = section.get("fsdp_config") or section.get("model", {}).get("fsdp_config") or {}
+    return section.get("ulysses_sequence_parallel_size"), fsdp.get("tensor_parallel_size") or 1
+
+
 def _data_ranks(config: ConfigDict, role: str, gpus: int) -> int:
     """The data-parallel ranks of the role section `role`: the devices over its sequence- and
     tensor-parallel sizes (at least 1; an uneven split is reported by `_updates`)."""
-    section = config[role]
-    fsdp = section.get("fsdp_config") or section.get("model", {}).get("fsdp_config") or {}
-    model_parallel = (section.get("ulysses_sequence_parallel_size") or 1) * (
-        fsdp.get("tensor_parallel_size") or 1
-    )
-    return max(1, gpus // max(1, model_parallel))
+    sp, tp = _parallel_sizes(config[role])
+    return max(1, gpus // max(1, (sp or 1) * tp))
 
 
 def _updates(config: ConfigDict, prefix: str, gpus: int) -> Iterator[str]:
     """Mini/micro-batch rules of a trained role (actor or critic) under `prefix`."""
     role = config[prefix]
     n, batch = config.actor_rollout_ref.rollout.n, config.data.train_batch_size
-    mini, sp = role.ppo_mini_batch_size, role.ulysses_sequence_parallel_size
-    fsdp = role.get("fsdp_config") or role.get("model", {}).get("fsdp_config") or {}
-    tp = fsdp.get("tensor_parallel_size") or 1
+    mini, (sp, tp) = role.ppo_mini_batch_size, _parallel_sizes(role)
     if not role.use_dynamic_bsz:
         yield from _one_of(
             config, prefix, "ppo_micro_batch_size", _data_ranks(config, prefix, gpus)
