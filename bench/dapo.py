@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import time
@@ -50,9 +51,16 @@ GEN_BATCHES = "train/num_gen_batches"
 
 
 def summary(
-    algo: str, lr: float | None, seed: int, rows: list[dict], samples_per_batch: int, wall_s: float
+    algo: str,
+    lr: float | None,
+    seed: int,
+    rows: list[dict],
+    prompts: int,
+    samples_per_batch: int,
+    wall_s: float,
 ) -> dict:
-    """One run's line: learning rate, steps, generated samples, batches per step, reward."""
+    """One run's line: learning rate, prompts per update, steps, generated samples, batches per
+    step, reward."""
     steps = {int(row["step"]): row["data"] for row in rows}
     trained = [data for step, data in sorted(steps.items()) if step > 0]
     batches = [float(data.get(GEN_BATCHES, 1.0)) for data in trained]
@@ -62,6 +70,7 @@ def summary(
         "lr": lr,
         "dapo_lr": lr,
         "seed": seed,
+        "train_batch_size": prompts,
         "steps": len(trained),
         "generated_samples": int(sum(batches) * samples_per_batch),
         "num_gen_batches_mean": round(statistics.fmean(batches), 3),
@@ -77,6 +86,7 @@ def aggregate(lines: list[dict]) -> dict:
         "algo": lines[0]["algo"],
         "lr": lines[0]["lr"],
         "dapo_lr": lines[0]["dapo_lr"],
+        "train_batch_size": lines[0]["train_batch_size"],
         "seeds": [line["seed"] for line in lines],
         **{
             key.removesuffix("_mean") + "_mean": round(
@@ -94,6 +104,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     parser.add_argument("--steps", type=int, default=12, help="DAPO's training steps per run")
     parser.add_argument("--gen-factor", type=int, default=2, help="gen_batch_size / train's")
+    parser.add_argument(
+        "--dapo-prompts",
+        type=int,
+        help="DAPO's train_batch_size and ppo_mini_batch_size (default: the card's); the "
+        "micro-batch is the card's or the largest that divides the new mini-batch's rows",
+    )
     parser.add_argument("--metric", default="seq_reward", help="algorithm.filter_groups.metric")
     parser.add_argument(
         "--lrs", nargs="+", type=float, default=[None], help="actor learning rates (card's: none)"
@@ -106,15 +122,23 @@ def main(argv: list[str] | None = None) -> list[dict]:
         "overrides", nargs="*", help="config overrides for every run (after -- behind --lrs)"
     )
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.gen_factor < 1:
-        parser.error(f"--steps and --gen-factor must be positive: {args.steps}, {args.gen_factor}")
     card = load_config_file(args.card)[0]
     prompts, n = card.data.train_batch_size, card.actor_rollout_ref.rollout.n
-    gen_batch_size = args.gen_factor * prompts
+    micro = card.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu
+    dapo_prompts = args.dapo_prompts or prompts
+    if min(args.steps, args.gen_factor, dapo_prompts) < 1:
+        parser.error(
+            "--steps, --gen-factor and --dapo-prompts must be positive: "
+            f"{args.steps}, {args.gen_factor}, {dapo_prompts}"
+        )
+    gen_batch_size = args.gen_factor * dapo_prompts
     dapo_keys = [
         "algorithm.filter_groups.enable=True",
         f"algorithm.filter_groups.metric={args.metric}",
         f"data.gen_batch_size={gen_batch_size}",
+        f"data.train_batch_size={dapo_prompts}",
+        f"actor_rollout_ref.actor.ppo_mini_batch_size={dapo_prompts}",
+        f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={math.gcd(micro, dapo_prompts * n)}",
     ]
     lines: dict[tuple[str, float | None, float | None], list[dict]] = {}
 
@@ -131,7 +155,15 @@ def main(argv: list[str] | None = None) -> list[dict]:
             start = time.perf_counter()
             run_dir = args.out / f"dapo{tag}_seed{seed}"
             rows = train_quietly(args.card, run_dir, args.steps, dapo_keys + keys + seeded)
-            dapo = summary("dapo", lr, seed, rows, gen_batch_size * n, time.perf_counter() - start)
+            dapo = summary(
+                "dapo",
+                lr,
+                seed,
+                rows,
+                dapo_prompts,
+                gen_batch_size * n,
+                time.perf_counter() - start,
+            )
             runs = [dapo]
             steps = max(round(dapo["generated_samples"] / (prompts * n)), 1)
             for grpo_lr in args.grpo_lrs or [lr]:
@@ -140,7 +172,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 start = time.perf_counter()
                 rows = train_quietly(args.card, run_dir, steps, grpo_keys + seeded)
                 wall_s = time.perf_counter() - start
-                grpo = summary("grpo", grpo_lr, seed, rows, prompts * n, wall_s)
+                grpo = summary("grpo", grpo_lr, seed, rows, prompts, prompts * n, wall_s)
                 runs.append({**grpo, "dapo_lr": lr})
             for line in runs:
                 lines.setdefault((line["algo"], line["lr"], lr), []).append(line)
