@@ -47,12 +47,13 @@ def test_loop_keys_follow_verls_rules(tmp_path):
     assert [s for s in sorted(by_step) if val_key in by_step[s]] == [0, 2, 4, 5]
     assert "actor/pg_loss" not in by_step[1]  # critic_warmup=2: the actor waits one step
     schedule = _schedule(ScheduleSettings("cosine", None, 0.4, min_lr_ratio=0.1), 5)
-    for step in range(2, 6):
-        expected = lr * schedule.multiplier(step - 1)
+    for step in range(2, 6):  # the schedule counts the actor's updates, as verl's scheduler
+        expected = lr * schedule.multiplier(step - 2)
         assert by_step[step]["actor/lr"] == pytest.approx(expected, rel=1e-6), step
-    # warmup 2 steps over 5: factors 0.5 (step 2), then cosine from 1.0 down towards 0.1
-    assert by_step[2]["actor/lr"] == pytest.approx(0.5 * lr)
-    assert by_step[3]["actor/lr"] == pytest.approx(lr)
+    # warmup 2 steps over 5: factors 0 (step 2), 0.5, then cosine from 1.0 down towards 0.1
+    assert by_step[2]["actor/lr"] == 0.0
+    assert by_step[3]["actor/lr"] == pytest.approx(0.5 * lr)
+    assert by_step[4]["actor/lr"] == pytest.approx(lr)
     # two validation samples kept per validation, and the end-of-run plots
     samples = [json.loads(x) for x in (run_dir / "val_generations.jsonl").read_text().splitlines()]
     assert [row["step"] for row in samples] == [0, 0, 2, 2, 4, 4, 5, 5]

@@ -63,10 +63,21 @@ def test_override_config_applies_model_config_and_attention(tmp_path):
     )
     assert model.config.attn_implementation == "sdpa"
     assert model.config.rms_norm_eps == 1e-3
-    with pytest.raises(ValueError, match="dropout is not supported"):
-        from_pretrained(
-            tmp_path / "m", override_config={"model_config": {"attention_dropout": 0.1}}
-        )
+    # verl's FSDP form: config values at the top level, a section merged into its value
+    top = from_pretrained(
+        tmp_path / "m",
+        override_config={
+            "rope_theta": 5000.0,
+            "attention_dropout": 0.0,
+            "rope_scaling": {"rope_type": "linear", "factor": 2.0},
+            "model_config": {"rms_norm_eps": 1e-4},
+        },
+    )
+    assert (top.config.rope_theta, top.config.rms_norm_eps) == (5000.0, 1e-4)
+    assert (top.config.rope_scaling.rope_type, top.config.rope_scaling.factor) == ("linear", 2.0)
+    for dropout in ({"model_config": {"attention_dropout": 0.1}}, {"attention_dropout": 0.1}):
+        with pytest.raises(ValueError, match="dropout is not supported"):
+            from_pretrained(tmp_path / "m", override_config=dropout)
 
 
 # --- use_fused_kernels: which implementation each role runs ----------------------------------

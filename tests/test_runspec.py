@@ -151,6 +151,10 @@ def test_with_lora_the_reference_is_the_actors_base():
     config, _ = load_config([GRPO, "actor_rollout_ref.model.lora_rank=4", "data.seed=5"])
     run = resolve_run(config)
     assert run.actor.model.lora is not None and run.actor.model.lora_seed == 5
+    rope = "+actor_rollout_ref.model.override_config.rope_theta=5000.0"  # verl's FSDP form
+    overridden = resolve_run(load_config([GRPO, rope])[0])
+    assert overridden.actor.model.override_config["rope_theta"] == 5000.0
+    assert "actor_rollout_ref.model.override_config.rope_theta" in overridden.reads
     assert run.ref.model is None and run.ref.mesh is None and run.ref.offload is None
     assert not any(key.startswith("actor_rollout_ref.ref.fsdp_config") for key in run.reads)
     assert "data.seed" in run.keys.fields and "actor" in run.keys.fields["data.seed"]

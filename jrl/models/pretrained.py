@@ -116,21 +116,26 @@ def _shapes(config: ModelConfig, kind: str, dtype: Any, param_dtype: Any, seed: 
     )
 
 
-# The entries of verl's override_config that `apply_override_config` applies.
-OVERRIDE_ENTRIES = ("model_config", "attn_implementation")
+# The entries of verl's override_config that are not model config values: the kernel's name
+# (`apply_override_config` reads it) and Megatron's MoE options (the run's settings read them).
+OVERRIDE_SECTIONS = ("model_config", "attn_implementation", "moe_config")
 
 
 def apply_override_config(config: ModelConfig, override: Mapping[str, Any]) -> ModelConfig:
-    """`config` with verl's ``override_config`` applied (``model_config`` keys and
-    ``attn_implementation``); dropout is not modelled, so a non-zero dropout is refused."""
-    model_config = dict(override.get("model_config") or {})
-    dropouts = {k: v for k, v in model_config.items() if "dropout" in k and v}
+    """`config` with verl's ``override_config`` applied: its top-level config values (verl's FSDP
+    form, e.g. ``rope_theta``) and those of ``model_config`` (Megatron's form) replace
+    config.json's, a section merged into the value it names; ``attn_implementation`` picks the
+    kernel. Dropout is not modelled, so a non-zero dropout is refused."""
+    values = {k: v for k, v in override.items() if k not in OVERRIDE_SECTIONS}
+    values.update(override.get("model_config") or {})
+    dropouts = {k: v for k, v in values.items() if "dropout" in k and v}
     if dropouts:
-        raise ValueError(
-            f"override_config.model_config sets {dropouts}: dropout is not supported; use 0"
-        )
-    if model_config:
-        config = ModelConfig.from_hf({**config.to_hf(), **model_config})
+        raise ValueError(f"override_config sets {dropouts}: dropout is not supported; use 0")
+    if values:
+        hf = config.to_hf()
+        for key, value in values.items():
+            hf[key] = {**(hf.get(key) or {}), **value} if isinstance(value, Mapping) else value
+        config = ModelConfig.from_hf(hf)
     attn = override.get("attn_implementation")
     if attn:
         config = dataclasses.replace(config, attn_implementation=str(attn))
@@ -170,9 +175,9 @@ def from_pretrained(
     (its `score` head is required). `external_lib` is imported first. `trust_remote_code` is
     verl's key, accepted unchanged: the decoder is always jrl's own, built from config.json, so no
     repository code runs here whatever its value.
-    `override_config` is verl's ``model.override_config``: its ``model_config`` entries replace
-    config.json values, and ``attn_implementation`` (eager / sdpa / flash_attention_2) picks the
-    attention kernel.
+    `override_config` is verl's ``model.override_config``: its config values (top-level or under
+    ``model_config``) replace config.json's, and ``attn_implementation`` (eager / sdpa /
+    flash_attention_2) picks the attention kernel.
     """
     if external_lib:
         _import_external_lib(external_lib)

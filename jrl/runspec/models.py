@@ -14,7 +14,6 @@ from jrl.models.dtypes import parse_dtype
 from jrl.models.layers import LoRAParam
 from jrl.models.lora import ALL_LINEAR, LoraSettings
 from jrl.models.moe import ROUTERS
-from jrl.models.pretrained import OVERRIDE_ENTRIES
 from jrl.runspec.reads import KeyReads
 
 # The keys that shape the adapters once ``lora_rank`` > 0 (the critic's section has no
@@ -126,11 +125,11 @@ def attention(model: Any) -> str | None:
 
 
 def _override_config(override: Any) -> dict[str, Any]:
-    """The entries of ``override_config`` that jrl's models take (`OVERRIDE_ENTRIES`), sections as
-    plain dicts (a `KeyReads` view's read whole)."""
+    """The entries of ``override_config`` that jrl's models take (all but ``moe_config``, which
+    `_freezes_router` reads), sections as plain dicts (a `KeyReads` view's read whole)."""
     if override is None:
         return {}
-    found = {key: override[key] for key in OVERRIDE_ENTRIES if key in override}
+    found = {key: override[key] for key in override if key != "moe_config"}
     return {key: v.whole() if hasattr(v, "whole") else v for key, v in found.items()}
 
 

@@ -126,6 +126,16 @@ class TrainerSpec:
     rollout_data_dir: str | None
     validation_data_dir: str | None
 
+    def updates_actor(self, step: int) -> bool:
+        """Whether step `step` (from 1) updates the actor: ``critic_warmup <= step``."""
+        return self.critic_warmup <= step
+
+    def actor_schedule_step(self, step: int) -> int:
+        """The actor's learning-rate schedule index at step `step`: its updates before this one,
+        ``step - max(1, critic_warmup)`` (verl steps the actor's scheduler only when it
+        updates)."""
+        return step - max(1, self.critic_warmup)
+
 
 def trainer_spec(config: KeyReads) -> TrainerSpec:
     """The TrainerSpec of a PPO-family config."""

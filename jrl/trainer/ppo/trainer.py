@@ -420,9 +420,10 @@ class PPOTrainer:
         if self.critic is not None:
             with timer("update_critic", timing):
                 metrics.update(self.critic.update(batch, step))
-        if self.run.trainer.critic_warmup <= step:
+        if self.run.trainer.updates_actor(step):
+            lr_step = self.run.trainer.actor_schedule_step(step)
             with timer("update_actor", timing):
-                metrics.update(self.actor.update(batch, step))
+                metrics.update(self.actor.update(batch, step, lr_step))
             if self.split is None:
                 with timer("update_weights", timing):
                     self.rollout.update_weights(self.actor.params)

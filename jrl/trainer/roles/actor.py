@@ -227,11 +227,12 @@ class Actor:
         on_policy = rows == plan.mini_rows and plan.epochs == 1
         return dataclasses.replace(self.spec.loss, on_policy=on_policy)
 
-    def update(self, batch: Batch, step: int) -> dict[str, float]:
-        """verl's update_policy: ppo_epochs x mini-batches, accumulating over micro-batches."""
+    def update(self, batch: Batch, step: int, lr_step: int) -> dict[str, float]:
+        """verl's update_policy: ppo_epochs x mini-batches, accumulating over micro-batches, at
+        the learning rate of schedule index `lr_step` (the actor's updates before this one)."""
         spec = self.spec
         tensors = self.update_tensors(batch.tensors)
-        lr = spec.train.schedule(step - 1)
+        lr = spec.train.schedule(lr_step)
         history = self.learner.train(
             self.update_loss(len(batch)),
             tensors,
