@@ -19,7 +19,7 @@ from jrl.optim.schedule import Schedule
 from jrl.optim.settings import OptimizerSettings, ScheduleSettings
 
 
-def test_loop_keys_follow_verls_rules(tmp_path):
+def test_loop_keys_follow_verls_rules(tmp_path, capsys):
     run_dir = tmp_path / "run"
     lr = 1e-4
     train.main(
@@ -45,6 +45,10 @@ def test_loop_keys_follow_verls_rules(tmp_path):
     val_key = "val-core/openai/gsm8k/reward/mean@1"
     assert sorted(by_step) == [0, 1, 2, 3, 4, 5]
     assert [s for s in sorted(by_step) if val_key in by_step[s]] == [0, 2, 4, 5]
+    printed = capsys.readouterr().out  # verl's two printouts, the last step's validation only
+    assert f"Initial validation metrics: {{'{val_key}': {by_step[0][val_key]!r}" in printed
+    final = f"Final validation metrics: {{'{val_key}': {by_step[5][val_key]!r}"
+    assert final in printed and "'actor/lr'" not in printed.split(final)[1].split("}")[0]
     assert "actor/pg_loss" not in by_step[1]  # critic_warmup=2: the actor waits one step
     schedule = _schedule(ScheduleSettings("cosine", None, 0.4, min_lr_ratio=0.1), 5)
     for step in range(2, 6):  # the schedule counts the actor's updates, as verl's scheduler

@@ -156,6 +156,11 @@ def run_step(algorithm: Algorithm, batch: Batch, step: int, epoch: int) -> dict[
     return metrics
 
 
+def validation_part(metrics: dict[str, float]) -> dict[str, float]:
+    """The validation metrics among a step's (``val-core/``, ``val-aux/``; SFT's ``val/``)."""
+    return {k: v for k, v in metrics.items() if k.startswith(("val-", "val/"))}
+
+
 def stop_after(algorithm: Algorithm, step: int, reason: str) -> None:
     """Ends a run early: makes sure `step` is checkpointed and the save is complete."""
     if not algorithm.cadence.saves_at(step):
@@ -177,7 +182,9 @@ def log(algorithm: Algorithm, tracking: Tracking, metrics: dict[str, float], ste
 def fit(algorithm: Algorithm, logging: LoggingSpec, created_at: float) -> dict[str, float]:
     """Train `algorithm` to its last step; returns the last step's metrics. `logging` gives the
     loggers, project, experiment and run folder; `created_at` (`time.perf_counter`) starts the
-    time to the first step."""
+    time to the first step. As verl's trainer, it prints the validation before training
+    ("Initial validation metrics") and that of the last step ("Final validation metrics", None
+    when the last step does not validate)."""
     cadence = algorithm.cadence
     tracking = Tracking(
         list(logging.loggers),
@@ -191,6 +198,7 @@ def fit(algorithm: Algorithm, logging: LoggingSpec, created_at: float) -> dict[s
         start = algorithm.resume()
         if cadence.val_before_train:
             last = algorithm.validate(start)
+            print(f"Initial validation metrics: {last}", flush=True)
             log(algorithm, tracking, last, start)
             if cadence.val_only:
                 return last
@@ -209,6 +217,8 @@ def fit(algorithm: Algorithm, logging: LoggingSpec, created_at: float) -> dict[s
                         elapsed = time.perf_counter() - created_at
                         print(f"jrl: time to first step: {elapsed:.1f}s", flush=True)
                     if step >= cadence.total_steps:
+                        final = validation_part(last) if cadence.validates_at(step) else None
+                        print(f"Final validation metrics: {final}", flush=True)
                         break
                     if any_process(stop.requested):
                         stop_after(
