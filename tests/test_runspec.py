@@ -55,6 +55,13 @@ def test_a_ppo_run_resolves_its_shape_cadence_checkpoints_and_loggers():
     assert "whatever critic.enable says" in run.keys.skip_of("critic.enable").reason
 
 
+def test_verls_deprecated_tracking_logger_is_wandb():
+    config, _ = load_config([PPO, "trainer.logger=[console,tracking,wandb]"])
+    with pytest.warns(DeprecationWarning, match="'tracking' is deprecated; use 'wandb'"):
+        run = resolve_run(config)
+    assert run.logging.loggers == ("console", "wandb")
+
+
 def test_grpo_keeps_no_critic_checkpoints_and_reads_no_critic_keys():
     run = resolve_run(load_config([GRPO])[0])
     assert not run.trains_critic and run.has_reference

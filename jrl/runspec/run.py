@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
 
@@ -243,14 +243,24 @@ def sft_checkpoint_spec(config: KeyReads, role: str) -> CheckpointSpec:
 
 # The trackers that name the run by trainer.project_name and experiment_name.
 NAMED_LOGGERS = ("wandb", "mlflow", "swanlab")
+RENAMED_LOGGERS = {"tracking": "wandb"}  # verl's older name, deprecated there
+
+
+def logger_names(value: str | Sequence[str]) -> tuple[str, ...]:
+    """``trainer.logger`` (one name or a list) as names, each once; verl's deprecated
+    ``tracking`` is ``wandb``, with a DeprecationWarning."""
+    names = (value,) if isinstance(value, str) else tuple(value)
+    for old in set(names) & set(RENAMED_LOGGERS):
+        message = f"trainer.logger: {old!r} is deprecated; use {RENAMED_LOGGERS[old]!r}"
+        warnings.warn(message, DeprecationWarning, stacklevel=2)
+    return tuple(dict.fromkeys(RENAMED_LOGGERS.get(name, name) for name in names))
 
 
 def logging_spec(config: KeyReads) -> LoggingSpec:
     """The loggers of a ``trainer`` section; the run's folder is ``default_local_dir``. The run's
     names are read where a logger shows them or the folder was made from them."""
     trainer = config.trainer
-    loggers = trainer.logger
-    loggers = (loggers,) if isinstance(loggers, str) else tuple(loggers)
+    loggers = logger_names(trainer.logger)
     names = ("project_name", "experiment_name")
     if set(loggers) & set(NAMED_LOGGERS) or config.follows("trainer.default_local_dir"):
         project, experiment = (str(trainer[key]) for key in names)
