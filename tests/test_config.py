@@ -623,6 +623,11 @@ def test_enumerated_values_fail_at_load_naming_key_and_valid_values(path, overri
         (GRPO, [f"{AR}.actor.optim.betas=[0.9,1.0]"], "must be two decay rates in [0, 1)"),
         (
             GRPO,
+            [f"{AR}.actor.optim.lr_scheduler_type=cosine", f"{AR}.actor.optim.min_lr_ratio=1.5"],
+            f"{AR}.actor.optim.min_lr_ratio=1.5 must be in [0, 1] for a cosine schedule",
+        ),
+        (
+            GRPO,
             [f"{AR}.rollout.top_k=-2"],
             f"invalid sampling settings under {AR}.rollout: SamplingParams.top_k=-2",
         ),
@@ -666,7 +671,16 @@ def test_enumerated_values_fail_at_load_naming_key_and_valid_values(path, overri
         ),
     ],
     ids=[
-        *("loss_scale_factor", "three-betas", "beta-1", "top_k", "val-top_p", "gae", "bypass"),
+        *(
+            "loss_scale_factor",
+            "three-betas",
+            "beta-1",
+            "cosine-floor",
+            "top_k",
+            "val-top_p",
+            "gae",
+            "bypass",
+        ),
         *("importlib-manager", "dataset-name", "dataset-path", "attention", "micro-0"),
     ],
 )

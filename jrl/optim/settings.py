@@ -128,6 +128,12 @@ class OptimizerSettings:
         if not two_decay_rates(self.betas):
             betas = list(self.betas)
             problems.append(f"{self.key}.betas={betas!r} must be two decay rates in [0, 1)")
+        floor = self.schedule.min_lr_ratio
+        if self.schedule.kind == "cosine" and not 0.0 <= floor <= 1.0:
+            problems.append(
+                f"{self.key}.min_lr_ratio={floor} must be in [0, 1] for a cosine schedule (a "
+                "fraction of the learning rate)"
+            )
         _raise_any(problems)
 
 
