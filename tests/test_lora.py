@@ -3,6 +3,7 @@ merged export to transformers, and a tiny GRPO run with LoRA."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import jax
@@ -27,9 +28,11 @@ from jrl.models import (
     save_pretrained,
 )
 from jrl.models.lora import LoraSettings, adapted_modules, lora_targets
+from jrl.models.lora_export import adapter_arrays, adapter_config, save_adapter
 from jrl.parallel import make_mesh
 from jrl.runspec import load_config
 from jrl.runspec.spec import resolve_run
+from jrl.trainer.io.step_folders import problems
 from jrl.trainer.roles.reference import Reference
 from jrl.trainer.update.learner import Learner, build_update
 
@@ -228,6 +231,43 @@ def test_merged_export_loads_in_transformers(tmp_path):
     assert np.abs(base_logits - ours)[valid].max() > 1e-3  # the adapters were merged in
 
 
+def test_peft_adapter_folder_loads_in_peft(tmp_path):
+    """The checkpoint's ``lora_adapter`` folder: PEFT puts it on the HF base model and computes
+    jrl's logits. Layer 0's o_proj is left out, so the config lists full paths."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    hf_config = {k: v for k, v in HF.items() if k != "model_type"}
+    torch.manual_seed(0)
+    transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**hf_config)).save_pretrained(
+        tmp_path / "base"
+    )
+    settings = LoraSettings(4, 6, exclude_modules=r".*layers\.0\.self_attn\.o_proj")
+    model = apply_lora(from_pretrained(tmp_path / "base"), settings)
+    randomise_adapters(model)
+    ids, mask, pos = _inputs()
+    ours = np.asarray(model(ids, mask, pos))
+    config = adapter_config(model, settings, str(tmp_path / "base"))
+    assert "model.layers.0.self_attn.o_proj" not in config["target_modules"]
+    assert "model.layers.1.self_attn.o_proj" in config["target_modules"]
+    save_adapter(tmp_path / "adapter", adapter_arrays(model), config)
+
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
+    loaded = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
+    assert not hasattr(loaded.base_model.model.model.layers[0].self_attn.o_proj, "lora_A")
+    with torch.no_grad():
+        theirs = loaded(
+            input_ids=torch.tensor(np.asarray(ids)),
+            attention_mask=torch.tensor(np.asarray(mask)),
+            position_ids=torch.tensor(np.asarray(pos)),
+        ).logits.numpy()
+    valid = np.asarray(mask).astype(bool)
+    err = np.abs(ours[valid] - theirs[valid]).max()
+    assert err <= 1e-4 * np.abs(theirs[valid]).max(), err
+    base_logits = np.asarray(from_pretrained(tmp_path / "base")(ids, mask, pos))
+    assert np.abs(base_logits - ours)[valid].max() > 1e-3  # the adapters change the logits
+
+
 def test_tiny_grpo_run_with_lora(tmp_path):
     metrics = train.main(
         [
@@ -235,6 +275,7 @@ def test_tiny_grpo_run_with_lora(tmp_path):
             "actor_rollout_ref.model.lora_rank=4",
             "actor_rollout_ref.model.lora_alpha=8",
             "trainer.total_training_steps=1",
+            "trainer.save_freq=1",
             f"trainer.default_local_dir={tmp_path / 'run'}",
         ]
     )
@@ -243,3 +284,11 @@ def test_tiny_grpo_run_with_lora(tmp_path):
         assert math.isfinite(metrics[key]), (key, metrics[key])
     # Before the first update the adapters are zero, so the actor equals its reference.
     assert abs(metrics["actor/kl_loss"]) < 1e-6
+    # verl's PEFT folder beside the actor's checkpoint, in the step's manifest
+    adapter = tmp_path / "run" / "global_step_1" / "actor" / "lora_adapter"
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    assert (config["r"], config["lora_alpha"], config["peft_type"]) == (4, 8, "LORA")
+    assert sorted(config["target_modules"]) == sorted(PROJECTIONS)
+    tensors = load_file(adapter / "adapter_model.safetensors")
+    assert len(tensors) == 2 * len(PROJECTIONS) * 2  # A and B, 7 projections, 2 layers
+    assert problems(tmp_path / "run" / "global_step_1", ("actor",), contents=True) == []

@@ -173,18 +173,20 @@ def _write_tensor(out: BinaryIO, spec: TensorSpec) -> None:
 
 
 def write_safetensors(
-    folder: Path, specs: list[TensorSpec], max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES
+    folder: Path,
+    specs: list[TensorSpec],
+    max_shard_bytes: int = DEFAULT_MAX_SHARD_BYTES,
+    file_name: str = SINGLE_FILE,
 ) -> None:
-    """Writes tensors as `model.safetensors`, or as shards plus an index when they exceed one shard.
+    """Writes tensors as `file_name` (`model.safetensors`), or as shards plus an index when they
+    exceed one shard.
 
     Tensors are fetched (`spec.load()`) and written one at a time.
     """
     shards = _shards(specs, max_shard_bytes)
     weight_map: dict[str, str] = {}
     for i, shard in enumerate(shards, start=1):
-        file = (
-            SINGLE_FILE if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
-        )
+        file = file_name if len(shards) == 1 else f"model-{i:05d}-of-{len(shards):05d}.safetensors"
         with open(folder / file, "wb") as out:
             out.write(_header(shard))
             for spec in shard:

@@ -6,6 +6,7 @@ Layout under ``trainer.default_local_dir``::
       checkpoint.json               manifest: roles, their items, every file's size and checksum
       actor/  model/ optimizer/ extra/   Orbax items named by ``checkpoint.save_contents``
               huggingface/               config, tokenizer (+ safetensors with ``hf_model``)
+              lora_adapter/              with LoRA: the adapters as a PEFT folder (as verl)
       critic/ ...
     latest_checkpointed_iteration.txt   the bare integer N
 
@@ -40,6 +41,7 @@ from flax import traverse_util
 
 from jrl.models import save_pretrained
 from jrl.models.lora import LoraSettings
+from jrl.models.lora_export import ADAPTER_FOLDER, adapter_arrays, adapter_config, save_adapter
 from jrl.models.safetensors_io import replace_directory
 from jrl.parallel.distributed import shared_token
 from jrl.runspec.run import CHECKPOINT_ITEMS as ITEMS
@@ -76,6 +78,7 @@ class RoleSnapshot:
     extra: dict[str, Any]
     kind: str = "causal_lm"
     lora: LoraSettings | None = None
+    base_model: str = ""  # the model path its LoRA adapters apply to
 
 
 def _lora(settings: LoraSettings | None) -> dict[str, Any] | None:
@@ -274,9 +277,15 @@ class CheckpointManager:
                 used.append(checkpointer)
             elif self.primary:
                 (tmp / name).mkdir()
+            model = role.learner.model()
+            if role.lora is not None:  # gathered on every process, written by the primary
+                adapters = adapter_arrays(model)
+                if self.primary:
+                    config = adapter_config(model, role.lora, role.base_model)
+                    save_adapter(tmp / f".{name}.{ADAPTER_FOLDER}", adapters, config)
             if self.primary:
                 save_pretrained(
-                    role.learner.model(),
+                    model,
                     tmp / f".{name}.{HF_FOLDER}",
                     self.tokenizer,
                     weights="hf_model" in role.items,
@@ -300,8 +309,10 @@ class CheckpointManager:
                 checkpointer.wait_until_finished()
             if not self.primary:
                 return
-            for name in manifest["roles"]:
+            for name, role in manifest["roles"].items():
                 os.replace(tmp / f".{name}.{HF_FOLDER}", tmp / name / HF_FOLDER)
+                if role["lora"] is not None:
+                    os.replace(tmp / f".{name}.{ADAPTER_FOLDER}", tmp / name / ADAPTER_FOLDER)
             manifest["files"] = file_entries(tmp, self.checksums)
             write_atomic(tmp / MANIFEST_FILE, json.dumps(sealed(manifest), indent=1))
             replace_directory(tmp, step_dir(self.root, step))

@@ -544,6 +544,7 @@ class PPOTrainer:
                 list(contents["actor"].save_contents),
                 actor_extra,
                 lora=self.actor.spec.model.lora,
+                base_model=self.actor.spec.model.path,
             )
         }
         if self.critic is not None:

@@ -214,6 +214,7 @@ class SFTTrainer:
             list(self.run.checkpoint.roles[ROLE].save_contents),
             extra,
             lora=self.spec.model.lora,
+            base_model=self.spec.model.path,
         )
         self.checkpoints.save(step, {ROLE: snapshot})
 
