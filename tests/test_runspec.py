@@ -154,14 +154,26 @@ def test_switched_off_roles_read_none_of_their_keys():
     assert not any(key.startswith("actor_rollout_ref.ref.") for key in resolve_run(config).reads)
 
 
-def test_with_lora_the_reference_is_the_actors_base():
-    config, _ = load_config([GRPO, "actor_rollout_ref.model.lora_rank=4", "data.seed=5"])
-    run = resolve_run(config)
-    assert run.actor.model.lora is not None and run.actor.model.lora_seed == 5
+def test_override_config_values_at_the_top_level_reach_the_model():
     rope = "+actor_rollout_ref.model.override_config.rope_theta=5000.0"  # verl's FSDP form
     overridden = resolve_run(load_config([GRPO, rope])[0])
     assert overridden.actor.model.override_config["rope_theta"] == 5000.0
     assert "actor_rollout_ref.model.override_config.rope_theta" in overridden.reads
+
+
+def test_null_lora_targets_are_pefts_default():
+    lora = ["actor_rollout_ref.model.lora_rank=4"]
+    run = resolve_run(load_config([GRPO, *lora, "actor_rollout_ref.model.target_modules=null"])[0])
+    assert run.actor.model.lora.target_modules == ("q_proj", "v_proj")
+    assert resolve_run(load_config([GRPO, *lora])[0]).actor.model.lora.target_modules == (
+        "all-linear"
+    )
+
+
+def test_with_lora_the_reference_is_the_actors_base():
+    config, _ = load_config([GRPO, "actor_rollout_ref.model.lora_rank=4", "data.seed=5"])
+    run = resolve_run(config)
+    assert run.actor.model.lora is not None and run.actor.model.lora_seed == 5
     assert run.ref.model is None and run.ref.mesh is None and run.ref.offload is None
     assert not any(key.startswith("actor_rollout_ref.ref.fsdp_config") for key in run.reads)
     assert "data.seed" in run.keys.fields and "actor" in run.keys.fields["data.seed"]

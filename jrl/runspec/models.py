@@ -19,6 +19,8 @@ from jrl.runspec.reads import KeyReads
 # The keys that shape the adapters once ``lora_rank`` > 0 (the critic's section has no
 # ``exclude_modules``).
 LORA_OPTIONS = ("lora_alpha", "target_modules", "exclude_modules")
+# PEFT's targets when target_modules is null, for every decoder family jrl has
+PEFT_DEFAULT_TARGETS = ("q_proj", "v_proj")
 OWN_DECODER = (
     "jrl builds its own decoder from config.json, so no repository code runs (the tokenizer "
     "follows data.trust_remote_code)"
@@ -141,7 +143,8 @@ def lora_rank(section: Any) -> int:
 
 def lora_settings(section: Any, prefix: str) -> LoraSettings | None:
     """The LoRA adapters of the ``*.model`` section `section` at `prefix`; None when its
-    ``lora_rank`` is 0. ValueError, naming `prefix`, for a rank or alpha out of range."""
+    ``lora_rank`` is 0. A null ``target_modules`` takes PEFT's default (q_proj and v_proj), as
+    verl hands null to PEFT. ValueError, naming `prefix`, for a rank or alpha out of range."""
     section = KeyReads.of(section, prefix)
     rank = lora_rank(section)
     if rank <= 0:
@@ -151,11 +154,19 @@ def lora_settings(section: Any, prefix: str) -> LoraSettings | None:
         return LoraSettings(
             rank=rank,
             alpha=float(section["lora_alpha"] or 0),
-            target_modules=section["target_modules"] or ALL_LINEAR,
+            target_modules=_targets(section["target_modules"]),
             exclude_modules=section.get("exclude_modules"),
         )
     except ValueError as err:
         raise ValueError(f"{prefix}: {err}") from err
+
+
+def _targets(value: Any) -> Any:
+    """``target_modules`` as `LoraSettings` takes it: PEFT's default for null, all-linear for an
+    empty value."""
+    if value is None:
+        return PEFT_DEFAULT_TARGETS
+    return value or ALL_LINEAR
 
 
 def lora_problems(section: Any, prefix: str) -> Iterator[str]:
