@@ -107,6 +107,15 @@ def test_adapter_shapes_init_and_errors():
         apply_lora(_model(), LoraSettings(4, 8, exclude_modules="(q_proj"))
 
 
+def test_experts_get_no_adapters_and_a_warning_says_so():
+    moe = {**HF, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2}
+    model = init_random(ModelConfig.from_hf({**moe, "moe_intermediate_size": 32}), seed=0)
+    with pytest.warns(UserWarning, match="experts of the 2 mixture-of-experts layers"):
+        apply_lora(model, LoraSettings(4, 8))
+    routers = [f"model.layers.{i}.mlp.gate" for i in (0, 1)]  # linear, as PEFT sees them
+    assert sorted(adapted_modules(model)) == sorted(_paths(*PROJECTIONS[:4]) + routers)
+
+
 def test_forward_equals_base_with_zero_b_and_follows_the_formula():
     model = _model()
     ids, mask, pos = _inputs()

@@ -11,19 +11,22 @@ of names (or a comma-separated string of names) takes the linear layers whose do
 name or ends with "." + name, e.g. ``["q_proj", "v_proj"]`` or ``"layers.0.mlp.up_proj"``.
 `exclude_modules` removes layers from that set: names as for `target_modules`, or a string that is
 not a plain name list, which is a regular expression matched against the whole dotted path.
-`LoraSettings` holds these choices with the rank and alpha.
+`LoraSettings` holds these choices with the rank and alpha. A mixture of experts' stacked expert
+weights are not linear layers here: they get no adapters (with a warning).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import re
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from flax import nnx
 
 from jrl.models.layers import Linear, LoRAParam
+from jrl.models.moe import ExpertStack
 
 ALL_LINEAR = "all-linear"
 HEAD_NAMES = ("lm_head", "score")
@@ -131,6 +134,14 @@ def apply_lora(model: nnx.Module, settings: LoraSettings, *, seed: int = 0) -> n
     returns it. A is drawn from `seed` (one key per layer, in path order), B is zero, so the
     model's outputs are unchanged until B is trained."""
     layers = linear_layers(model)
+    stacks = sum(isinstance(module, ExpertStack) for _, module in nnx.iter_modules(model))
+    if stacks:
+        warnings.warn(
+            f"LoRA adapts linear layers only: the experts of the {stacks} mixture-of-experts "
+            "layers (stacked weights) get no adapters, while PEFT on transformers' per-expert "
+            "Linear layers adapts each expert's projections",
+            stacklevel=2,
+        )
     rngs = nnx.Rngs(seed)
     targets = lora_targets(model, settings.target_modules, settings.exclude_modules)
     for path in targets:
