@@ -397,6 +397,7 @@ def test_batch_rules_count_data_parallel_ranks_as_verl():
         ),
         (PPO, ["data.truncation=both"], "data.truncation='both'"),
         (PPO, ["trainer.resume_mode=latest"], "trainer.resume_mode='latest'"),
+        (PPO, ["trainer.use_legacy_worker_impl=yes"], "trainer.use_legacy_worker_impl='yes'"),
         (PPO, [f"{AR}.actor.fsdp_config.tensor_parallel_size=2"], "(2) must divide"),
         (PPO, [f"{AR}.model.lora_adapter_path=/a"], "lora_adapter_path='/a': loading a saved"),
         (PPO, ["critic.model.lora_rank=4"], "critic.model.lora_rank=4: LoRA on the critic is not"),

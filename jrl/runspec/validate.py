@@ -67,6 +67,8 @@ def _choices(config: ConfigDict) -> Iterator[str]:
     ]
     if uses_critic(config):
         rules.append(("critic.loss_agg_mode", LOSS_AGG_MODES, ""))
+    if uses_critic(config) or config.reward_model.enable:  # where verl picks a worker class by it
+        rules.append(("trainer.use_legacy_worker_impl", ("auto", "enable", "disable"), ""))
     arr = config.actor_rollout_ref
     if any(section.get("use_fused_kernels") for section in (arr.model, arr.actor, arr.ref)):
         backends = tuple(FUSED_KERNEL_IMPLS)
