@@ -211,6 +211,24 @@ def test_reference_is_the_actor_base_without_adapters(lora_config):
     assert np.abs(actor_lp - ref_lp).max() > 1e-3
 
 
+def _assert_torch_logits_match(torch_model, ours: np.ndarray, base_folder) -> None:
+    """`torch_model`'s logits on `_inputs()` equal `ours` (jrl's, with adapters) within fp32
+    noise, and the adapters moved them away from the base model's in `base_folder`."""
+    torch = pytest.importorskip("torch")
+    ids, mask, pos = _inputs()
+    with torch.no_grad():
+        theirs = torch_model(
+            input_ids=torch.tensor(np.asarray(ids)),
+            attention_mask=torch.tensor(np.asarray(mask)),
+            position_ids=torch.tensor(np.asarray(pos)),
+        ).logits.numpy()
+    valid = np.asarray(mask).astype(bool)
+    err = np.abs(ours[valid] - theirs[valid]).max()
+    assert err <= 1e-4 * np.abs(theirs[valid]).max(), err
+    base_logits = np.asarray(from_pretrained(base_folder)(ids, mask, pos))
+    assert np.abs(base_logits - ours)[valid].max() > 1e-3  # the adapters count
+
+
 def test_merged_export_loads_in_transformers(tmp_path):
     torch = pytest.importorskip("torch")
     transformers = pytest.importorskip("transformers")
@@ -227,17 +245,7 @@ def test_merged_export_loads_in_transformers(tmp_path):
     names = set(load_file(tmp_path / "merged" / "model.safetensors"))
     assert names == set(hf_model.state_dict())  # plain HF names, no adapter tensors
     reloaded = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
-    with torch.no_grad():
-        theirs = reloaded(
-            input_ids=torch.tensor(np.asarray(ids)),
-            attention_mask=torch.tensor(np.asarray(mask)),
-            position_ids=torch.tensor(np.asarray(pos)),
-        ).logits.numpy()
-    valid = np.asarray(mask).astype(bool)
-    err = np.abs(ours[valid] - theirs[valid]).max()
-    assert err <= 1e-4 * np.abs(theirs[valid]).max(), err
-    base_logits = np.asarray(from_pretrained(tmp_path / "base")(ids, mask, pos))
-    assert np.abs(base_logits - ours)[valid].max() > 1e-3  # the adapters were merged in
+    _assert_torch_logits_match(reloaded, ours, tmp_path / "base")
 
 
 def test_peft_adapter_folder_loads_in_peft(tmp_path):
@@ -264,17 +272,7 @@ def test_peft_adapter_folder_loads_in_peft(tmp_path):
     base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "base")
     loaded = peft.PeftModel.from_pretrained(base, tmp_path / "adapter").eval()
     assert not hasattr(loaded.base_model.model.model.layers[0].self_attn.o_proj, "lora_A")
-    with torch.no_grad():
-        theirs = loaded(
-            input_ids=torch.tensor(np.asarray(ids)),
-            attention_mask=torch.tensor(np.asarray(mask)),
-            position_ids=torch.tensor(np.asarray(pos)),
-        ).logits.numpy()
-    valid = np.asarray(mask).astype(bool)
-    err = np.abs(ours[valid] - theirs[valid]).max()
-    assert err <= 1e-4 * np.abs(theirs[valid]).max(), err
-    base_logits = np.asarray(from_pretrained(tmp_path / "base")(ids, mask, pos))
-    assert np.abs(base_logits - ours)[valid].max() > 1e-3  # the adapters change the logits
+    _assert_torch_logits_match(loaded, ours, tmp_path / "base")
 
 
 def test_tiny_grpo_run_with_lora(tmp_path):
