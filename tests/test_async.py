@@ -169,6 +169,9 @@ def _comparable(data: dict) -> dict:
 def test_one_step_off_trains_on_rows_one_version_old_and_resumes_exactly(tmp_path, monkeypatch):
     whole = _run(tmp_path / "whole", 4, monkeypatch)
     assert whole[1]["training/staleness_max"] == 0
+    perf = whole[2]  # over the trainer's 4 devices and the rollout's 4, as verl's recipe counts
+    per_device = perf["perf/total_num_tokens"] / (perf["perf/time_per_step"] * 8)
+    assert perf["perf/throughput"] == pytest.approx(per_device)
     for step in (2, 3, 4):
         assert whole[step]["training/staleness_mean"] == 1
     for step in (2, 3):  # the sync before the next step's generation (none after the last)

@@ -60,6 +60,28 @@ def test_data_metrics_count_as_verl():
     assert metrics["num_turns/mean"] == pytest.approx(8 / 3)
 
 
+def test_explained_variance_is_torchs_unbiased_one():
+    batch = multi_turn_batch()
+    returns = np.zeros((3, 4), np.float32)  # variances near verl's 1e-5, where n - 1 shows
+    returns[:2] = [[0.0, 9, 9, 0.002], [0.004, 0.006, 0.008, 0.010]]  # 9: not in response_mask
+    values = np.zeros((3, 4), np.float32)
+    batch = batch.union(Batch({"values": values}))
+    batch.tensors["returns"] = returns
+    metrics = data_metrics(batch, use_critic=True)
+    variance = np.var(np.arange(6) * 0.002, ddof=1)  # the six response tokens' returns
+    expected = 1 - variance / (variance + 1e-5)  # 0.417; n instead of n - 1 gives 0.461
+    assert metrics["critic/vf_explained_var"] == pytest.approx(expected, rel=1e-4)
+
+
+def test_the_token_count_is_exact_past_float32s_integers():
+    rows, width = 4097, 4096  # 4097 * 4097 - 2 tokens: an odd count above 2**24, float32 rounds
+    attention = np.ones((rows, width + 1), np.int8)
+    attention[:2, 0] = 0
+    batch = Batch({"attention_mask": attention, "responses": np.ones((rows, 1), np.int32)})
+    metrics = throughput_metrics(batch, {"step": 1.0}, n_gpus=1)
+    assert metrics["perf/total_num_tokens"] == rows * (width + 1) - 2
+
+
 def test_per_token_timings_count_the_attended_response():
     timing = {"step": 2.0, "gen": 0.8, "update_actor": 1.4}
     metrics = throughput_metrics(multi_turn_batch(), timing, n_gpus=2)

@@ -47,8 +47,8 @@ def data_metrics(batch: Batch, use_critic: bool) -> dict[str, float]:
     if use_critic:
         values, returns = t["values"][mask], t["returns"][mask]
         out.update(_stats("critic/values", values))
-        residual_var = np.var(returns - values) if values.size else 0.0
-        out["critic/vf_explained_var"] = float(1.0 - residual_var / (np.var(returns) + 1e-5))
+        explained = 1.0 - _sample_var(returns - values) / (_sample_var(returns) + 1e-5)
+        out["critic/vf_explained_var"] = float(explained)
     out.update(_stats("response_length", response_length))
     out["response_length/clip_ratio"] = float(np.mean(response_length == response_width))
     out.update(_stats("response_length_non_aborted", kept))
@@ -77,12 +77,18 @@ def turn_metrics(batch: Batch, prefix: str = "") -> dict[str, float]:
     }
 
 
+def _sample_var(x: np.ndarray) -> float:
+    """torch.var's unbiased variance (n - 1); NaN for fewer than two values, as torch gives."""
+    return float(np.var(x, ddof=1)) if x.size > 1 else float("nan")
+
+
 def throughput_metrics(batch: Batch, timing: dict[str, float], n_gpus: int) -> dict[str, float]:
-    """perf/total_num_tokens, perf/time_per_step, perf/throughput and timing_per_token_ms/*
-    (generation per response token, the other phases per prompt and response token)."""
-    prompt_length, response_length = (x.astype(np.float32) for x in attended_lengths(batch))
-    response_tokens = float(response_length.sum())
-    total_tokens = int(prompt_length.sum() + response_tokens)
+    """perf/total_num_tokens (an exact count), perf/time_per_step, perf/throughput (over the
+    run's `n_gpus`, a split run's rollout devices too) and timing_per_token_ms/* (generation per
+    response token, the other phases per prompt and response token)."""
+    prompt_length, response_length = (x.astype(np.int64) for x in attended_lengths(batch))
+    response_tokens = int(response_length.sum())
+    total_tokens = int(prompt_length.sum()) + response_tokens
     step_time = timing["step"]
     out = {
         "perf/total_num_tokens": total_tokens,

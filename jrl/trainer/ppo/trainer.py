@@ -440,7 +440,8 @@ class PPOTrainer:
         batch = output.batch
         metrics = data_metrics(batch, self.critic is not None)
         metrics.update({f"timing_s/{k}": v for k, v in timing.items()})
-        metrics.update(throughput_metrics(batch, timing, self.run.mesh.devices))
+        rollout_devices = len(self.rollout_devices) if self.rollout_devices else 0
+        metrics.update(throughput_metrics(batch, timing, self.run.mesh.devices + rollout_devices))
         metrics.update(self.mfu(batch, timing))
         metrics.update(memory_metrics())
         metrics.update({"training/global_step": step, "training/epoch": epoch})
