@@ -211,8 +211,9 @@ class FakeLLM:
     def reset_prefix_cache(self):
         self.calls.append("reset_prefix_cache")
 
-    def generate(self, prompts, params, use_tqdm=True):
+    def generate(self, prompts, params, use_tqdm=True, lora_request=None):
         assert not self.asleep and not use_tqdm
+        assert lora_request is None, "the stand-in serves no LoRA adapters (LoRA: real vLLM)"
         self.calls.append("generate")
         return [
             self._decode(i, prompt["prompt_token_ids"], request)

@@ -264,7 +264,7 @@ def test_peft_adapter_folder_loads_in_peft(tmp_path):
     randomise_adapters(model)
     ids, mask, pos = _inputs()
     ours = np.asarray(model(ids, mask, pos))
-    config = adapter_config(model, settings, str(tmp_path / "base"))
+    config = adapter_config(model, str(tmp_path / "base"))
     assert "model.layers.0.self_attn.o_proj" not in config["target_modules"]
     assert "model.layers.1.self_attn.o_proj" in config["target_modules"]
     save_adapter(tmp_path / "adapter", adapter_arrays(model), config)

@@ -54,6 +54,7 @@ from jrl.rollout.vllm_args import (
     check_vllm_version,
     engine_kwargs,
     load_format,
+    lora_engine_kwargs,
     parse_version,
     sampling_kwargs,
 )
@@ -577,3 +578,10 @@ def test_what_the_platform_lacks_is_turned_off_and_announced(capsys):
     small = kwargs | {"max_num_batched_tokens": 512}  # max_model_len 1024
     with pytest.raises(ValueError, match="raise actor_rollout_ref.rollout.max_num_batched_tokens"):
         platform_kwargs(small, cpu, "actor_rollout_ref.rollout")
+
+
+def test_lora_engine_arguments_round_the_rank_up_to_vllms():
+    assert lora_engine_kwargs(4) == {"enable_lora": True, "max_loras": 1, "max_lora_rank": 8}
+    assert [lora_engine_kwargs(r)["max_lora_rank"] for r in (8, 64, 300)] == [8, 64, 320]
+    with pytest.raises(ValueError, match="lora_rank=1024 is above vLLM's largest adapter rank"):
+        lora_engine_kwargs(1024)

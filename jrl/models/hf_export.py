@@ -25,18 +25,24 @@ def _first_device(array: jax.Array) -> jax.Device:
 
 
 def hf_arrays(
-    model: nnx.Module, *, device: jax.Device | None = None, dtype: Any = None
+    model: nnx.Module,
+    *,
+    device: jax.Device | None = None,
+    dtype: Any = None,
+    merge_lora: bool = True,
 ) -> Iterator[tuple[str, jax.Array]]:
     """(HF name, array) for each base parameter, computed one at a time as it is asked for.
 
-    A kernel with a LoRA adapter comes merged (W + A @ B * alpha / rank). Floating values are
+    A kernel with a LoRA adapter comes merged (W + A @ B * alpha / rank) when `merge_lora`, as
+    it is stored otherwise (the base weight, for an engine that applies the adapters apart).
+    Floating values are
     cast to `dtype` (kept as they are when None) where they live, then gathered whole onto
     `device` (default: the lowest-numbered device holding the parameter) and put in HF layout
     there (stacked experts: one tensor per expert): device-to-device copies only. An array that
     would still be the parameter's own buffer (same dtype, device and layout) is copied, so that
     a consumer holding it never reads memory that the next update donates.
     """
-    for path, _, fetch in base_parameters(model):
+    for path, _, fetch in base_parameters(model, merge_lora=merge_lora):
         parameter = value = fetch()
         if dtype is not None and jnp.issubdtype(value.dtype, jnp.floating):
             value = value.astype(dtype)
@@ -72,11 +78,15 @@ def torch_tensors(named: Iterable[tuple[str, jax.Array]]) -> Iterator[tuple[str,
 
 
 def hf_torch_tensors(
-    model: nnx.Module, *, device: jax.Device | None = None, dtype: Any = None
+    model: nnx.Module,
+    *,
+    device: jax.Device | None = None,
+    dtype: Any = None,
+    merge_lora: bool = True,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """`torch_tensors(hf_arrays(model, device=device, dtype=dtype))`: the model as HF-named torch
-    tensors on `device`, what an engine's HF weight loader takes."""
-    return torch_tensors(hf_arrays(model, device=device, dtype=dtype))
+    """`torch_tensors(hf_arrays(model, ...))`: the model as HF-named torch tensors on `device`,
+    what an engine's HF weight loader takes."""
+    return torch_tensors(hf_arrays(model, device=device, dtype=dtype, merge_lora=merge_lora))
 
 
 def _wait_for_torch(tensor: torch.Tensor | None) -> None:

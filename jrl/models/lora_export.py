@@ -18,7 +18,7 @@ import numpy as np
 from flax import nnx
 from jax.experimental import multihost_utils
 
-from jrl.models.lora import LoraSettings, linear_layers
+from jrl.models.lora import linear_layers
 from jrl.models.safetensors_io import write_safetensors
 from jrl.models.weights import TensorSpec
 
@@ -39,21 +39,26 @@ def adapter_arrays(model: nnx.Module) -> dict[str, np.ndarray]:
     return arrays
 
 
-def adapter_config(model: nnx.Module, settings: LoraSettings, base_model: str) -> dict[str, Any]:
-    """PEFT's LoRA config of the adapters on `model`: the adapted layers' names when every layer
-    of those names is adapted, else their full paths; no dropout, no bias, PEFT's alpha / r."""
+def adapter_config(model: nnx.Module, base_model: str) -> dict[str, Any]:
+    """PEFT's LoRA config of the adapters on `model` (its rank and alpha as its layers hold
+    them): the adapted layers' names when every layer of those names is adapted, else their full
+    paths; no dropout, no bias, PEFT's alpha / r."""
     layers = linear_layers(model)
     adapted = [path for path, layer in layers.items() if layer.has_adapter]
+    if not adapted:
+        raise ValueError("the model has no LoRA adapter to describe")
+    first = layers[adapted[0]]
+    rank = int(first.lora_a.shape[1])
+    alpha = first.lora_scale * rank
     names = sorted({path.rsplit(".", 1)[-1] for path in adapted})
     named = [layer for path, layer in layers.items() if path.rsplit(".", 1)[-1] in names]
     every = all(layer.has_adapter for layer in named)
-    alpha = settings.alpha
     return {
         "peft_type": "LORA",
         "task_type": "CAUSAL_LM",
         "base_model_name_or_path": base_model,
-        "r": settings.rank,
-        "lora_alpha": int(alpha) if float(alpha).is_integer() else alpha,
+        "r": rank,
+        "lora_alpha": int(round(alpha)) if abs(alpha - round(alpha)) < 1e-9 else alpha,
         "target_modules": names if every else adapted,
         "lora_dropout": 0.0,
         "bias": "none",

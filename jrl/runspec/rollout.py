@@ -20,6 +20,7 @@ from jrl.rollout.limits import EngineLimits
 from jrl.rollout.sampling import SamplingParams
 from jrl.rollout.spec import RolloutSpec
 from jrl.rollout.vllm_args import VLLM_PASS_THROUGH, VllmSettings
+from jrl.runspec.models import lora_rank
 from jrl.runspec.reads import KeyReads, plain
 
 ROLLOUT = "actor_rollout_ref.rollout"
@@ -231,6 +232,7 @@ def _trainer_rollout(config: ConfigDict) -> tuple[RolloutSpec | None, list[str]]
     fields = {"model_path": str(model.path)}
     if section.name == "vllm":
         fields["trust_remote_code"] = bool(model.get("trust_remote_code", False))
+        fields["lora_rank"] = lora_rank(model)
     return _resolve(section, ROLLOUT, fields)
 
 

@@ -281,7 +281,7 @@ class CheckpointManager:
             if role.lora is not None:  # gathered on every process, written by the primary
                 adapters = adapter_arrays(model)
                 if self.primary:
-                    config = adapter_config(model, role.lora, role.base_model)
+                    config = adapter_config(model, role.base_model)
                     save_adapter(tmp / f".{name}.{ADAPTER_FOLDER}", adapters, config)
             if self.primary:
                 save_pretrained(
