@@ -148,6 +148,10 @@ def test_interpolations_on_the_command_line():
         apply_overrides(config, [("data.max_prompt_length", f"${{{AR}.rollout.prompt_length}}")])
     with pytest.raises(ConfigError, match="ppo_epochs expects int; "):
         apply_overrides(config, [(f"{AR}.actor.ppo_epochs", "${trainer.project_name}")])
+    # a key of several types (one file or a list) followed by another, which follows its changes
+    files = ["a.parquet", "b.parquet"]
+    apply_overrides(config, [("data.val_files", "${data.train_files}"), ("data.train_files", files)])
+    assert resolve(config).data.val_files == files
 
 
 def test_resolve_gives_plain_values_and_evaluates_templates_set_in_python():

@@ -86,12 +86,22 @@ def reference(
     """A live reference computing `template` from `config`; relative names start at `section`."""
     pieces = _pieces(template, section)
     if len(pieces) == 1 and pieces[0][0]:
-        return _source(config, pieces[0][1], visiting).identity()
+        return _alias(_source(config, pieces[0][1], visiting))
     result = None
     for is_name, text in pieces:
         piece = _source(config, text, visiting).to_str() if is_name else text
         result = piece if result is None else result + piece
     return result
+
+
+def _alias(source: FieldReference) -> FieldReference:
+    """A reference that follows `source` (`FieldReference.identity`, which ml_collections cannot
+    build for a key of several types: its type check wants one class)."""
+    if not isinstance(source.get_type(), tuple):
+        return source.identity()
+    alias = FieldReference(None, field_type=source.get_type())
+    alias.set(source, type_safe=False)
+    return alias
 
 
 def link(config: ConfigDict) -> ConfigDict:
