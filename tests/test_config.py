@@ -150,7 +150,9 @@ def test_interpolations_on_the_command_line():
         apply_overrides(config, [(f"{AR}.actor.ppo_epochs", "${trainer.project_name}")])
     # a key of several types (one file or a list) followed by another, which follows its changes
     files = ["a.parquet", "b.parquet"]
-    apply_overrides(config, [("data.val_files", "${data.train_files}"), ("data.train_files", files)])
+    apply_overrides(
+        config, [("data.val_files", "${data.train_files}"), ("data.train_files", files)]
+    )
     assert resolve(config).data.val_files == files
 
 
@@ -189,6 +191,11 @@ def test_resolve_gives_plain_values_and_evaluates_templates_set_in_python():
         ("[]", []),
         ("{a:1, b:[x, 2.0], c: {d: null}}", {"a": 1, "b": ["x", 2.0], "c": {"d": None}}),
         ("${a.b}", "${a.b}"),
+        # backslashes escape only where they run into the quote
+        (r"'it\'s'", "it's"),
+        (r"'a\\'", "a\\"),
+        (r"'.*\.py'", r".*\.py"),
+        (r"['a\b', 'c']", [r"a\b", "c"]),
     ],
 )
 def test_values_are_read_as_hydra_reads_them(text, value):
@@ -202,7 +209,7 @@ def test_malformed_values_fail(text):
         parse_value(text)
 
 
-def test_parse_command_line_forms():
+def test_parse_command_line_forms(capsys):
     spec, overrides, name = parse_command_line(
         [
             "--config",
@@ -222,6 +229,16 @@ def test_parse_command_line_forms():
         ("+actor_rollout_ref.model.override_config.attention_dropout", 0.1),
     ]
     assert parse_command_line(["--config=a.py"]) == ("a.py", [], None)
+    hydra = ["hydra.run.dir=/tmp/x", "+hydra/job_logging=disabled", "--config-path=my/yaml"]
+    assert parse_command_line(["--config=a.py", *hydra, "data.seed=1"]) == (
+        "a.py",
+        [("data.seed", 1)],
+        None,
+    )
+    printed = capsys.readouterr().out
+    assert "jrl: hydra.run.dir=/tmp/x is ignored: it sets Hydra's own" in printed
+    assert "+hydra/job_logging=disabled is ignored" in printed
+    assert "jrl: --config-path=my/yaml is not read" in printed
     for bad in (["trainer"], ["--help"], ["a..b=1"], ["--config"]):
         with pytest.raises(ConfigError):
             parse_command_line(bad)

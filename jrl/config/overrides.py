@@ -9,7 +9,8 @@
   keys), and a key that the defaults lack (one added with ``+``) goes.
 - ``--config-name=NAME`` (``--config-name NAME``, ``-cn``; ``.yaml`` dropped) names the verl
   config the command line was written for (`jrl.config.trees`); ``--config-path`` (``-cp``),
-  where verl keeps its YAML, is not read.
+  where verl keeps its YAML, is not read (said in one line). Hydra's own keys (``hydra.run.dir``,
+  ``hydra/job_logging=...``) are dropped, each said in one line.
 - A dict value set on a section sets each of its keys. A key that takes a list takes a single
   name as a one-item list where verl does (`ONE_ITEM_LISTS`: ``trainer.logger=console``).
 - A batch of overrides is one layer: a key of a deprecated/replacement pair that it sets wins
@@ -81,6 +82,13 @@ def parse_command_line(argv: Sequence[str]) -> CommandLine:
         if option in _HYDRA_OPTIONS:
             if _HYDRA_OPTIONS[option] == "name":
                 name = text.removesuffix(".yaml")
+            else:
+                print(
+                    f"jrl: {option}={text} is not read: jrl builds the verl config that "
+                    "--config-name names from its own defaults; give your YAML's own values as "
+                    "overrides",
+                    flush=True,
+                )
             continue
         if option == "--config":
             spec = text
@@ -89,6 +97,13 @@ def parse_command_line(argv: Sequence[str]) -> CommandLine:
         if key == option and ((not equals and not arg.startswith("~")) or arg.startswith("-")):
             raise ConfigError(f"cannot read argument {arg!r}: {_USAGE}")
         prefix, path = split_key(key)
+        if path.split(".")[0].split("/")[0] == "hydra":
+            print(
+                f"jrl: {arg} is ignored: it sets Hydra's own behaviour (its output folder, "
+                "logging), and jrl does not run under Hydra",
+                flush=True,
+            )
+            continue
         if prefix not in _PREFIXES or not all(path.split(".")):
             raise ConfigError(f"malformed key in {arg!r}: {_USAGE}")
         try:

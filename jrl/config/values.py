@@ -51,13 +51,24 @@ class _Reader:
         self.pos += 1
 
     def quoted(self) -> str:
+        """A quoted string, as Hydra reads it: backslashes escape only where they run into a
+        quote (each pair is one backslash, an odd one escapes the quote); elsewhere they stay."""
         quote = self.text[self.pos]
         out, self.pos = [], self.pos + 1
         while self.pos < len(self.text) and self.text[self.pos] != quote:
-            if self.text[self.pos] == "\\" and self.pos + 1 < len(self.text):
+            end = self.pos
+            while end < len(self.text) and self.text[end] == "\\":
+                end += 1
+            if end == self.pos:
+                out.append(self.text[self.pos])
                 self.pos += 1
-            out.append(self.text[self.pos])
-            self.pos += 1
+            elif end < len(self.text) and self.text[end] == quote:
+                run = end - self.pos
+                out.append("\\" * (run // 2) + quote * (run % 2))
+                self.pos = end + run % 2
+            else:
+                out.append(self.text[self.pos : end])
+                self.pos = end
         if self.pos >= len(self.text):
             raise self.fail(f"missing closing {quote}")
         self.pos += 1
