@@ -306,6 +306,12 @@ def test_sections_new_keys_and_plus_prefix():
     assert config.actor_rollout_ref.rollout.engine_kwargs.vllm.swap_space == 4
     with pytest.raises(ConfigError, match="exists already"):
         apply_overrides(config, [("+data.seed", 1)])
+    # verl's FSDP override_config is {}: its command lines add what jrl's defaults hold
+    added = [(f"+{AR}.model.override_config.attn_implementation", "eager")]
+    added.append((f"+{AR}.model.override_config.moe_config.freeze_moe_router", True))
+    apply_overrides(config, added)
+    override = config.actor_rollout_ref.model.override_config
+    assert (override.attn_implementation, override.moe_config.freeze_moe_router) == ("eager", True)
 
 
 # --- validation ------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 
 - ``--config=FILE.py[:preset]``: the card; ``--config.a.b=v`` (absl) and ``a.b=v`` set a key.
 - ``+a.b=v`` adds a key that does not exist yet (e.g. under ``model.override_config``); as in
-  Hydra it may also name a key that is null, or give an existing key a list or a dict (merged).
+  Hydra it may also name a key that is null, or give an existing key a list or a dict (merged),
+  or name an entry jrl gives a section that verl's FSDP config leaves empty (`OPEN_SECTIONS`).
   ``++a.b=v`` sets the key or adds it.
 - ``~a.b`` (``~a.b=v``: only while it is v) deletes the key in Hydra. jrl's keys cannot leave
   the tree, so the key takes its default again (null for optional keys; a section, each of its
@@ -40,6 +41,9 @@ _PREFIXES = ("", "+", "++", "~")
 _HYDRA_OPTIONS = {"--config-name": "name", "-cn": "name", "--config-path": "path", "-cp": "path"}
 # Keys of type list that verl also takes as one name (its tracker wraps a string in a list).
 ONE_ITEM_LISTS = ("trainer.logger",)
+# Sections verl's FSDP config leaves empty and jrl fills with their documented entries: verl's
+# command lines add those entries with `+`, so `+` may name one of them.
+OPEN_SECTIONS = ("override_config",)
 
 
 class CommandLine(NamedTuple):
@@ -173,7 +177,8 @@ def _set(config: ConfigDict, path: str, value: Any, plus: int, given: list[str])
             parent[name] = value
         return
     current = parent[name]
-    if plus == 1 and current is not None and not isinstance(value, (list, dict)):
+    opened = any(part in OPEN_SECTIONS for part in parent_path.split("."))
+    if plus == 1 and current is not None and not isinstance(value, (list, dict)) and not opened:
         raise ConfigError(
             f"cannot add '{path}': it exists already (it is {current!r}); write {path}=... or "
             f"++{path}=... to change it"
