@@ -118,12 +118,12 @@ def test_grpo_step_same_for_any_micro_batch_split_and_device_count(tmp_path):
     np.testing.assert_allclose(ref_one, ref_eight, rtol=1e-5, atol=1e-5)
 
     before = jax.tree.leaves(jax.device_get(one.ref.params))
-    m1 = one.actor.update(batch, 1)
+    m1 = one.actor.update(batch, 1, lr_step=0)
     p1 = jax.tree.leaves(jax.device_get(one.actor.params))
     assert any(not np.allclose(a, b) for a, b in zip(p1, before, strict=True))  # params moved
     delta1 = np.concatenate([(a - b).ravel() for a, b in zip(p1, before, strict=True)])
     for other in [*others, eight]:
-        m = other.actor.update(batch, 1)
+        m = other.actor.update(batch, 1, lr_step=0)
         for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm"):
             np.testing.assert_allclose(m1[key], m[key], rtol=1e-4, atol=1e-6, err_msg=key)
         p = jax.tree.leaves(jax.device_get(other.actor.params))
