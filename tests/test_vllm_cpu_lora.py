@@ -9,24 +9,19 @@ rank 4 on every linear layer (vLLM sizes its buffers for rank 8, its smallest). 
 vllm is not installed or vLLM's platform is not the CPU.
 """
 
-import contextlib
 import gc
-import io
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 from helpers import randomise_adapters, tiny_llama
-from real_vllm import KV_CACHE, P, R, greedy_sampling, vllm_prompts, why_no_real_vllm
+from real_vllm import R, greedy_sampling, tiny_vllm_engine, vllm_prompts, why_no_real_vllm
 
-from jrl.config import default_config, resolve
-from jrl.models import apply_lora, init_random, save_pretrained
+from jrl.models import apply_lora, init_random
 from jrl.models.layers import LoRAParam
 from jrl.models.lora import LoraSettings
-from jrl.parallel import make_mesh
-from jrl.rollout import JaxRollout, build_rollout
-from jrl.runspec.rollout import rollout_spec
+from jrl.rollout import JaxRollout
 
 pytestmark = pytest.mark.skipif(why_no_real_vllm() is not None, reason=str(why_no_real_vllm()))
 
@@ -50,25 +45,9 @@ def model():
 
 @pytest.fixture(scope="module")
 def engine(model, tmp_path_factory):
+    lora = {"lora_rank": RANK, "lora_alpha": ALPHA}
     folder = tmp_path_factory.mktemp("tiny_lora_vllm")
-    save_pretrained(model, folder, weights=False)
-    config = resolve(default_config())
-    config.actor_rollout_ref.model.path = str(folder)
-    config.actor_rollout_ref.model.lora_rank = RANK
-    config.actor_rollout_ref.model.lora_alpha = ALPHA
-    config.actor_rollout_ref.rollout.update(
-        dict(
-            tensor_model_parallel_size=1, dtype="float32", prompt_length=P, response_length=R,
-            max_num_seqs=16, max_num_batched_tokens=256,
-        )
-    )  # fmt: skip
-    config.actor_rollout_ref.rollout.engine_kwargs.vllm = {**KV_CACHE, "block_size": 32}
-    tokenizer = type("Tokenizer", (), {"eos_token_id": 1, "pad_token_id": 0})()
-    graphdef, params = nnx.split(model)
-    with contextlib.redirect_stdout(io.StringIO()):
-        built = build_rollout(
-            rollout_spec(config), graphdef, params, make_mesh(8), tokenizer, lora=SETTINGS
-        )
+    built = tiny_vllm_engine(model, folder, lora, lora=SETTINGS)
     yield built
     del built
     gc.collect()

@@ -5,31 +5,25 @@ parameter per layer). Greedy rows equal jrl's JAX sampler's and log-probs the tr
 the first sync and after an update of the experts alone. Skipped where vllm is not installed or
 vLLM's platform is not the CPU."""
 
-import contextlib
 import gc
-import io
 
 import jax
 import numpy as np
 import pytest
 from flax import nnx
 from real_vllm import (
-    KV_CACHE,
     LOG_PROB_TOLERANCE,
-    P,
     R,
     greedy_sampling,
+    tiny_vllm_engine,
     trainer_log_probs,
     vllm_prompts,
     why_no_real_vllm,
 )
 
-from jrl.config import default_config, resolve
-from jrl.models import init_random, save_pretrained
+from jrl.models import init_random
 from jrl.models.config import Experts, ModelConfig
-from jrl.parallel import make_mesh
-from jrl.rollout import JaxRollout, build_rollout
-from jrl.runspec.rollout import rollout_spec
+from jrl.rollout import JaxRollout
 
 pytestmark = pytest.mark.skipif(why_no_real_vllm() is not None, reason=str(why_no_real_vllm()))
 
@@ -53,22 +47,7 @@ def model():
 @pytest.fixture(scope="module")
 def engine(model, tmp_path_factory):
     """jrl's vllm engine of `model` (its folder without weights), on the host's devices."""
-    folder = tmp_path_factory.mktemp("tiny_moe_vllm")
-    save_pretrained(model, folder, weights=False)
-    config = resolve(default_config())
-    rollout = config.actor_rollout_ref.rollout
-    rollout.update(
-        dict(
-            tensor_model_parallel_size=1, dtype="float32", prompt_length=P, response_length=R,
-            max_num_seqs=16, max_num_batched_tokens=256,
-        )
-    )  # fmt: skip
-    rollout.engine_kwargs.vllm = {**KV_CACHE, "block_size": 32}
-    config.actor_rollout_ref.model.path = str(folder)
-    graphdef, params = nnx.split(model)
-    tokenizer = type("Tokenizer", (), {"eos_token_id": 1, "pad_token_id": 0})()
-    with contextlib.redirect_stdout(io.StringIO()):
-        built = build_rollout(rollout_spec(config), graphdef, params, make_mesh(8), tokenizer)
+    built = tiny_vllm_engine(model, tmp_path_factory.mktemp("tiny_moe_vllm"))
     assert type(built).__name__ == "VllmRollout"
     yield built
     del built
