@@ -35,12 +35,12 @@ def hf_arrays(
 
     A kernel with a LoRA adapter comes merged (W + A @ B * alpha / rank) when `merge_lora`, as
     it is stored otherwise (the base weight, for an engine that applies the adapters apart).
-    Floating values are
-    cast to `dtype` (kept as they are when None) where they live, then gathered whole onto
-    `device` (default: the lowest-numbered device holding the parameter) and put in HF layout
-    there (stacked experts: one tensor per expert): device-to-device copies only. An array that
-    would still be the parameter's own buffer (same dtype, device and layout) is copied, so that
-    a consumer holding it never reads memory that the next update donates.
+    Floating values are cast to `dtype` (kept as they are when None) where they live, then
+    gathered whole onto `device` (default: the lowest-numbered device holding the parameter) and
+    put in HF layout there (stacked experts: one tensor per expert): device-to-device copies
+    only. An array that would still be the parameter's own buffer (same dtype, device and
+    layout) is copied, so that a consumer holding it never reads memory that the next update
+    donates.
     """
     for path, _, fetch in base_parameters(model, merge_lora=merge_lora):
         parameter = value = fetch()

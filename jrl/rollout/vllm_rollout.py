@@ -459,7 +459,6 @@ class VllmRollout:
         self._asleep: set[str] = set()
         self._freed_bytes = 0
         self._adapters = ServedAdapters(llm) if kwargs.get("enable_lora") else None
-        self._base_synced = False
         self.update_weights(nnx.state(model))
         self.release()
 
@@ -526,10 +525,10 @@ class VllmRollout:
         prefix cache is dropped since it was computed with the old weights."""
         self._wake({"weights"})
         model = nnx.merge(self._graphdef, params)
-        if self._adapters is None or not self._base_synced:
-            merge = self._adapters is None
+        adapters = self._adapters
+        if adapters is None or adapters.request is None:  # the base, unless vLLM holds it
             weights = hf_torch_tensors(
-                model, device=self._device, dtype=self._dtype, merge_lora=merge
+                model, device=self._device, dtype=self._dtype, merge_lora=adapters is None
             )
             (missing,) = self.llm.collective_rpc(load_hf_weights, args=(weights,))
             if missing:
@@ -537,9 +536,8 @@ class VllmRollout:
                     f"vLLM's model got no weights for {len(missing)} parameters, e.g. "
                     f"{missing[:5]}; the exported HF names do not match its architecture"
                 )
-            self._base_synced = True
-        if self._adapters is not None:
-            self._adapters.push(model)
+        if adapters is not None:
+            adapters.push(model)
         self.llm.reset_prefix_cache()
 
     def release(self) -> None:
