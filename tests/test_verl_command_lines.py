@@ -1,7 +1,14 @@
 """verl's own command lines run unchanged: every example command line of verl v0.6.0's PPO family
 and SFT (`data/verl_v060_examples.json`, the argument vectors of its scripts) loads, or is refused
-with the key of a feature jrl does not have named; and each rule of Hydra's grammar and verl's
-value forms that makes them load, one at a time."""
+with the key of a feature jrl does not have named; the same for current verl's
+(`data/verl_current_examples.json`); and each rule of Hydra's grammar and verl's value forms that
+makes them load, one at a time.
+
+`verl_current_examples.json`: each script under ``examples/`` of verl-project/verl at commit
+1dda039b9 that calls ``verl.trainer.main_ppo`` (or ``main_ppo_sync``, the fully-async main,
+``verl.trainer.sft_trainer``), run by bash with HOME at a placeholder folder, VERL_USE_UV=0 and
+stand-ins for python3, torchrun, ray and uv on PATH that record the argument vector after the
+module name."""
 
 import json
 import re
@@ -13,12 +20,14 @@ from jrl.config import ConfigError, default_config, read_config
 from jrl.config.entry import load_entry_config
 from jrl.config.overrides import command_line_keys
 from jrl.config.trees import SFT
+from jrl.config.values import parse_value
 from jrl.runspec import load_config, validate_sft
 from jrl.runspec.effects import no_effect_notice
 from jrl.runspec.spec import resolve_run
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = json.loads((REPO / "tests" / "data" / "verl_v060_examples.json").read_text())
+CURRENT_EXAMPLES = json.loads((REPO / "tests" / "data" / "verl_current_examples.json").read_text())
 PPO_CARD = str(REPO / "configs" / "gsm8k_ppo.py")
 SFT_CARD = str(REPO / "configs" / "gsm8k_sft.py")
 AR = "actor_rollout_ref"
@@ -76,6 +85,83 @@ REFUSED = {
     "sft/multiturn/run_qwen_05_sp2.sh": _SFT_ULYSSES,
 }
 
+_PIPELINE_ACTOR = f"{MEGATRON}.pipeline_model_parallel_size"
+_VEOMNI = "model_engine=veomni"
+_DISTILLATION = "unknown key 'distillation'"
+_OFFLOAD_FRACTION = f"{_MEGATRON_OPTIMIZER}.optimizer_offload_fraction"
+_MTP = f"{AR}.model.mtp.enable_train"
+# Current verl's scripts (under examples/) -> the key its refusal names: features jrl does not
+# have (current verl's newer engines, estimators, losses and sections among them), and command
+# lines that verl refuses too (noted).
+REFUSED_CURRENT = {
+    "ascend_extras/grpo_trainer/run_qwen3_235b_256k_megatron.sh": _NPU,
+    "ascend_extras/grpo_trainer/run_qwen3_30b_a3b_megatron.sh": _NPU,
+    "ascend_extras/grpo_trainer/run_qwen3_5_122b_a10b_32k_megatron.sh": (
+        f"{_MEGATRON_OPTIMIZER}.overlap_cpu_optimizer_d2h_h2d"
+    ),
+    "ascend_extras/grpo_trainer/run_qwen3_next_80b_fsdp.sh": _NPU,
+    "dppo_trainer/run_qwen3_30b_a3b_megatron.sh": f"{AR}.actor.policy_loss.loss_mode='dppo_tv'",
+    "gdpo_trainer/run_qwen3_8b_fsdp.sh": "algorithm.adv_estimator='gdpo'",
+    "gpg_trainer/run_qwen3_8b_megatron.sh": _PIPELINE_ACTOR,
+    "grpo_trainer/run_deepseek_v3_671b_megatron.sh": _OFFLOAD_FRACTION,
+    # `+` on a key that current verl's FSDP config has: its Hydra refuses it too.
+    "grpo_trainer/run_gpt_oss_20b_fsdp.sh": f"+{AR}.actor.fsdp_config.model_dtype",
+    # A two-sided threshold ('lower_upper'): v0.6.0's is one float.
+    "grpo_trainer/run_hy_v3_megatron.sh": "algorithm.rollout_correction.rollout_is_threshold",
+    "grpo_trainer/run_mistral_nemo_12b_skyworkrm_fsdp.sh": "reward_model.rollout.gpu_memory_util",
+    "grpo_trainer/run_moonlight_16b_a3b_megatron.sh": _PIPELINE_ACTOR,
+    "grpo_trainer/run_qwen2_5_vl_7b_megatron.sh": _PIPELINE_ACTOR,
+    "grpo_trainer/run_qwen3_235b_a22b_megatron.sh": _PIPELINE_ACTOR,
+    "grpo_trainer/run_qwen3_30b_a3b_megatron.sh": _PIPELINE_ACTOR,
+    "grpo_trainer/run_qwen3_30b_veomni.sh": _VEOMNI,
+    "grpo_trainer/run_qwen3_5-122b-a10b_veomni.sh": _VEOMNI,
+    "grpo_trainer/run_qwen3_5_122b_a10b_megatron.sh": _OFFLOAD_FRACTION,
+    "grpo_trainer/run_qwen3_5_27b_fsdp_turbo.sh": "current verl's FSDP turbo plans",
+    "grpo_trainer/run_qwen3_5_35b_a3b_veomni.sh": _VEOMNI,
+    "grpo_trainer/run_qwen3_5_35b_fsdp_turbo.sh": "current verl's FSDP turbo plans",
+    "grpo_trainer/run_qwen3_5_35b_megatron.sh": _OFFLOAD_FRACTION,
+    # A config group of a package outside verl (hydra.searchpath=[pkg://verl_mlite.config]).
+    "grpo_trainer/run_qwen3_5_35b_megatron_lite.sh": "actor@actor_rollout_ref",
+    "grpo_trainer/run_qwen3_5_397b_megatron.sh": _OFFLOAD_FRACTION,
+    "grpo_trainer/run_qwen3_8b_megatron.sh": _PIPELINE_ACTOR,
+    "grpo_trainer/run_qwen3_next_80b_a3b_fsdp.sh": f"{AR}.model.enable_activation_offload",
+    "grpo_trainer/run_qwen3_vl_235b_a22b_megatron.sh": _OFFLOAD_FRACTION,
+    "grpo_trainer/run_qwen3_vl_30b_a3b_megatron.sh": _OFFLOAD_FRACTION,
+    "grpo_trainer/run_qwen3_vl_30b_moe_veomni.sh": _VEOMNI,
+    "grpo_trainer/run_qwen3_vl_8b_megatron.sh": _PIPELINE_ACTOR,
+    "mtp_trainer/run_mimo_7b_mtp_fully_async_megatron_multinode.sh": _MTP,
+    "mtp_trainer/run_mimo_7b_mtp_megatron.sh": _MTP,
+    "mtp_trainer/run_mimo_7b_mtp_rl_vllm_sgl_megatron.sh": _MTP,
+    "on_policy_distillation_trainer/run_qwen3_0.6b_opd_veomni.sh": _VEOMNI,
+    "on_policy_distillation_trainer/run_qwen3_5_4b_fsdp.sh": _DISTILLATION,
+    "on_policy_distillation_trainer/run_qwen3_8b_fsdp.sh": _DISTILLATION,
+    "on_policy_distillation_trainer/run_qwen3_8b_megatron.sh": _DISTILLATION,
+    "on_policy_distillation_trainer/run_qwen3_8b_mopd_fsdp.sh": _DISTILLATION,
+    "on_policy_distillation_trainer/run_qwen3_8b_mopd_veomni.sh": _VEOMNI,
+    "on_policy_distillation_trainer/run_qwen3_vl_8b_fsdp.sh": _DISTILLATION,
+    "otb_trainer/run_qwen3_8b_fsdp.sh": "algorithm.adv_estimator='optimal_token_baseline'",
+    "ppo_trainer/run_qwen3_8b_megatron.sh": _PIPELINE_ACTOR,
+    "prefix_grouper/run_qwen3_8b_fsdp.sh": f"{AR}.actor.use_prefix_grouper",
+    "profile/run_qwen2_5_7b_torch_profile.sh": f"{AR}.actor.profiler.tool_config.torch.discrete",
+    "profile/run_qwen2_5_vl_7b_torch_memory.sh": "global_profiler.tool",
+    "profile/run_qwen3_8b_npu_profile_discrete.sh": f"{AR}.actor.profiler.enable",
+    "profile/run_qwen3_8b_npu_profile_e2e.sh": f"{AR}.actor.profiler.enable",
+    # 32 prompts x 1 sample over 8 devices is 4 rows, below the micro-batch of 8: verl v0.6.0's
+    # worker asserts that its micro-batch divides a device's share too.
+    "rollout_correction/run_qwen2_5_7b_fsdp.sh": f"{AR}.actor.ppo_mini_batch_size",
+    "rollout_correction/run_qwen2_5_7b_fsdp_multi_rs.sh": f"{AR}.actor.ppo_mini_batch_size",
+    # A key current verl lacks too (its engine is model_engine=...).
+    "router_replay/run_qwen3_30b_a3b_megatron.sh": f"{AR}.actor.model_engine",
+    "router_replay/run_qwen3_5_35b_a3b_veomni.sh": _VEOMNI,
+    # Current verl's engine-based SFT trainer (sft_trainer_engine.yaml): jrl.sft reads v0.6.0's.
+    "sft/gsm8k/run_qwen3_5_397b_a17b_megatron.sh": "data.pad_mode",
+    "sft/gsm8k/run_qwen_megatron_fsdp.sh": "data.messages_key",
+    "sft/vlm/run_qwen3_vl_2b_fsdp.sh": "data.pad_mode",
+    "tuning/lora/run_qwen3_30b_a3b_megatron.sh": "current verl's model.lora section",
+    "tuning/lora/run_qwen3_8b_merge_fsdp.sh": "current verl's model.lora section",
+    "tuning/scaling/run_qwen2_5_32b_megatron.sh": f"{AR}.actor.model_engine",
+}
+
 
 def _load(entry: str, argv: list[str]):
     """The checked config of one example, as `jrl.train` (ppo) or `jrl.sft` (sft) loads it."""
@@ -98,6 +184,22 @@ def test_each_example_loads_or_names_the_missing_feature(item):
         with pytest.raises(ConfigError, match=re.escape(REFUSED[script])):
             _load(entry, argv)
     else:  # rollout.name=sglang too: jrl's JAX sampler serves it
+        _load(entry, argv)
+
+
+def test_the_current_fixture_is_current_verls_examples():
+    scripts = {item["script"].removeprefix("examples/") for item in CURRENT_EXAMPLES}
+    assert len(CURRENT_EXAMPLES) == 87 and set(REFUSED_CURRENT) <= scripts
+    assert len(scripts - set(REFUSED_CURRENT)) == 30  # these load
+
+
+@pytest.mark.parametrize("item", CURRENT_EXAMPLES, ids=lambda item: item["script"])
+def test_each_current_example_loads_or_names_the_missing_feature(item):
+    script, entry, argv = item["script"].removeprefix("examples/"), item["entry"], item["argv"]
+    if script in REFUSED_CURRENT:
+        with pytest.raises(ConfigError, match=re.escape(REFUSED_CURRENT[script])):
+            _load(entry, argv)
+    else:
         _load(entry, argv)
 
 
@@ -314,3 +416,81 @@ def test_other_megatron_keys_are_announced():
     assert f"{MEGATRON}.use_dist_checkpointing=True" in notice
     assert f"{MEGATRON}.override_transformer_config.apply_rope_fusion=True" in notice
     assert f"{MEGATRON}.sequence_parallel=False" in notice
+
+
+# --- current verl's spellings -------------------------------------------------------------------
+
+# (current verl's key = value, the v0.6.0 key that takes it): current verl's
+# `migrate_legacy_reward_impl` read backwards, its critic's engine section, Megatron's dtype.
+CURRENT_SPELLINGS = [
+    ("reward.num_workers=3", "reward_model.num_workers", 3),
+    ("+reward.reward_kwargs.max_resp_len=8", "reward_model.reward_kwargs.max_resp_len", 8),
+    ("reward.custom_reward_function.path=/s.py", "custom_reward_function.path", "/s.py"),
+    ("reward.custom_reward_function.name=score", "custom_reward_function.name", "score"),
+    ("reward.reward_manager.name=dapo", "reward_model.reward_manager", "dapo"),
+    ("reward.reward_manager.source=importlib", "reward_model.reward_loop_source", "importlib"),
+    ("reward.reward_manager.module.path=/m.py", "reward_model.reward_loop_module_path", "/m.py"),
+    ("reward.reward_manager.module.name=Loop", "reward_model.reward_loop_class_name", "Loop"),
+    ("reward.reward_model.enable=true", "reward_model.enable", True),
+    ("reward.reward_model.n_gpus_per_node=2", "reward_model.n_gpus_per_node", 2),
+    ("reward.reward_model.model_path=/rm", "reward_model.model.path", "/rm"),
+    ("reward.reward_model.rollout.prompt_length=9", "reward_model.rollout.prompt_length", 9),
+    ("reward.sandbox_fusion.max_concurrent=3", "reward_model.sandbox_fusion.max_concurrent", 3),
+    ("critic.fsdp.param_offload=true", "critic.model.fsdp_config.param_offload", True),
+    (f"{MEGATRON}.dtype=float32", f"{AR}.actor.fsdp_config.dtype", "float32"),
+    ("critic.megatron.dtype=float32", "critic.model.fsdp_config.dtype", "float32"),
+]
+
+
+@pytest.mark.parametrize(("arg", "legacy", "value"), CURRENT_SPELLINGS)
+def test_a_key_in_current_verls_spelling_sets_the_v060_key(arg, legacy, value, capsys):
+    config = read_config([arg])[0]
+    assert config[legacy] == value
+    current = arg.partition("=")[0].lstrip("+")
+    assert f"jrl: {current} is current verl's spelling of " in capsys.readouterr().out
+
+
+def test_a_reward_key_without_a_v060_counterpart_is_named():
+    with pytest.raises(ConfigError, match=re.escape("'reward.launch_async': current verl's rew")):
+        read_config(["reward.launch_async=true"])
+
+
+def test_model_engine_names_an_engine_whose_keys_jrl_reads():
+    for engine in ("dp", "megatron"):
+        config = read_config([f"model_engine={engine}", f"{MEGATRON}.tensor_model_parallel_size=2"])
+        assert config[0].actor_rollout_ref.actor.fsdp_config.tensor_parallel_size == 2
+    with pytest.raises(ConfigError, match="model_engine=veomni: the VeOmni engine"):
+        read_config(["model_engine=veomni"])
+    with pytest.raises(ConfigError, match="model_engine='fsdp' is not one of current verl's"):
+        read_config(["model_engine=fsdp"])
+
+
+def test_the_megatron_configs_of_the_async_recipes_are_their_fsdp_layers():
+    for recipe in ("one_step_off_ppo", "fully_async_ppo"):
+        fsdp = read_config([f"--config-name={recipe}_trainer"])[0]
+        megatron = read_config([f"--config-name={recipe}_megatron_trainer"])[0]
+        assert fsdp.to_dict() == megatron.to_dict()
+        assert fsdp.actor_rollout_ref.hybrid_engine is False
+
+
+@pytest.mark.parametrize(
+    ("arg", "feature"),
+    [
+        ("distillation.enabled=true", "on-policy distillation"),
+        (f"+{AR}.model.lora.merge=true", "model.lora section"),
+        (f"{AR}.model.mtp.enable_train=true", "multi-token prediction"),
+        ("critic.fsdp.qat.enable=true", "quantization-aware training"),
+        (f"{AR}.rollout.disaggregation.enabled=true", "prefill/decode disaggregation"),
+        ("global_profiler.finish_hook_cmd=x", "profilers"),
+    ],
+)
+def test_a_key_of_a_current_verl_feature_jrl_lacks_names_the_feature(arg, feature):
+    with pytest.raises(ConfigError, match=f"configures current verl's {re.escape(feature)}"):
+        read_config([arg])
+
+
+def test_a_backslash_escapes_hydras_special_characters_in_bare_text():
+    assert parse_value(r"a\,b\=c\ d\:e") == "a,b=c d:e"
+    assert parse_value(r"{blocks.\{*\}:{}, head:[x\]y]}") == {"blocks.{*}": {}, "head": ["x]y"]}
+    assert parse_value(r"C:\data\x.py") == r"C:\data\x.py"  # no escape: the backslash stays
+    assert parse_value(r"a\\b") == "a\\b"

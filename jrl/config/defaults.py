@@ -58,8 +58,14 @@ def custom_reward_function() -> ConfigDict:
 
 
 def ray_kwargs() -> ConfigDict:
-    """The `ray_kwargs` section (verl's Ray options)."""
-    return section(ray_init=section(num_cpus=placeholder(int)), timeline_json_file=placeholder(str))
+    """The `ray_kwargs` section (verl's Ray options; ``runtime_env.py_executable`` is current
+    verl's, which its example scripts set)."""
+    return section(
+        ray_init=section(
+            num_cpus=placeholder(int), runtime_env=section(py_executable=placeholder(str))
+        ),
+        timeline_json_file=placeholder(str),
+    )
 
 
 def _data() -> ConfigDict:
@@ -178,11 +184,13 @@ def _fsdp(role: str, **changes: Any) -> ConfigDict:
     return section(**{**fields, **changes})
 
 
-def _checkpoint() -> ConfigDict:
+def _checkpoint(**current: Any) -> ConfigDict:
+    """A role's `checkpoint` section; `current`: current verl's keys of that role's."""
     return section(
         save_contents=["model", "optimizer", "extra"],
         load_contents="${.save_contents}",
         async_save=False,
+        **current,
     )
 
 
@@ -245,7 +253,7 @@ def _actor() -> ConfigDict:
         optim=_optim(lr=1e-6),
         fsdp_config=_fsdp(ACTOR),
         megatron=megatron_section(ACTOR),
-        checkpoint=_checkpoint(),
+        checkpoint=_checkpoint(strict=True),
         use_fused_kernels=f"${{{MODEL}.use_fused_kernels}}",
         # current verl spells the mode under its engine (megatron.router_replay.mode) too
         router_replay=_router_replay(mode=f"${{{ACTOR}.megatron.router_replay.mode}}"),

@@ -62,6 +62,8 @@ def megatron_section(role: str) -> ConfigDict:
     if full:
         fields.update(override_mcore_model_config=section())
     fields.update(use_mbridge=False if own else f"${{{ACTOR_MEGATRON}.use_mbridge}}")
+    # Current verl's engine options (McoreEngineConfig), which its example scripts set.
+    fields.update(vanilla_mbridge=False, use_remove_padding=True, use_megatron_fsdp=False)
     if full:
         fields.update(forward_only=False)
     if role == ACTOR:  # current verl's engine spelling of actor.router_replay.mode

@@ -11,7 +11,9 @@
 - ``--config-name=NAME`` (``--config-name NAME``, ``-cn``; ``.yaml`` dropped) names the verl
   config the command line was written for (`jrl.config.trees`); ``--config-path`` (``-cp``),
   where verl keeps its YAML, is not read (said in one line). Hydra's own keys (``hydra.run.dir``,
-  ``hydra/job_logging=...``) are dropped, each said in one line.
+  ``hydra/job_logging=...``) are dropped, each said in one line. Current verl's
+  ``model_engine=NAME`` is checked (`jrl.config.respelled`), and a key in current verl's
+  spelling sets the verl v0.6.0 key it stands for, said in one line.
 - A dict value set on a section sets each of its keys. A key that takes a list takes a single
   name as a one-item list where verl does (`ONE_ITEM_LISTS`: ``trainer.logger=console``).
 - A batch of overrides is one layer: a key of a deprecated/replacement pair that it sets wins
@@ -31,6 +33,7 @@ from jrl.config.errors import ConfigError
 from jrl.config.interpolation import is_template, reference
 from jrl.config.moved import value_at
 from jrl.config.replaced import settle_pairs
+from jrl.config.respelled import check_model_engine, current_feature, respelled
 from jrl.config.tree import assign, lookup, section_at, unknown_key
 from jrl.config.values import parse_value
 
@@ -110,6 +113,12 @@ def parse_command_line(argv: Sequence[str]) -> CommandLine:
             continue
         if prefix not in _PREFIXES or not all(path.split(".")):
             raise ConfigError(f"malformed key in {arg!r}: {_USAGE}")
+        if key == "model_engine" and equals:
+            check_model_engine(text)
+            continue
+        if (legacy := respelled(path)) != path:
+            print(f"jrl: {path} is current verl's spelling of {legacy}; set as that", flush=True)
+            key = prefix + legacy
         try:
             overrides.append((key, parse_value(text) if equals else None))
         except ConfigError as error:
@@ -166,6 +175,8 @@ def _follow(config: ConfigDict, path: str, template: str, field_type: type | tup
 def _set(config: ConfigDict, path: str, value: Any, plus: int, given: list[str]) -> None:
     """Set (`plus` 0), add (1) or set-or-add (2) `path`; the keys set are appended to `given`."""
     parent_path, _, name = path.rpartition(".")
+    if plus and current_feature(path) and value_at(config, path) is MISSING:
+        raise unknown_key(config, path)  # names the feature; `+` adds no key for it
     parent = section_at(config, parent_path, create=plus > 0)
     given.append(path)
     if name not in parent:

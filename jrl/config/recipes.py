@@ -9,7 +9,8 @@ turns them on. (``algorithm.filter_groups._target_`` names verl's dataclass and 
 
 `ONE_STEP_OFF_TRAINER` and `FULLY_ASYNC_TRAINER`: current verl's
 ``verl/experimental/one_step_off_policy/config/one_step_off_ppo_trainer.yaml`` and
-``verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml``: the rollout on
+``verl/experimental/fully_async_policy/config/fully_async_ppo_trainer.yaml`` (and their
+``*_megatron_trainer.yaml``, the same layers over ``ppo_megatron_trainer``): the rollout on
 devices of its own (their ``rollout`` section; ``hybrid_engine`` off, as their launch scripts set
 it), the rollout's log-probs as the old ones, and for the fully-async trainer its
 ``async_training`` section (``async_training.mode`` is jrl's name for the choice of program)

@@ -10,6 +10,7 @@ from ml_collections import ConfigDict, FieldReference
 from ml_collections.config_dict import MutabilityError, placeholder
 
 from jrl.config.errors import ConfigError
+from jrl.config.respelled import current_feature
 
 # The PPO tree's role sections, as interpolations and checks name them.
 ACTOR = "actor_rollout_ref.actor"
@@ -48,7 +49,14 @@ def _suggestions(config: ConfigDict, path: str) -> list[str]:
 
 
 def unknown_key(config: ConfigDict, path: str, hint: str = "") -> ConfigError:
-    """A ConfigError for a missing `path` naming the closest existing keys (else adding `hint`)."""
+    """A ConfigError for a missing `path` naming the current-verl feature it configures, else the
+    closest existing keys, else adding `hint`."""
+    feature = current_feature(path)
+    if feature is not None:
+        return ConfigError(
+            f"unknown key '{path}': it configures current verl's {feature}, which jrl does "
+            "not implement; remove it"
+        )
     close = _suggestions(config, path)
     if close:
         return ConfigError(f"unknown key '{path}'; did you mean {', '.join(close)}?")

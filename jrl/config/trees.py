@@ -50,7 +50,9 @@ PPO = KeyTree(
         "dapo_trainer",
         "dapo_megatron_trainer",
         "one_step_off_ppo_trainer",
+        "one_step_off_ppo_megatron_trainer",
         "fully_async_ppo_trainer",
+        "fully_async_ppo_megatron_trainer",
     ),
     default_config,
     default_templates,
@@ -58,7 +60,9 @@ PPO = KeyTree(
         "dapo_trainer": DAPO_TRAINER,
         "dapo_megatron_trainer": DAPO_TRAINER,
         "one_step_off_ppo_trainer": ONE_STEP_OFF_TRAINER,
+        "one_step_off_ppo_megatron_trainer": ONE_STEP_OFF_TRAINER,
         "fully_async_ppo_trainer": FULLY_ASYNC_TRAINER,
+        "fully_async_ppo_megatron_trainer": FULLY_ASYNC_TRAINER,
     },
 )
 SFT = KeyTree("python -m jrl.sft", ("sft_trainer",), sft_config, sft_templates)

@@ -1,7 +1,8 @@
-"""Command-line values read as Hydra reads them.
+r"""Command-line values read as Hydra reads them.
 
 `1` int, `1e-6` / `0.5` / `inf` float, `true` / `False` bool, `null` None, `'a b'` or `"a b"` str,
-other bare text str, `[a, 1]` list, `{k: v}` dict (nested freely); `${a.b}` stays text.
+other bare text str, `[a, 1]` list, `{k: v}` dict (nested freely); `${a.b}` stays text. In bare
+text a backslash makes the next of Hydra's special characters plain (`a\,b` is `a,b`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from jrl.config.errors import ConfigError
 _INT = re.compile(r"[+-]?(0|[1-9](_?[0-9])*)")
 _FLOAT = re.compile(r"[+-]?((\d+\.\d*|\.\d+)([eE][+-]?\d+)?|\d+[eE][+-]?\d+|inf|nan)", re.I)
 _QUOTES = "'\""
+_ESCAPABLE = "\\()[]{}:=, \t"  # what a backslash escapes in bare text (Hydra's grammar)
 
 
 def scalar(text: str) -> Any:
@@ -75,16 +77,23 @@ class _Reader:
         return "".join(out)
 
     def bare(self, stops: str) -> str:
-        """Text up to one of `stops` (outside `${...}`), stripped."""
-        start = self.pos
+        """Text up to one of `stops` (outside `${...}`), stripped, its escapes undone."""
+        out = []
         while self.pos < len(self.text) and self.text[self.pos] not in stops:
+            start = self.pos
             if self.text.startswith("${", self.pos):
                 end = self.text.find("}", self.pos)
                 if end < 0:
                     raise self.fail("'${' without '}'")
-                self.pos = end
-            self.pos += 1
-        return self.text[start : self.pos].strip()
+                self.pos = end + 1
+            elif self.text[self.pos] == "\\" and self.text[self.pos + 1 : self.pos + 2]:
+                start, self.pos = self.pos + 1, self.pos + 2
+                if self.text[start] not in _ESCAPABLE:
+                    start -= 1  # not an escape: the backslash stays
+            else:
+                self.pos += 1
+            out.append(self.text[start : self.pos])
+        return "".join(out).strip()
 
     def items(self, close: str, read_item) -> None:
         if self.peek() == close:
@@ -127,9 +136,9 @@ class _Reader:
 def parse_value(text: str) -> Any:
     """The Python value of one override's right-hand side, e.g. `[console,wandb]` -> list."""
     stripped = text.strip()
-    if not stripped or stripped[0] not in "[{" + _QUOTES:
-        return scalar(stripped)
     reader = _Reader(stripped)
+    if not stripped or stripped[0] not in "[{" + _QUOTES:
+        return scalar(reader.bare(""))
     value = reader.element("")
     if reader.peek():
         raise reader.fail(f"unexpected text {stripped[reader.pos :]!r} after the value")

@@ -88,6 +88,7 @@ UNREAD = {
     "*.optim.optimizer_impl": "the torch module of verl's optimizer: jrl's are optax's",
     "*.optim.total_training_steps": "set from the run's total steps (as verl sets it)",
     "*.checkpoint.async_save": "jrl always writes checkpoints in the background",
+    "*.checkpoint.strict": "Megatron-Bridge's check of its HF weight export: jrl exports itself",
     "ray_kwargs.*": "Ray's options: jrl runs without Ray",
     "transfer_queue.*": "verl's Ray transfer queue: jrl runs without Ray",
     "trainer.use_legacy_worker_impl": "chooses between verl's Ray worker classes",

@@ -71,7 +71,12 @@ UNSUPPORTED = (
         "extra torch or Megatron optimizer arguments: jrl's optimizers are optax's",
     ),
     Unsupported("reward_model.sandbox_fusion.*", "sandbox-fusion code scoring is not implemented"),
-    Unsupported("reward_model.rollout.*", "a generative reward model is not implemented"),
+    Unsupported(
+        "reward_model.rollout.*",
+        "a reward model served by an inference engine (a generative one, or current verl's "
+        "reward.reward_model.rollout) is not implemented: jrl scores with a discriminative "
+        "reward model (reward_model.model.path) in JAX",
+    ),
     Unsupported(
         "algorithm.filter_groups.max_inflight_gen_batches",
         "generation batches pending at once are not implemented: a DAPO step draws its batches "
