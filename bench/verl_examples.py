@@ -12,6 +12,7 @@ normalised; the keys behind it listed), then ``{"entry": ..., "loaded": N, "tota
 entry kind. ``--verbose`` also prints each script's outcome. Run from the repository root::
 
     python bench/verl_examples.py
+    python bench/verl_examples.py --fixture tests/data/verl_current_examples.json  # current verl's
 """
 
 from __future__ import annotations
