@@ -177,29 +177,27 @@ def test_the_fixture_is_verls_ppo_family_and_sft_examples():
     assert set(REFUSED) <= scripts
 
 
-@pytest.mark.parametrize("item", EXAMPLES, ids=lambda item: item["script"])
-def test_each_example_loads_or_names_the_missing_feature(item):
-    script, entry, argv = item["script"].removeprefix("examples/"), item["entry"], item["argv"]
-    if script in REFUSED:
-        with pytest.raises(ConfigError, match=re.escape(REFUSED[script])):
-            _load(entry, argv)
-    else:  # rollout.name=sglang too: jrl's JAX sampler serves it
-        _load(entry, argv)
-
-
 def test_the_current_fixture_is_current_verls_examples():
     scripts = {item["script"].removeprefix("examples/") for item in CURRENT_EXAMPLES}
     assert len(CURRENT_EXAMPLES) == 87 and set(REFUSED_CURRENT) <= scripts
     assert len(scripts - set(REFUSED_CURRENT)) == 30  # these load
 
 
-@pytest.mark.parametrize("item", CURRENT_EXAMPLES, ids=lambda item: item["script"])
-def test_each_current_example_loads_or_names_the_missing_feature(item):
+# (verl's version, an example, the refusals of that version's examples)
+_VERSIONED = [("v0.6.0", item, REFUSED) for item in EXAMPLES] + [
+    ("current", item, REFUSED_CURRENT) for item in CURRENT_EXAMPLES
+]
+
+
+@pytest.mark.parametrize(
+    ("version", "item", "refused"), _VERSIONED, ids=[f"{v}:{i['script']}" for v, i, _ in _VERSIONED]
+)
+def test_each_example_loads_or_names_the_missing_feature(version, item, refused):
     script, entry, argv = item["script"].removeprefix("examples/"), item["entry"], item["argv"]
-    if script in REFUSED_CURRENT:
-        with pytest.raises(ConfigError, match=re.escape(REFUSED_CURRENT[script])):
+    if script in refused:
+        with pytest.raises(ConfigError, match=re.escape(refused[script])):
             _load(entry, argv)
-    else:
+    else:  # rollout.name=sglang too: jrl's JAX sampler serves it
         _load(entry, argv)
 
 
