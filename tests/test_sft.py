@@ -46,6 +46,7 @@ from jrl.optim.optimizers import make_sft_optimizer
 from jrl.optim.schedule import Schedule, wsd_multiplier
 from jrl.optim.settings import optimizer_family
 from jrl.runspec.optim import sft_optimizer_settings
+from jrl.runspec.spec import resolve_sft_run
 from jrl.runspec.validate import validate_sft
 from jrl.trainer.sft.loss import SFTLoss, row_nll
 from jrl.trainer.update.packing import with_packing
@@ -122,8 +123,8 @@ def test_every_null_default_is_typed(make):
 @pytest.mark.parametrize(
     "overrides, message",
     [
-        (["data.train_batch_size=10"], r"multiple of the devices .* = 32"),
-        (["data.micro_batch_size=8"], "set exactly one of data.micro_batch_size_per_gpu"),
+        (["data.train_batch_size=10"], r"multiple of the data-parallel ranks .* = 32"),
+        (["data.micro_batch_size_per_gpu=null"], "set data.micro_batch_size_per_gpu"),
         (["data.truncation=middle"], "data.truncation='middle' is not supported"),
         (["optim.lr_scheduler=linear"], "use one of cosine, wsd"),
         (["optim.override_optimizer_config={amsgrad: true}"], "amsgrad=True is not supported"),
@@ -133,7 +134,7 @@ def test_every_null_default_is_typed(make):
         (["trainer.checkpoint.save_contents=[model,weights]"], r"unknown \['weights'\]"),
         (["data.max_length=1"], "at least 2"),
         (["model.strategy=megatron"], "model.strategy='megatron' is not supported"),
-        (["ulysses_sequence_parallel_size=2"], "ulysses_sequence_parallel_size > 1"),
+        (["ulysses_sequence_parallel_size=2"], "needs use_remove_padding=True"),
     ],
 )
 def test_config_rules_name_the_keys(overrides, message):
@@ -148,12 +149,20 @@ def test_deprecated_global_micro_batch_size_is_divided_by_the_devices():
         validate_sft,
     )
     assert config.data.micro_batch_size == 64
-    with pytest.raises(ConfigError, match="multiple of the devices"):
+    with pytest.raises(ConfigError, match="multiple of the data-parallel ranks"):
         load_entry_config(
             ["data.micro_batch_size=96", "data.micro_batch_size_per_gpu=null"],
             SFT,
             validate_sft,
         )
+
+
+def test_with_micro_batch_size_per_gpu_set_the_global_size_has_no_effect():
+    """verl's SFT trainer reads only micro_batch_size_per_gpu (its scripts set both)."""
+    config = load_entry_config(["data.micro_batch_size=3"], SFT, validate_sft)
+    with pytest.warns(UserWarning, match=r"data.micro_batch_size=3 has no effect: .* \(4\)"):
+        run = resolve_sft_run(config, "actor")
+    assert run.model.split.micro_rows == 4
 
 
 # --- the dataset ---------------------------------------------------------------------------------
@@ -659,3 +668,56 @@ def test_model_options_reach_the_model(tmp_path):
     assert trainer.spec.loss.impl == "auto" and trainer.spec.plan.packing is not None
     with pytest.raises(FileNotFoundError, match="model.partial_pretrain"):
         _trainer(tmp_path, f"model.partial_pretrain={tmp_path / 'nowhere'}")
+
+
+@pytest.mark.parametrize("liger", [False, True])
+def test_sequence_parallelism_trains_as_without_it(tmp_path, monkeypatch, liger):
+    """``ulysses_sequence_parallel_size=2`` on 4 devices (2 data-parallel ranks, as the 2 devices
+    without it): the same losses, gradient norms and held-out loss, step by step, with the naive
+    loss and the fused one (``model.use_liger``); only that run traces Ulysses' all-to-alls."""
+    steps = ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.save_freq=-1"]
+    traced = []
+    all_to_all = jax.lax.all_to_all
+    monkeypatch.setattr(
+        jax.lax, "all_to_all", lambda *a, **k: traced.append(1) or all_to_all(*a, **k)
+    )
+    runs, swaps = {}, {}
+    for sp, devices in ((1, 2), (2, 4)):
+        run_dir = tmp_path / f"sp{sp}"
+        trainer = _trainer(
+            run_dir,
+            *steps,
+            "use_remove_padding=True",
+            f"ulysses_sequence_parallel_size={sp}",
+            f"trainer.n_gpus_per_node={devices}",
+            f"model.use_liger={liger}",
+        )
+        assert dict(trainer.mesh.shape)["sequence"] == sp
+        traced.clear()
+        trainer.fit()
+        runs[sp], swaps[sp] = _metrics(run_dir), len(traced)
+    assert swaps[1] == 0 and swaps[2] > 0
+    for step in (1, 2):
+        for key in ("train/loss", "train/grad_norm"):
+            assert runs[2][step][key] == pytest.approx(runs[1][step][key], rel=1e-4), (step, key)
+    assert runs[2][2]["val/loss"] == pytest.approx(runs[1][2]["val/loss"], rel=1e-4)
+
+
+def test_sequence_parallelism_needs_packed_rows_and_a_dividing_size():
+    args = digits_sft_args(Path("unused"), "ulysses_sequence_parallel_size=2")
+    with pytest.raises(ConfigError, match="needs use_remove_padding=True"):
+        load_entry_config(args, SFT, validate_sft)
+    args = digits_sft_args(Path("unused"), "ulysses_sequence_parallel_size=3")
+    with pytest.raises(ConfigError, match=r"ulysses_sequence_parallel_size \(3\) must divide"):
+        load_entry_config([*args, "use_remove_padding=True"], SFT, validate_sft)
+    # The batch splits over the data-parallel ranks: 4 devices / 2 = 2 ranks x 16 rows.
+    args = digits_sft_args(
+        Path("unused"), "ulysses_sequence_parallel_size=2", "use_remove_padding=True"
+    )
+    load_entry_config(
+        [*args, "trainer.n_gpus_per_node=4", "data.train_batch_size=32"], SFT, validate_sft
+    )
+    with pytest.raises(ConfigError, match=r"ranks \(trainer.nnodes \* trainer.n_gpus_per_node = "):
+        load_entry_config(
+            [*args, "trainer.n_gpus_per_node=4", "data.train_batch_size=48"], SFT, validate_sft
+        )

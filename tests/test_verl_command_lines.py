@@ -36,7 +36,6 @@ _NPU = "trainer.device"
 _PIPELINE = f"{MEGATRON}.pipeline_model_parallel_size"
 _MEGATRON_OPTIMIZER = f"{AR}.actor.optim.override_optimizer_config"
 _EMPTY = "data.return_raw_chat"  # `data.return_raw_chat=$return_raw_chat` with the variable unset
-_SFT_ULYSSES = "ulysses_sequence_parallel_size"
 # Script (under examples/) -> the key its refusal names: features jrl does not have, and command
 # lines that verl's own Hydra refuses too (a `+` on a key that exists, a key verl lacks, a blank
 # argument left by `\ # comment`).
@@ -78,11 +77,6 @@ REFUSED = {
     "ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": f"{AR}.actor.profiler.enable",
     "ppo_trainer/run_qwen2-7b_seq_balance.sh": _EMPTY,
     "ppo_trainer/run_qwen3-8b_npu.sh": _NPU,
-    "sft/gsm8k/run_qwen3_8b_sft_peft_sp2_npu.sh": _SFT_ULYSSES,
-    "sft/gsm8k/run_qwen_05_sp2.sh": _SFT_ULYSSES,
-    "sft/gsm8k/run_qwen_05_sp2_liger.sh": _SFT_ULYSSES,
-    "sft/gsm8k/run_seed_oss_36b_sft.sh": _SFT_ULYSSES,
-    "sft/multiturn/run_qwen_05_sp2.sh": _SFT_ULYSSES,
 }
 
 _PIPELINE_ACTOR = f"{MEGATRON}.pipeline_model_parallel_size"

@@ -1,11 +1,12 @@
-"""What verl's SFT keys become: the SFT run's mesh (every device, FSDP only), its trained model
+"""What verl's SFT keys become: the SFT run's mesh (every device: FSDP, and sequences split over
+``ulysses_sequence_parallel_size`` of them), its trained model
 (`SFTModelSpec`) and its data (`SFTDataSpec`).
 
 - The model: ``model.partial_pretrain`` loaded as `ModelSettings` (compute dtype
   ``model.fsdp_config.dtype``, LoRA adapters initialised from ``trainer.seed``), micro-batches of
-  ``data.micro_batch_size_per_gpu`` rows per device (or the deprecated global
-  ``data.micro_batch_size`` split over the devices), packed with ``use_remove_padding``; the loss
-  by the fused kernel with ``model.use_liger``; the ``optim`` section.
+  ``data.micro_batch_size_per_gpu`` rows per data-parallel rank (only without it, the deprecated
+  global ``data.micro_batch_size`` split over the ranks), packed with ``use_remove_padding``; the
+  loss by the fused kernel with ``model.use_liger``; the ``optim`` section.
 - The data: the files and caps, ``data.train_batch_size`` rows per step, shuffled each epoch
   seeded by ``trainer.seed``; the tokenizer of ``model.partial_pretrain`` with
   ``data.chat_template``; `SFTDataSettings` of the keys `SFTDataset` reads (a user's class in
@@ -15,6 +16,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from types import MappingProxyType
 
 from jrl.data.settings import MultiTurn, SFTDataSettings, TokenizerSettings
@@ -61,7 +63,8 @@ JOIN_TIMEOUT_S = 300
 
 
 def sft_mesh_spec(config: KeyReads) -> MeshSpec:
-    """Every device of ``trainer.nnodes * n_gpus_per_node``, all of them FSDP."""
+    """Every device of ``trainer.nnodes * n_gpus_per_node``: FSDP over the devices that
+    ``ulysses_sequence_parallel_size`` leaves, sequences split over that many."""
     trainer = config.trainer
     devices = int(trainer.nnodes * trainer.n_gpus_per_node)
     return MeshSpec(
@@ -70,7 +73,7 @@ def sft_mesh_spec(config: KeyReads) -> MeshSpec:
         nnodes=int(trainer.nnodes),
         join_timeout_s=JOIN_TIMEOUT_S,
         fsdp_size=-1,
-        sequence_parallel=1,
+        sequence_parallel=int(config.ulysses_sequence_parallel_size),
         tensor_parallel=1,
     )
 
@@ -90,6 +93,12 @@ def sft_model_spec(config: KeyReads) -> SFTModelSpec:
     per_gpu = data.micro_batch_size_per_gpu
     if per_gpu:
         split = BatchSplit(micro_rows=int(per_gpu), remove_padding=packed)
+        if data.micro_batch_size is not None:
+            warnings.warn(
+                f"data.micro_batch_size={data.micro_batch_size} has no effect: verl's SFT "
+                f"trainer reads data.micro_batch_size_per_gpu ({per_gpu})",
+                stacklevel=2,
+            )
     else:
         split = BatchSplit(global_rows=int(data.micro_batch_size), remove_padding=packed)
     return SFTModelSpec(

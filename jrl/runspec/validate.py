@@ -429,25 +429,44 @@ def validate(config: ConfigDict, num_devices: int | None = None) -> None:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))
 
 
-def _micro_rows(config: ConfigDict, world: int) -> Iterator[str]:
+def _micro_rows(config: ConfigDict, world: int, sequence_parallel: int) -> Iterator[str]:
+    """verl's SFT batch rule: the batch splits over the data-parallel ranks (the devices over
+    ``ulysses_sequence_parallel_size``) in whole micro-batches of ``micro_batch_size_per_gpu``
+    rows (verl's SFT trainer reads no other; only without it does jrl split the deprecated global
+    ``micro_batch_size`` over the ranks)."""
     data = config.data
     per_gpu, deprecated = data.micro_batch_size_per_gpu, data.micro_batch_size
-    if (per_gpu is None) == (deprecated is None):
-        yield (
-            "set exactly one of data.micro_batch_size_per_gpu and data.micro_batch_size "
-            "(deprecated, global); e.g. data.micro_batch_size_per_gpu=4 data.micro_batch_size=null"
-        )
+    if per_gpu is None and deprecated is None:
+        yield "set data.micro_batch_size_per_gpu (rows per device in a micro-batch), e.g. 4"
         return
-    micro = per_gpu if per_gpu is not None else deprecated // world
+    ranks = world // sequence_parallel
+    micro = per_gpu if per_gpu is not None else deprecated // ranks
     if micro <= 0:
         yield f"the micro-batch size per device must be positive (got {micro})"
         return
     batch = data.train_batch_size
-    if batch <= 0 or batch % (world * micro):
+    if batch <= 0 or batch % (ranks * micro):
+        over = f" / ulysses_sequence_parallel_size {sequence_parallel}" if ranks < world else ""
         yield (
-            f"data.train_batch_size ({batch}) must be a positive multiple of the devices "
-            f"(trainer.nnodes * trainer.n_gpus_per_node = {world}) times "
-            f"data.micro_batch_size_per_gpu ({micro}) = {world * micro}; change one of them"
+            f"data.train_batch_size ({batch}) must be a positive multiple of the data-parallel "
+            f"ranks (trainer.nnodes * trainer.n_gpus_per_node = {world}{over}) times "
+            f"data.micro_batch_size_per_gpu ({micro}) = {ranks * micro}; change one of them"
+        )
+
+
+def _sft_sequence_parallel(config: ConfigDict, world: int) -> Iterator[str]:
+    """``ulysses_sequence_parallel_size`` divides the devices and, as verl asserts, runs on
+    packed rows (``use_remove_padding``)."""
+    size = config.ulysses_sequence_parallel_size
+    if size < 1 or world % size:
+        yield (
+            f"ulysses_sequence_parallel_size ({size}) must divide the devices "
+            f"(trainer.nnodes * trainer.n_gpus_per_node = {world})"
+        )
+    elif size > 1 and not config.use_remove_padding:
+        yield (
+            f"ulysses_sequence_parallel_size={size} needs use_remove_padding=True (verl splits "
+            "packed rows only)"
         )
 
 
@@ -466,8 +485,6 @@ def _sft_choices(config: ConfigDict) -> Iterator[str]:
     yield from _checkpoints(config, ["trainer"])
     if config.data.max_length < 2:
         yield f"data.max_length ({config.data.max_length}) must be at least 2"
-    if config.ulysses_sequence_parallel_size > 1:
-        yield "ulysses_sequence_parallel_size > 1 is not supported yet for SFT; set it to 1"
     yield from _memory_options(config.model, "model")
 
 
@@ -482,6 +499,8 @@ def validate_sft(config: ConfigDict) -> None:
             f"{trainer.n_gpus_per_node} must be positive"
         )
     else:
-        problems += _micro_rows(config, world)
+        split = list(_sft_sequence_parallel(config, world))
+        sequence_parallel = 1 if split else config.ulysses_sequence_parallel_size
+        problems += split + list(_micro_rows(config, world, sequence_parallel))
     if problems:
         raise ConfigError("invalid configuration:\n  - " + "\n  - ".join(problems))

@@ -34,10 +34,11 @@ from jrl.data.loader import DataLoader
 from jrl.data.sft_dataset import create_sft_dataset
 from jrl.data.tokenizer import tokenizer_of
 from jrl.models import LoRAParam
+from jrl.models.attention import check_sequence_heads
 from jrl.optim.optimizers import make_sft_optimizer
 from jrl.optim.schedule import Schedule
 from jrl.optim.settings import SFTOptimizerSettings
-from jrl.parallel import batch_sharding, gather_batch, make_mesh
+from jrl.parallel import batch_sharding, gather_batch, make_mesh, on_mesh
 from jrl.parallel.devices import check_device
 from jrl.runspec.models import ModelSettings
 from jrl.runspec.sft import SFTModelSpec
@@ -119,7 +120,7 @@ class SFTTrainer:
         check_device(run.mesh.device)
         self.run = run
         warn_offload(run.model.host_offload)
-        self.mesh = make_mesh(run.mesh.devices)
+        self.mesh = make_mesh(run.mesh.devices, sequence_parallel=run.mesh.sequence_parallel)
         data, files = run.data, run.data.files
         self.tokenizer = tokenizer_of(data.tokenizer)
         self.train_dataset = create_sft_dataset(
@@ -141,17 +142,23 @@ class SFTTrainer:
             run.model, self.mesh, len(self.train_loader) * run.cadence.total_epochs
         )
         model = load_model(self.spec.model, self.mesh)
+        heads = (model.config.num_heads, model.config.num_kv_heads)
+        check_sequence_heads(*heads, run.mesh.sequence_parallel, "ulysses_sequence_parallel_size")
         trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
         optimizer = make_sft_optimizer(self.spec.optimizer)
         self.learner = Learner.create(model, optimizer, self.mesh, trainable)
         self.vocab_size = int(model.config.vocab_size)
         self.val_generations: list[dict[str, Any]] = []
         rows = batch_sharding(self.mesh, 1)
-        self._val_forward = jax.jit(
-            self._val_fn,
-            static_argnums=2,
-            in_shardings=(self.learner.param_shardings, rows),
-            out_shardings=rows,
+        # Traced under the mesh (`on_mesh`), as the update is: sequences split over it.
+        self._val_forward = on_mesh(
+            jax.jit(
+                self._val_fn,
+                static_argnums=2,
+                in_shardings=(self.learner.param_shardings, rows),
+                out_shardings=rows,
+            ),
+            self.mesh,
         )
         self.checkpoints = CheckpointManager(
             run.checkpoint.local_dir,
