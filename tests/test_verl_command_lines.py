@@ -147,7 +147,9 @@ REFUSED_CURRENT = {
     # A key current verl lacks too (its engine is model_engine=...).
     "router_replay/run_qwen3_30b_a3b_megatron.sh": f"{AR}.actor.model_engine",
     "router_replay/run_qwen3_5_35b_a3b_veomni.sh": _VEOMNI,
-    # Current verl's engine-based SFT trainer (sft_trainer_engine.yaml): jrl.sft reads v0.6.0's.
+    # verl's engine-based SFT trainer (verl.trainer.sft_trainer, config sft_trainer_engine; v0.6.0
+    # has it too): jrl.sft runs fsdp_sft_trainer, whose loss is the token mean over the whole batch
+    # (the engine's is each micro-batch's) and whose schedule is cosine (the engine's constant).
     "sft/gsm8k/run_qwen3_5_397b_a17b_megatron.sh": "data.pad_mode",
     "sft/gsm8k/run_qwen_megatron_fsdp.sh": "data.messages_key",
     "sft/vlm/run_qwen3_vl_2b_fsdp.sh": "data.pad_mode",
@@ -474,6 +476,7 @@ def test_the_megatron_configs_of_the_async_recipes_are_their_fsdp_layers():
         ("critic.fsdp.qat.enable=true", "quantization-aware training"),
         (f"{AR}.rollout.disaggregation.enabled=true", "prefill/decode disaggregation"),
         ("global_profiler.finish_hook_cmd=x", "profilers"),
+        ("data.pad_mode=no_padding", "engine-based SFT trainer"),
     ],
 )
 def test_a_key_of_a_current_verl_feature_jrl_lacks_names_the_feature(arg, feature):

@@ -48,6 +48,9 @@ MODEL_ENGINES = {
     "torchtitan": "the TorchTitan engine (its actor_rollout_ref.actor.torchtitan.* keys)",
 }
 
+_ENGINE_SFT = (
+    "engine-based SFT trainer (verl.trainer.sft_trainer; jrl.sft takes fsdp_sft_trainer's keys)"
+)
 # (current verl's key pattern, ``*`` for any run of parts; the feature it configures).
 CURRENT_FEATURES = (
     ("distillation", "on-policy distillation"),
@@ -67,6 +70,9 @@ CURRENT_FEATURES = (
     ("*.rollout.disaggregation", "prefill/decode disaggregation"),
     ("*.precision_debugger", "precision debugger"),
     ("*profiler", "profilers (nsys, torch, npu)"),
+    # The engine-based SFT trainer's own keys (its engine group, its data section's).
+    *((key, _ENGINE_SFT) for key in ("engine", "data.pad_mode", "data.messages_key")),
+    ("data.max_token_len_per_gpu", _ENGINE_SFT),
     # Megatron's LoRA keys and lora.merge; v0.6.0's (model.lora_rank, lora_alpha, ...) are read.
     ("actor_rollout_ref.model.lora", "model.lora section (Megatron's LoRA, lora.merge)"),
 )
