@@ -61,11 +61,13 @@ def row_stats(prefix, values, rows, hi, lo, center):
     return {f"{prefix}_{k}": x for k, x in out.items()}
 
 
-def ref_is(level, upper, normalize):
+def ref_is(level, upper, normalize, icepop_lower=None):
+    """verl's weights and `rollout_is_*` metrics; with `icepop_lower`, current verl's IcePop
+    (weights outside [lower, upper] zeroed, `rollout_is_oob_ratio`)."""
     x = ell()
     log_w = x if level == "token" else (x * MASK).sum(-1, keepdims=True)
     w = np.broadcast_to(np.exp(np.clip(log_w, -20, 20)), MASK.shape) * MASK
-    lower = 1 / upper
+    lower = 1 / upper if icepop_lower is None else icepop_lower
     m = {"rollout_is_mean": mm(w)}
     if level == "token":
         m["rollout_is_max"], m["rollout_is_min"] = w[VALID].max(), w[VALID].min()
@@ -81,6 +83,10 @@ def ref_is(level, upper, normalize):
     m["rollout_is_eff_sample_size"] = 1 / mm((c / (mm(c) + 1e-8)) ** 2)
     m.update(row_stats("rollout_is_seq", mm(w, -1), np.ones(B, bool), upper, lower, 1.0))
     weights = np.minimum(w, upper)
+    if icepop_lower is not None:
+        kept = (w >= icepop_lower) & (w <= upper)
+        m["rollout_is_oob_ratio"] = mm(~kept)
+        weights = np.where(kept, w, 0.0)
     if normalize:
         rows = ROWS.astype(float)
         mean = mm(weights) if level == "token" else (mm(weights, -1) * rows).sum() / rows.sum()
@@ -170,6 +176,36 @@ def test_is_weights_truncation_normalisation_and_metrics(level, normalize):
     close(weights, ref_weights, 1e-5)
     np.testing.assert_array_equal(np.asarray(mask), MASK)
     assert_metrics(metrics, ref_metrics)
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_icepop_zeroes_the_weights_outside_its_bounds(level, normalize):
+    """Current verl's "lower_upper" rollout_is_threshold: tokens (or rows) whose weight leaves
+    [lower, upper] keep their place in the mask with weight 0; the others keep their weight."""
+    old, rollout = log_probs()
+    weights, mask, metrics = rc.compute_rollout_correction(
+        old, rollout, MASK, rollout_is=level, rollout_is_threshold="0.9_1.2",
+        rollout_is_batch_normalize=normalize,
+    )  # fmt: skip
+    ref_weights, ref_metrics = ref_is(level, 1.2, normalize, icepop_lower=0.9)
+    zeroed = VALID & (ref_weights == 0)
+    assert zeroed.any() and (VALID & (ref_weights > 0)).any()
+    assert 0 < metrics["rollout_corr/rollout_is_oob_ratio"] < 1
+    close(weights, ref_weights, 1e-5)
+    np.testing.assert_array_equal(np.asarray(mask), MASK)
+    assert_metrics(metrics, ref_metrics)
+
+
+def test_is_threshold_specs():
+    assert cs.is_bounds(2.0) == (2.0, None) and cs.is_bounds("3") == (3.0, None)
+    assert cs.is_bounds("0.5_4.0") == (4.0, 0.5)
+    for spec, message in [
+        ("4_0.5", "lower bound is above"), ("0_2", "must be positive"), ("a_b", "not a number"),
+        (True, "not a number"),
+    ]:  # fmt: skip
+        with pytest.raises(ValueError, match=message):
+            cs.is_bounds(spec)
 
 
 THRESHOLDS = {"k1": "0.8_1.3", "k2": 0.02, "k3": 0.03}
@@ -349,6 +385,7 @@ def test_actor_level_spelling_acts():
          "bypass_mode=True replaces actor_rollout_ref.actor.policy_loss.loss_mode='gspo'"),
         ([f"{RC}.rollout_is_batch_normalize=True"], "rollout_is_batch_normalize has no effect"),
         ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=null"], "needs a positive"),
+        ([f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=2.0_1.0"], "lower bound is above"),
         (["algorithm.rollout_is_level=seq", "algorithm.rollout_is_threshold=2.0"],
          "rollout_is_level='seq' is not supported; use one of token, sequence, geometric"),
         (["actor_rollout_ref.actor.rollout_is_mode=clip", "algorithm.rollout_is_threshold=2.0"],

@@ -100,8 +100,8 @@ REFUSED_CURRENT = {
     "grpo_trainer/run_deepseek_v3_671b_megatron.sh": _OFFLOAD_FRACTION,
     # `+` on a key that current verl's FSDP config has: its Hydra refuses it too.
     "grpo_trainer/run_gpt_oss_20b_fsdp.sh": f"+{AR}.actor.fsdp_config.model_dtype",
-    # A two-sided threshold ('lower_upper'): v0.6.0's is one float.
-    "grpo_trainer/run_hy_v3_megatron.sh": "algorithm.rollout_correction.rollout_is_threshold",
+    # Megatron's optimizer keys (jrl's schedule is v0.6.0's FSDP optim section).
+    "grpo_trainer/run_hy_v3_megatron.sh": f"{AR}.actor.optim.min_lr",
     "grpo_trainer/run_mistral_nemo_12b_skyworkrm_fsdp.sh": "reward_model.rollout.gpu_memory_util",
     "grpo_trainer/run_moonlight_16b_a3b_megatron.sh": _PIPELINE_ACTOR,
     "grpo_trainer/run_qwen2_5_vl_7b_megatron.sh": _PIPELINE_ACTOR,

@@ -145,6 +145,27 @@ def _bounds(option: str, spec: str, key: str) -> Bounds:
     return (values[0], values[1]) if len(values) == 2 else (1.0 / values[0], values[0])
 
 
+def is_bounds(spec: str | float) -> tuple[float, float | None]:
+    """(upper, lower or None) of ``rollout_is_threshold``: a number (or its text) truncates the
+    weights at it; current verl's "lower_upper" (IcePop) zeroes the weights outside
+    [lower, upper]. Both bounds positive, lower ≤ upper."""
+    key = "algorithm.rollout_correction.rollout_is_threshold"
+    if isinstance(spec, bool) or not isinstance(spec, (int, float, str)):
+        raise ValueError(f"{key}={spec!r} is not a number or a 'lower_upper' text")
+    parts = str(spec).strip().split("_", 1)
+    try:
+        values = [float(part) for part in parts]
+    except ValueError:
+        raise ValueError(f"{key}={spec!r} is not a number or a 'lower_upper' text") from None
+    if not all(value > 0 for value in values):
+        raise ValueError(f"{key}={spec!r}: its bounds must be positive")
+    if len(values) == 1:
+        return values[0], None
+    if values[0] > values[1]:
+        raise ValueError(f"{key}={spec!r}: the lower bound is above the upper one")
+    return values[1], values[0]
+
+
 @dataclasses.dataclass(frozen=True)
 class CorrectionOptions:
     """Current verl's ``algorithm.rollout_correction`` options (verl's defaults where the config
@@ -152,7 +173,7 @@ class CorrectionOptions:
     (`jrl.algos.settings.PolicyLossSettings`), as verl hands them to it."""
 
     rollout_is: str | None = None
-    rollout_is_threshold: float | None = 2.0
+    rollout_is_threshold: float | str | None = 2.0
     rollout_is_batch_normalize: bool = False
     rollout_rs: str | None = None
     rollout_rs_threshold: str | float | None = None

@@ -4,9 +4,11 @@ rejection sampling for the gap between the rollout engine's and the trainer's lo
 ℓ = old_log_prob - rollout_log_prob (trainer minus rollout), m the response mask.
 
 IS weights (`rollout_is`): token w_t = exp(clip(ℓ_t, ±20)); sequence w = exp(clip(Σ_t ℓ·m, ±20))
-broadcast over the row. Weights are masked, truncated w ← min(w·m, rollout_is_threshold) and, with
-`rollout_is_batch_normalize`, divided by their batch mean (token: over valid tokens; sequence: over
-the per-row means of rows with a valid token) when that mean exceeds 1e-8.
+broadcast over the row. Weights are masked, truncated w ← min(w·m, rollout_is_threshold) (with
+current verl's "lo_hi" threshold, IcePop: w ← w·m where lo ≤ w·m ≤ hi, else 0, the token staying
+in the mask) and, with `rollout_is_batch_normalize`, divided by their batch mean (token: over
+valid tokens; sequence: over the per-row means of rows with a valid token) when that mean exceeds
+1e-8.
 
 Rejection (`rollout_rs`, comma-separated criteria that must all pass), on ℓs = clip(ℓ, ±20):
 k1 = -ℓs, k2 = ½ℓs², k3 = exp(ℓs) - 1 - ℓs, per token (`token_k*`) or per row as the masked sum
@@ -14,7 +16,8 @@ k1 = -ℓs, k2 = ½ℓs², k3 = exp(ℓs) - 1 - ℓs, per token (`token_k*`) or 
 (threshold "lo_hi", or one number hi with lo = 1/hi); k2/k3 keep stat ≤ hi. Rejected tokens (or
 whole rows) leave the response mask.
 
-Metrics are `rollout_corr/`-prefixed floats: `rollout_is_*` (IS weights), `rollout_rs_<option>_*`
+Metrics are `rollout_corr/`-prefixed floats: `rollout_is_*` (IS weights; IcePop's bounds are
+the fractions' bounds and `rollout_is_oob_ratio` the valid tokens zeroed), `rollout_rs_<option>_*`
 and `rollout_rs_{masked,seq_masked}_fraction` (rejection) and the off-policy diagnostics
 `training_ppl`, `kl`, `k3_kl`, `chi2_token`, ... (`offpolicy_metrics`).
 """
@@ -31,6 +34,7 @@ from jrl.algos.correction_settings import (
     IS_LEVELS,
     Bounds,
     CorrectionOptions,
+    is_bounds,
     rs_options,
     rs_thresholds,
 )
@@ -45,7 +49,7 @@ def compute_rollout_correction(
     rollout_log_prob: jax.Array,
     response_mask: jax.Array,
     rollout_is: str | None = None,
-    rollout_is_threshold: float | None = 2.0,
+    rollout_is_threshold: float | str | None = 2.0,
     rollout_is_batch_normalize: bool = False,
     rollout_rs: str | None = None,
     rollout_rs_threshold: str | float | None = None,
@@ -67,8 +71,8 @@ def compute_rollout_correction(
         raise ValueError(
             f"algorithm.rollout_correction.rollout_is={level!r}; use one of token, sequence"
         )
-    if level is not None and not rollout_is_threshold > 0:
-        raise ValueError(f"rollout_is_threshold must be positive, got {rollout_is_threshold}")
+    if level is not None:
+        is_bounds(rollout_is_threshold)  # a ValueError naming the key when it is not valid
     options = CorrectionOptions(
         rollout_is=rollout_is,
         rollout_is_threshold=rollout_is_threshold,
@@ -92,14 +96,16 @@ def correction_arrays(
     inside a loss: (weights or None, mask after rejection, metrics as arrays, unprefixed)."""
     threshold = options.rollout_is_threshold
     level = options.rollout_is if threshold is not None else None
+    upper, lower = is_bounds(threshold) if level is not None else (1.0, None)
     criteria = rs_options(options.rollout_rs) if options.rollout_rs is not None else ()
     bounds = rs_thresholds(criteria, options.rollout_rs_threshold)
     return _correction(
         old_log_prob,
         rollout_log_prob,
         response_mask,
-        float(threshold or 1.0),
+        upper,
         level=level,
+        icepop_lower=lower,
         batch_normalize=bool(options.rollout_is_batch_normalize),
         criteria=tuple(zip(criteria, bounds, strict=True)),
     )
@@ -134,7 +140,7 @@ def rollout_correction_step(
     )
 
 
-@partial(jax.jit, static_argnames=("level", "batch_normalize", "criteria"))
+@partial(jax.jit, static_argnames=("level", "icepop_lower", "batch_normalize", "criteria"))
 def _correction(
     old_log_prob: jax.Array,
     rollout_log_prob: jax.Array,
@@ -142,6 +148,7 @@ def _correction(
     upper: float,
     *,
     level: str | None,
+    icepop_lower: float | None,
     batch_normalize: bool,
     criteria: tuple[tuple[str, Bounds], ...],
 ) -> tuple[jax.Array | None, jax.Array, dict[str, jax.Array]]:
@@ -157,8 +164,15 @@ def _correction(
         ratio = jnp.broadcast_to(
             jnp.exp(jnp.clip(log_metric, -SAFETY_BOUND, SAFETY_BOUND)), mask.shape
         )
-        metrics.update(is_metrics(ratio, log_metric, mask, upper, 1.0 / upper, level))
-        weights = jnp.minimum(ratio * mask, upper)
+        lower = 1.0 / upper if icepop_lower is None else icepop_lower
+        metrics.update(is_metrics(ratio, log_metric, mask, upper, lower, level))
+        weights = ratio * mask
+        if icepop_lower is None:
+            weights = jnp.minimum(weights, upper)
+        else:
+            kept = (weights >= icepop_lower) & (weights <= upper)
+            metrics["rollout_is_oob_ratio"] = masked_mean(1.0 - kept, mask)
+            weights = jnp.where(kept, weights, 0.0)
         if batch_normalize:
             weights, metrics["rollout_is_batch_norm_factor"] = batch_normalized(
                 weights, mask, level

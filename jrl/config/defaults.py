@@ -385,7 +385,7 @@ def _algorithm() -> ConfigDict:
         **_rollout_is_keys(),
         rollout_correction=section(
             rollout_is=placeholder(str),
-            rollout_is_threshold=2.0,
+            rollout_is_threshold=either(2.0, float, str),  # current verl: also "lower_upper"
             rollout_is_batch_normalize=False,
             rollout_rs=placeholder(str),
             rollout_rs_threshold=placeholder((float, str)),

@@ -16,6 +16,7 @@ from jrl.algos.correction_settings import (
     LOSS_TYPES,
     ROLLOUT_IS_LEVELS,
     ROLLOUT_IS_MODES,
+    is_bounds,
     rs_options,
     rs_thresholds,
 )
@@ -123,8 +124,13 @@ def _current_problems(
     level, threshold = section["rollout_is"], section["rollout_is_threshold"]
     if level is not None and level not in IS_LEVELS:
         yield _not_one_of(f"{RC}.rollout_is", level, (*IS_LEVELS, "null"))
-    if level is not None and not (threshold is not None and threshold > 0):
+    if level is not None and threshold is None:
         yield f"{RC}.rollout_is={level!r} needs a positive {RC}.rollout_is_threshold (e.g. 2.0)"
+    elif level is not None:
+        try:
+            is_bounds(threshold)
+        except ValueError as error:
+            yield str(error)
     for key in ("rollout_is_threshold", "rollout_is_batch_normalize"):
         if level is None and key in changed:
             yield f"{RC}.{key} has no effect without {RC}.rollout_is (token or sequence)"
