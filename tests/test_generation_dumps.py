@@ -124,6 +124,8 @@ def test_tiny_run_dumps_rollout_and_validation_generations(tmp_path, capsys):
         val = _rows(tmp_path / "val" / f"{step}.jsonl")
         assert len(val) == val_gts.total()
         assert all(row["step"] == step and row["reward"] == row["score"] for row in val)
+        # verl's order: "reward" first among the extra infos, then the scorer's own
+        assert list(val[0])[:7] == ["input", "output", "gts", "score", "step", "reward", "length"]
         assert all(isinstance(row["length"], int) for row in val)
         assert Counter(row["gts"] for row in val) == val_gts
         assert Counter(row["input"] for row in val) == Counter(prompts * val_n)

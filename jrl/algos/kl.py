@@ -44,12 +44,13 @@ def kl_penalty_forward(logprob: jax.Array, ref_logprob: jax.Array, kl_penalty: s
 
 def kl_penalty(logprob: jax.Array, ref_logprob: jax.Array, kl_penalty: str) -> jax.Array:
     """Per-token KL estimate; a "+" suffix (e.g. "k3+") keeps the value of the named estimator but
-    takes the gradient of k2 (straight-through): k2 + stop_gradient(value - k2)."""
+    takes the gradient of k2 (straight-through, current verl's form, whose value is the
+    estimator's exactly): k2 - stop_gradient(k2) + stop_gradient(value)."""
     if not kl_penalty.endswith("+"):
         return kl_penalty_forward(logprob, ref_logprob, kl_penalty)
     value = kl_penalty_forward(logprob, ref_logprob, kl_penalty[:-1])
     k2 = kl_penalty_forward(logprob, ref_logprob, "k2")
-    return k2 + jax.lax.stop_gradient(value - k2)
+    return k2 - jax.lax.stop_gradient(k2) + jax.lax.stop_gradient(value)
 
 
 # `apply_kl_penalty` takes verl's keyword `kl_penalty`, which shadows the function inside it.

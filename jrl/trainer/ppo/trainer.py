@@ -495,7 +495,7 @@ class PPOTrainer:
         batch = host_batch(self.rollout.generate(prompts, self.val_sampling, key))
         reward = self.rewards(self.val_reward_fn, batch)
         scores = reward["reward_tensor"].sum(-1).tolist()
-        infos = {**reward["reward_extra_info"], "reward": scores}
+        infos = {"reward": scores, **reward["reward_extra_info"]}  # verl's order: reward first
         self.keep_val_generations(prompts, batch, scores, infos, step)
         sources = batch.meta.get("data_source", np.full(len(batch), "unknown", dtype=object))
         metrics = validation_metrics(sources, batch.meta["uid"], infos)
