@@ -271,3 +271,34 @@ def test_resume_with_generation_batches_is_exact(tmp_path, monkeypatch, capsys):
     assert sorted(again) == [3, 4]
     for step in (3, 4):
         assert again[step] == reference[step], step
+
+
+ECHO_SCORER = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    score = (len(solution_str) % 5) / 4
+    return {"score": score, "echo": score}
+"""
+
+
+def test_balanced_rows_keep_their_own_extra_infos_in_the_dump(tmp_path):
+    """With ``trainer.balance_batch`` the kept rows are reordered after the filter; the reward's
+    extra-info columns move with them, so each dumped row's ``echo`` is the score of its own
+    output (the dump's ``score`` is the reward's column of that name too)."""
+    scorer = tmp_path / "scorer.py"
+    scorer.write_text(ECHO_SCORER)
+    trainer = _trainer(
+        tmp_path,
+        "data.gen_batch_size=8",
+        "trainer.balance_batch=True",
+        "trainer.n_gpus_per_node=2",  # two shards: balancing reorders the rows
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=32",
+        f"custom_reward_function.path={scorer}",
+        f"trainer.rollout_data_dir={tmp_path / 'dump'}",
+    )
+    assert trainer.run.trainer.balance_batch
+    epoch, prompts = next(trainer.batches())
+    trainer.train_step(prompts, step=1, epoch=epoch, timing={})
+    rows = [json.loads(line) for line in (tmp_path / "dump" / "1.jsonl").read_text().splitlines()]
+    assert len(rows) == 16 * 8
+    assert len({row["score"] for row in rows}) > 1
+    assert all(row["echo"] == (len(row["output"]) % 5) / 4 for row in rows)

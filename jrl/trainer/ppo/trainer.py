@@ -67,7 +67,7 @@ from jrl.trainer.roles.actor import Actor
 from jrl.trainer.roles.critic import Critic
 from jrl.trainer.roles.reference import Reference
 from jrl.trainer.roles.reward_model import RewardModel
-from jrl.trainer.update.balance import balance_batch
+from jrl.trainer.update.balance import balance_order
 
 
 class PPOTrainer:
@@ -226,12 +226,12 @@ class PPOTrainer:
         if algorithm.filter_groups is None:
             batch = self.rollout_batch(prompts, step, 0, timing, metrics)
             if spec.balance_batch:
-                batch = self.balanced(batch, metrics)
+                batch, _ = self.balanced(batch, {}, metrics)
             batch, extra_info = self.scored(batch, timing, metrics)
         else:
             batch, extra_info = self.filtered_batch(prompts, step, timing, metrics)
             if spec.balance_batch:
-                batch = self.balanced(batch, metrics)
+                batch, extra_info = self.balanced(batch, extra_info, metrics)
         if self.split is not None:
             metrics.update(self.split.version_metrics(batch))
         if spec.rollout_data_dir:
@@ -281,13 +281,16 @@ class PPOTrainer:
                 batch = batch.union(Batch({"reward_baselines": baselines}))
         return batch
 
-    def balanced(self, batch: Batch, metrics: dict[str, float]) -> Batch:
+    def balanced(
+        self, batch: Batch, extra_info: dict[str, list[Any]], metrics: dict[str, float]
+    ) -> tuple[Batch, dict[str, list[Any]]]:
         """`batch`'s rows reordered for equal work per data-parallel shard
-        (``trainer.balance_batch``)."""
+        (``trainer.balance_batch``), and the reward's extra-info columns with them."""
         dp_size = int(np.prod([self.mesh.shape[axis] for axis in batch_axes()]))
-        batch, balance = balance_batch(batch, dp_size)
+        order, balance = balance_order(batch, dp_size)
         metrics.update(balance)
-        return batch
+        columns = {key: [values[i] for i in order] for key, values in extra_info.items()}
+        return batch.reorder(order), columns
 
     def scored(
         self, batch: Batch, timing: dict[str, float], metrics: dict[str, float]

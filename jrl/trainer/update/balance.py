@@ -54,10 +54,17 @@ def balance_metrics(
 def balance_batch(batch: Batch, dp_size: int) -> tuple[Batch, dict[str, float]]:
     """`batch` reordered so each of `dp_size` contiguous chunks carries a similar workload,
     plus the ``global_seqlen/*`` metrics. Rows (tensors and meta) move as a whole."""
+    order, metrics = balance_order(batch, dp_size)
+    return batch.reorder(order), metrics
+
+
+def balance_order(batch: Batch, dp_size: int) -> tuple[np.ndarray, dict[str, float]]:
+    """The row order of `balance_batch` (row ``order[i]`` goes to position i) and its metrics,
+    for columns kept beside the batch that must move with its rows."""
     if "attention_mask" not in batch.tensors:
         raise ValueError("trainer.balance_batch needs `attention_mask` in the batch tensors")
     mask = np.asarray(batch.tensors["attention_mask"])
     lengths = mask.reshape(mask.shape[0], -1).sum(axis=1).tolist()
     shards = balanced_order(lengths, dp_size)
     order = np.array([i for shard in shards for i in shard], dtype=np.int64)
-    return batch.reorder(order), balance_metrics(lengths, shards)
+    return order, balance_metrics(lengths, shards)
