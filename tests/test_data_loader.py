@@ -1,9 +1,11 @@
-"""The Grain DataLoader: collation, seeded epoch order, per-process sharding, resumable state."""
+"""The DataLoader: collation, verl's epoch orders (torch's samplers), per-process sharding,
+resumable state."""
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from jrl.batch import Batch
 from jrl.data import DataLoader, RLDataset, collate, train_tiny_tokenizer
@@ -35,6 +37,42 @@ def test_collate():
     del rows[1]["uid"]
     with pytest.raises(KeyError, match="row 1 has fields"):
         collate(rows)
+
+
+@pytest.mark.parametrize("rows, batch_size, seed", [(10, 3, 42), (37, 8, 1), (7473, 1024, 42)])
+def test_rl_epochs_are_torchs_random_sampler_with_one_generator(rows, batch_size, seed):
+    """verl's RL loader: a RandomSampler whose generator is seeded once with data.seed."""
+    generator = torch.Generator().manual_seed(seed)
+    sampler = torch.utils.data.RandomSampler(range(rows), generator=generator)
+    batches = torch.utils.data.BatchSampler(sampler, batch_size, drop_last=True)
+    loader = DataLoader(list(range(rows)), batch_size, shuffle=True, seed=seed)
+    for epoch in range(3):
+        ours = [
+            loader.order(epoch)[i * batch_size : (i + 1) * batch_size] for i in range(len(loader))
+        ]
+        np.testing.assert_array_equal(ours, [list(batch) for batch in batches])
+
+
+def test_sft_epochs_are_torchs_distributed_sampler_per_global_batch():
+    """verl's SFT loader: each rank's DistributedSampler (seed 0, set_epoch) in batches of
+    train_batch_size / world; jrl's global batch holds the rows of every rank's batch."""
+    rows, world, local = 50, 4, 3
+    loader = DataLoader(
+        list(range(rows)), world * local, shuffle=True, seed=0, sampler="distributed"
+    )
+    for epoch in range(2):
+        per_rank = []
+        for rank in range(world):
+            sampler = torch.utils.data.DistributedSampler(
+                range(rows), num_replicas=world, rank=rank, shuffle=True, drop_last=True
+            )
+            sampler.set_epoch(epoch)
+            per_rank.append(list(torch.utils.data.BatchSampler(sampler, local, drop_last=True)))
+        order = loader.order(epoch)
+        for step in range(len(loader)):
+            theirs = sorted(i for rank_batches in per_rank for i in rank_batches[step])
+            ours = sorted(order[step * world * local : (step + 1) * world * local].tolist())
+            assert ours == theirs, (epoch, step)
 
 
 def test_loader_length_order_and_reshuffle():

@@ -1,4 +1,5 @@
-"""Data: tokenizers, parquet prompt datasets, the Grain loader and dataset preprocessors.
+"""Data: tokenizers, parquet prompt datasets, the resumable loader (verl's row orders) and
+dataset preprocessors.
 
 Names are imported on first use, so that `python -m jrl.data.gsm8k` (or `jrl.data.math`) starts
 without JAX or transformers.

@@ -1,17 +1,21 @@
-"""Batches of dataset rows: `collate` rows into a `Batch`, and a resumable Grain `DataLoader`."""
+"""Batches of dataset rows: `collate` rows into a `Batch`, and a resumable `DataLoader` whose
+epochs take verl's row orders (`jrl.data.torch_order`)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import grain
 import jax
 import numpy as np
 
 from jrl.batch import Batch
+from jrl.data.torch_order import distributed_sampler_epoch, random_sampler_epoch
 
 TENSOR_KEYS = ("input_ids", "attention_mask", "position_ids")
+# How a shuffling loader orders an epoch: as verl's RL sampler (torch's RandomSampler, one
+# generator for the run) or its SFT sampler (torch's DistributedSampler, reseeded each epoch).
+SAMPLERS = {"random": random_sampler_epoch, "distributed": distributed_sampler_epoch}
 
 
 def collate(rows: Sequence[dict[str, Any]]) -> Batch:
@@ -33,8 +37,9 @@ def collate(rows: Sequence[dict[str, Any]]) -> Batch:
 class DataLoader:
     """Batches of a random-access dataset, reshuffled each epoch, resumable mid-epoch.
 
-    The order of epoch ``e`` is a Grain global shuffle of the row indices seeded by `seed` (a
-    fresh permutation per epoch), so it is the same on every run and on every host. Each global
+    With `shuffle`, epoch ``e``'s order is the one verl's `sampler` gives with `seed` (torch's
+    permutations, `jrl.data.torch_order`), so it is verl's, the same on every run and every host;
+    without, the rows in order. Each global
     batch of `batch_size` rows is split over the JAX processes: process ``p`` of ``P`` reads and
     returns rows ``[p * B // P, (p + 1) * B // P)`` of a batch of ``B`` rows: equal slices when
     ``drop_last`` (the batch size must then be a multiple of ``P``); with ``drop_last=False`` a
@@ -52,6 +57,7 @@ class DataLoader:
         *,
         shuffle: bool,
         seed: int,
+        sampler: str = "random",
         drop_last: bool = True,
         process_index: int | None = None,
         process_count: int | None = None,
@@ -78,9 +84,9 @@ class DataLoader:
                 f"batch size {batch_size} is larger than the dataset ({self.rows} rows) with "
                 "drop_last, so an epoch has no batch; lower the batch size or add data"
             )
-        indices = grain.MapDataset.range(self.rows)
-        # Shuffle then repeat: position e * N + i is row i of epoch e's permutation.
-        self._order = (indices.shuffle(seed=seed) if shuffle else indices).repeat()
+        if sampler not in SAMPLERS:
+            raise ValueError(f"sampler={sampler!r}; use one of {', '.join(SAMPLERS)}")
+        self.shuffle, self.seed, self.sampler = shuffle, seed, sampler
         self._state = {"epoch": 0, "position": 0}
 
     def __len__(self) -> int:
@@ -94,19 +100,25 @@ class DataLoader:
         mine = global_indices[p * n // self.process_count : (p + 1) * n // self.process_count]
         return collate([self.dataset[int(i)] for i in mine])
 
+    def order(self, epoch_index: int) -> np.ndarray:
+        """The rows of epoch `epoch_index` in the order its batches take them."""
+        if not self.shuffle:
+            return np.arange(self.rows)
+        return SAMPLERS[self.sampler](self.rows, self.seed, epoch_index)
+
     def epoch(self, epoch_index: int) -> Iterator[Batch]:
         """The batches of epoch `epoch_index`, starting after the saved position for that epoch."""
-        order = self._order[epoch_index * self.rows : (epoch_index + 1) * self.rows]
-        batches = order.batch(self.batch_size, drop_remainder=self.drop_last).map(self._local_batch)
         start = self._state["position"] if self._state["epoch"] == epoch_index else 0
-        if start > len(batches):
+        if start > len(self):
             raise ValueError(
                 f"the data loader state resumes epoch {epoch_index} at batch {start}, but an "
-                f"epoch has only {len(batches)} batches; the dataset or batch size changed since "
+                f"epoch has only {len(self)} batches; the dataset or batch size changed since "
                 "the state was saved"
             )
-        for position in range(start, len(batches)):
-            batch = batches[position]
+        order = self.order(epoch_index)
+        for position in range(start, len(self)):
+            rows = order[position * self.batch_size : (position + 1) * self.batch_size]
+            batch = self._local_batch(rows)
             self._state = {"epoch": epoch_index, "position": position + 1}
             yield batch
         self._state = {"epoch": epoch_index + 1, "position": 0}

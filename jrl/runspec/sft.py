@@ -7,10 +7,11 @@
   ``data.micro_batch_size_per_gpu`` rows per data-parallel rank (only without it, the deprecated
   global ``data.micro_batch_size`` split over the ranks), packed with ``use_remove_padding``; the
   loss by the fused kernel with ``model.use_liger``; the ``optim`` section.
-- The data: the files and caps, ``data.train_batch_size`` rows per step, shuffled each epoch
-  seeded by ``trainer.seed``; the tokenizer of ``model.partial_pretrain`` with
-  ``data.chat_template``; `SFTDataSettings` of the keys `SFTDataset` reads (a user's class in
-  ``data.custom_cls`` gets the whole ``data`` section).
+- The data: the files and caps, ``data.train_batch_size`` rows per step, shuffled each epoch as
+  verl's SFT sampler does (seed 0 and the epoch; ``trainer.seed`` seeds only LoRA's adapters);
+  the tokenizer of ``model.partial_pretrain`` with ``data.chat_template``; `SFTDataSettings` of
+  the keys `SFTDataset` reads (a user's class in ``data.custom_cls`` gets the whole ``data``
+  section).
 """
 
 from __future__ import annotations
@@ -48,8 +49,8 @@ class SFTModelSpec:
 
 @dataclasses.dataclass(frozen=True)
 class SFTDataSpec:
-    """SFT's data: its files and batch size, the rows shuffled each epoch by `seed`, the
-    tokenizer and how rows become sequences (`rows`)."""
+    """SFT's data: its files and batch size, the rows shuffled each epoch as verl's sampler
+    seeded `seed` shuffles them, the tokenizer and how rows become sequences (`rows`)."""
 
     files: DataFiles
     seed: int
@@ -57,6 +58,9 @@ class SFTDataSpec:
     rows: SFTDataSettings
 
 
+# verl's SFT rows are shuffled by torch's DistributedSampler with its default seed (0) reseeded
+# with each epoch's number; trainer.seed does not reach it.
+SAMPLER_SEED = 0
 # How long the processes of a multi-process run wait for each other to join (verl's SFT trainer
 # has no key for it; the RL trainer's trainer.ray_wait_register_center_timeout default).
 JOIN_TIMEOUT_S = 300
@@ -141,7 +145,7 @@ def sft_data_spec(config: KeyReads) -> SFTDataSpec:
     data, model = config.data, config.model
     return SFTDataSpec(
         files=data_files(data),
-        seed=int(config.trainer.seed),
+        seed=SAMPLER_SEED,
         tokenizer=TokenizerSettings(
             path=model.partial_pretrain,
             trust_remote_code=bool(model.trust_remote_code),

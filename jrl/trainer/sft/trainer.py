@@ -134,7 +134,11 @@ class SFTTrainer:
             config_key="data.val_files",
         )
         self.train_loader = DataLoader(
-            self.train_dataset, files.train_batch_size, shuffle=True, seed=data.seed
+            self.train_dataset,
+            files.train_batch_size,
+            shuffle=True,
+            seed=data.seed,
+            sampler="distributed",
         )
         self.cadence = Cadence.of(run.cadence, len(self.train_loader), after_last=True)
         # verl's SFT schedule spans the epochs, whatever total_training_steps stops at
