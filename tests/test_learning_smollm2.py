@@ -18,21 +18,20 @@ VAL = "val-core/jrl/word_problems/reward/mean@1"
 
 @pytest.mark.slow
 def test_grpo_raises_smollm2_held_out_accuracy(tmp_path):
-    """4 GRPO steps (16 answers each) and 64 held-out problems validated greedily before and
-    after. Measured with this seed: 0.47, 0.53, 0.58, 0.67 at steps 0, 2, 4, 6; with the
-    advantages zeroed the policy never moves and the accuracy stays exactly where it started."""
+    """The quickstart: 6 GRPO steps (16 answers each) and 64 held-out problems validated greedily
+    before and after. Measured with this seed and verl's row order: 0.47, 0.48, 0.50, 0.61, 0.64
+    at steps 0, 2, 4, 6, 8; with the advantages zeroed the policy never moves and the accuracy
+    stays exactly where it started."""
     run_dir = tmp_path / "run"
     train.main(
         [
             "--config=configs/word_problems_grpo.py:quickstart",
-            "trainer.total_training_steps=4",
-            "trainer.test_freq=4",
             "trainer.logger=['file']",
             f"trainer.default_local_dir={run_dir}",
         ]
     )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     scores = {row["step"]: row["data"][VAL] for row in rows if VAL in row["data"]}
-    assert sorted(scores) == [0, 4]
+    assert sorted(scores) == [0, 6]
     assert 0.2 <= scores[0] <= 0.7, scores  # the untrained model: right about half the time
-    assert scores[4] - scores[0] >= 0.05, scores
+    assert scores[6] - scores[0] >= 0.08, scores

@@ -34,6 +34,8 @@ LOGGER_ENV = (
     "MLFLOW_ALLOW_FILE_STORE",
     "TENSORBOARD_DIR",
     "JRL_FILE_LOGGER_PATH",
+    "VERL_FILE_LOGGER_PATH",
+    "VERL_FILE_LOGGER_ROOT",
     "SWANLAB_MODE",
     "SWANLAB_API_KEY",
     "SWANLAB_LOG_DIR",
@@ -75,8 +77,8 @@ def test_tiny_run_writes_every_logger(tmp_path, clean_env):
     events = EventAccumulator(str(run_dir / "tensorboard"))
     events.Reload()
     assert [e.step for e in events.Scalars("actor/pg_loss")] == [1, 2, 3]
-    # tensorboardX writes tag characters outside [-/\w.] as '_'
-    assert [e.step for e in events.Scalars(VAL_KEY.replace("@", "_"))] == val_steps
+    # the tags are the metrics' own names (torch's writer, which verl uses, keeps '@')
+    assert [e.step for e in events.Scalars(VAL_KEY)] == val_steps
 
     client = MlflowClient((run_dir / "mlruns").resolve().as_uri())
     experiment = client.get_experiment_by_name("jrl_test")
@@ -163,6 +165,15 @@ def test_metrics_file_is_always_written_once(tmp_path, clean_env, monkeypatch):
     _log_two_steps(Tracking(["file"], project="p", experiment="e", run_dir=tmp_path / "two"))
     assert _rows(elsewhere) == _rows(tmp_path / "two" / "metrics.jsonl")
     assert len(_rows(elsewhere)) == 2
+
+    # verl's variables: its path, else <root>/<project>/<experiment>.jsonl
+    monkeypatch.delenv("JRL_FILE_LOGGER_PATH")
+    monkeypatch.setenv("VERL_FILE_LOGGER_ROOT", str(tmp_path / "root"))
+    _log_two_steps(Tracking(["file"], project="p", experiment="e", run_dir=tmp_path / "three"))
+    assert len(_rows(tmp_path / "root" / "p" / "e.jsonl")) == 2
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl.jsonl"))
+    _log_two_steps(Tracking(["file"], project="p", experiment="e", run_dir=tmp_path / "four"))
+    assert len(_rows(tmp_path / "verl.jsonl")) == 2
 
 
 def test_swanlab_offline_run(tmp_path, clean_env):

@@ -105,18 +105,23 @@ class JsonLinesLogger:
 
 
 class TensorboardLogger:
-    """Scalars into ``$TENSORBOARD_DIR``, else ``<run_dir>/tensorboard``. tensorboardX writes
-    tag characters other than letters, digits and ``- / . _`` as '_' (``mean@1`` -> ``mean_1``)."""
+    """Scalars into ``$TENSORBOARD_DIR``, else ``<run_dir>/tensorboard``, under their own names
+    (``mean@1`` stays ``mean@1``, as torch's writer that verl uses keeps it; tensorboardX's
+    ``add_scalar`` would write '_')."""
 
     def __init__(self, info: RunInfo):
         from tensorboardX import SummaryWriter
+        from tensorboardX.proto.summary_pb2 import Summary
 
         log_dir = os.environ.get("TENSORBOARD_DIR") or info.run_dir / "tensorboard"
         self._writer = SummaryWriter(str(log_dir))
+        self._summary = Summary
 
     def log(self, data: dict[str, Any], step: int) -> None:
-        for key, value in scalars(data).items():
-            self._writer.add_scalar(key, value, step)
+        values = [
+            self._summary.Value(tag=key, simple_value=value) for key, value in scalars(data).items()
+        ]
+        self._writer._get_file_writer().add_summary(self._summary(value=values), step)
 
     def log_generations(self, rows: list[dict[str, Any]], step: int) -> None:
         self._writer.add_text("val/generations", generations_markdown(rows), step)
@@ -236,14 +241,22 @@ GENERATIONS_FILE = "val_generations.jsonl"
 GENERATION_COLUMNS = ("step", "input", "output", "score")
 
 
-def file_logger_path(run_dir: Path) -> Path:
-    """Where the ``file`` logger writes: ``$JRL_FILE_LOGGER_PATH``, else the run's metrics file."""
-    return Path(os.environ.get("JRL_FILE_LOGGER_PATH") or Path(run_dir) / METRICS_FILE)
+def file_logger_path(info: RunInfo) -> Path:
+    """Where the ``file`` logger writes: verl's ``$VERL_FILE_LOGGER_PATH`` (or
+    ``$JRL_FILE_LOGGER_PATH``), else ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl`` as
+    verl, else the run's metrics file (verl's default root is the working directory)."""
+    path = os.environ.get("VERL_FILE_LOGGER_PATH") or os.environ.get("JRL_FILE_LOGGER_PATH")
+    if path:
+        return Path(path)
+    root = os.environ.get("VERL_FILE_LOGGER_ROOT")
+    if root:
+        return Path(root) / info.project / f"{info.experiment}.jsonl"
+    return Path(info.run_dir) / METRICS_FILE
 
 
 LOGGERS: dict[str, Callable[[RunInfo], Logger]] = {
     "console": lambda info: ConsoleLogger(),
-    "file": lambda info: JsonLinesLogger(file_logger_path(info.run_dir)),
+    "file": lambda info: JsonLinesLogger(file_logger_path(info)),
     "tensorboard": TensorboardLogger,
     "wandb": WandbLogger,
     "mlflow": MlflowLogger,
