@@ -90,10 +90,13 @@ def _matches(path: str, prefix: str) -> bool:
     return path == prefix or path.startswith(f"{prefix}.")
 
 
+_LONGEST_FIRST = sorted(RESPELLED, key=lambda pair: -len(pair[0]))
+
+
 def respelled(path: str) -> str:
     """The v0.6.0 key that dotted `path` spells in current verl's form (else `path`); a key
     under ``reward`` that has no v0.6.0 counterpart is a ConfigError."""
-    for current, legacy in sorted(RESPELLED, key=lambda pair: -len(pair[0])):
+    for current, legacy in _LONGEST_FIRST:
         if _matches(path, current):
             return legacy + path[len(current) :]
     if _matches(path, "reward"):

@@ -39,12 +39,11 @@ class DataLoader:
 
     With `shuffle`, epoch ``e``'s order is the one verl's `sampler` gives with `seed` (torch's
     permutations, `jrl.data.torch_order`), so it is verl's, the same on every run and every host;
-    without, the rows in order. Each global
-    batch of `batch_size` rows is split over the JAX processes: process ``p`` of ``P`` reads and
-    returns rows ``[p * B // P, (p + 1) * B // P)`` of a batch of ``B`` rows: equal slices when
-    ``drop_last`` (the batch size must then be a multiple of ``P``); with ``drop_last=False`` a
-    batch that ``P`` does not divide is split as evenly as possible. With one process nothing is
-    split.
+    without, the rows in order. Each global batch of `batch_size` rows is split over the JAX
+    processes: process ``p`` of ``P`` reads and returns rows ``[p * B // P, (p + 1) * B // P)``
+    of a batch of ``B`` rows: equal slices when ``drop_last`` (the batch size must then be a
+    multiple of ``P``); with ``drop_last=False`` a batch that ``P`` does not divide is split as
+    evenly as possible. With one process nothing is split.
 
     `get_state` / `set_state` carry the epoch and the number of batches already handed out, so a
     resumed run continues with exactly the batches that were still to come.

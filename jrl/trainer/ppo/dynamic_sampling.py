@@ -26,6 +26,11 @@ ExtraInfo = Mapping[str, Sequence[Any]]
 _LIMIT = "algorithm.filter_groups.max_num_gen_batches"
 
 
+def take_rows(extra_info: ExtraInfo, rows: Sequence[int]) -> dict[str, list[Any]]:
+    """The reward's extra-info columns at `rows` (in that order), as `Batch.take` takes rows."""
+    return {key: [values[i] for i in rows] for key, values in extra_info.items()}
+
+
 def row_metric(batch: Batch, extra_info: ExtraInfo, metric: str) -> np.ndarray:
     """Each row's value of `metric`: ``seq_reward`` = sum of its ``token_level_scores``,
     ``seq_final_reward`` = sum of its ``token_level_rewards`` (the scores where the batch has no
@@ -87,8 +92,7 @@ class GroupCollector:
         self.kept += kept
         self.filtered += groups - kept
         rows = np.flatnonzero(keep)
-        columns = {key: [values[i] for i in rows] for key, values in extra_info.items()}
-        self._parts.append((batch.take(rows), columns))
+        self._parts.append((batch.take(rows), take_rows(extra_info, rows)))
 
     def check_limit(self, step: int, gen_batch_size: int) -> None:
         """ValueError when the step is not `full` after ``max_num_gen_batches`` batches."""
@@ -118,7 +122,7 @@ class GroupCollector:
             for key in keys
         }
         rows = _first_groups(np.asarray(batch.meta["uid"]), self.settings.train_batch_size)
-        return batch.take(rows), {key: [values[i] for i in rows] for key, values in columns.items()}
+        return batch.take(rows), take_rows(columns, rows)
 
     def metrics(self) -> dict[str, float]:
         """verl's ``train/num_gen_batches`` (the DAPO recipe's) and current verl's

@@ -60,7 +60,7 @@ from jrl.trainer.loop.resume import resume
 from jrl.trainer.loop.stopping import DataExhausted
 from jrl.trainer.overlap.split import split_rollout
 from jrl.trainer.overlap.split_run import SplitRun
-from jrl.trainer.ppo.dynamic_sampling import GroupCollector
+from jrl.trainer.ppo.dynamic_sampling import GroupCollector, take_rows
 from jrl.trainer.ppo.experience import advantage_phase
 from jrl.trainer.ppo.validation import select_val_generations, validation_metrics
 from jrl.trainer.roles.actor import Actor
@@ -289,8 +289,7 @@ class PPOTrainer:
         dp_size = int(np.prod([self.mesh.shape[axis] for axis in batch_axes()]))
         order, balance = balance_order(batch, dp_size)
         metrics.update(balance)
-        columns = {key: [values[i] for i in order] for key, values in extra_info.items()}
-        return batch.reorder(order), columns
+        return batch.reorder(order), take_rows(extra_info, order)
 
     def scored(
         self, batch: Batch, timing: dict[str, float], metrics: dict[str, float]

@@ -171,9 +171,10 @@ def role_mesh_of(sizes: RoleMesh, mesh: Mesh) -> Mesh:
 
 
 def check_heads(model: Any, mesh: Mesh, prefix: str) -> None:
-    """Fails early unless sequence parallelism on `mesh` can split `model`'s attention heads."""
+    """Fails early unless sequence parallelism on `mesh` can split `model`'s attention heads;
+    `prefix` names the section of ``ulysses_sequence_parallel_size`` ('' : the top level, SFT's)."""
     c = model.config
-    key = f"{prefix}.ulysses_sequence_parallel_size"
+    key = f"{prefix}.ulysses_sequence_parallel_size" if prefix else "ulysses_sequence_parallel_size"
     check_sequence_heads(c.num_heads, c.num_kv_heads, sequence_parallel_size(mesh), key)
 
 

@@ -34,7 +34,6 @@ from jrl.data.loader import DataLoader
 from jrl.data.sft_dataset import create_sft_dataset
 from jrl.data.tokenizer import tokenizer_of
 from jrl.models import LoRAParam
-from jrl.models.attention import check_sequence_heads
 from jrl.optim.optimizers import make_sft_optimizer
 from jrl.optim.schedule import Schedule
 from jrl.optim.settings import SFTOptimizerSettings
@@ -46,7 +45,7 @@ from jrl.runspec.spec import SFTRunSpec, resolve_sft_run
 from jrl.trainer.io.checkpoint import CheckpointManager, RoleSnapshot
 from jrl.trainer.loop.fit import Cadence, StepOutput, epochs_of, fit
 from jrl.trainer.loop.resume import resume
-from jrl.trainer.roles.specs import ForwardSpec, load_model
+from jrl.trainer.roles.specs import ForwardSpec, check_heads, load_model
 from jrl.trainer.sft.loss import SFTLoss, row_nll, sft_tensors
 from jrl.trainer.update.batching import forward_pass
 from jrl.trainer.update.learner import Learner, UpdatePlan
@@ -146,8 +145,7 @@ class SFTTrainer:
             run.model, self.mesh, len(self.train_loader) * run.cadence.total_epochs
         )
         model = load_model(self.spec.model, self.mesh)
-        heads = (model.config.num_heads, model.config.num_kv_heads)
-        check_sequence_heads(*heads, run.mesh.sequence_parallel, "ulysses_sequence_parallel_size")
+        check_heads(model, self.mesh, "")
         trainable = nnx.Param if self.spec.model.lora is None else LoRAParam
         optimizer = make_sft_optimizer(self.spec.optimizer)
         self.learner = Learner.create(model, optimizer, self.mesh, trainable)
